@@ -1,0 +1,5 @@
+import sys
+
+from mm.cli import main
+
+sys.exit(main())

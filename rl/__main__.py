@@ -1,0 +1,5 @@
+import sys
+
+from rl.cli import main
+
+sys.exit(main())
