@@ -1,0 +1,1 @@
+"""Note data: the one on-disk format, readers for COCO / LLaVA / POPE, dataset, collate, tokenizer."""
