@@ -1,0 +1,119 @@
+"""mm.train.common: data order, metrics, plots, atomic checkpoints and resume equality."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from mm.train import common as T
+
+
+def test_batch_indices_pure_and_epochwise_permutations():
+    a = [T.batch_indices(10, 4, seed=3, step=s) for s in range(5)]
+    b = [T.batch_indices(10, 4, seed=3, step=s) for s in range(5)]
+    assert a == b
+    flat = [i for batch in a for i in batch]  # 20 indices = 2 epochs
+    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:]) == list(range(10))
+    assert T.batch_indices(10, 4, seed=4, step=0) != a[0]
+    with pytest.raises(ValueError, match="batch_size"):
+        T.batch_indices(10, 0, seed=0, step=0)
+
+
+def test_shard():
+    assert T.shard([5, 6, 7, 8], rank=1, world_size=2) == [7, 8]
+    with pytest.raises(ValueError, match="divisible"):
+        T.shard([1, 2, 3], rank=0, world_size=2)
+
+
+def test_metrics_logger_resume_drops_later_records(tmp_path):
+    path = tmp_path / "m.jsonl"
+    log = T.MetricsLogger(path)
+    for s in range(1, 6):
+        log.log({"step": s, "loss": torch.tensor(float(s))})
+    assert [r["loss"] for r in T.read_metrics(path)] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    T.MetricsLogger(path, resume_step=3).log({"step": 4, "loss": 40.0})
+    assert [(r["step"], r["loss"]) for r in T.read_metrics(path)] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
+    T.MetricsLogger(tmp_path / "off.jsonl", enabled=False).log({"step": 1})
+    assert not (tmp_path / "off.jsonl").exists()
+
+
+def test_plot_metrics_writes_png(tmp_path):
+    recs = [{"step": s, "loss": 1 / s} for s in range(1, 5)]
+    out = T.plot_metrics(recs, ["loss", "missing"], tmp_path / "p.png", title="t")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _model():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Dropout(0.3), torch.nn.Linear(4, 1))
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    return m, opt, sched
+
+
+DATA_X = torch.randn(32, 3, generator=torch.Generator().manual_seed(1))
+DATA_Y = DATA_X.sum(1, keepdim=True)
+
+
+def _train(m, opt, sched, start, stop, ckpt_dir=None, every=None):
+    for step in range(start, stop):
+        idx = T.batch_indices(32, 8, seed=7, step=step)
+        loss = ((m(DATA_X[idx]) - DATA_Y[idx]) ** 2).mean()  # dropout uses the torch RNG
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        if ckpt_dir is not None and (step + 1) % every == 0:
+            T.save_checkpoint(ckpt_dir, step=step + 1, model=m, optimizer=opt, scheduler=sched, keep_last=2)
+
+
+def test_checkpoint_resume_is_bit_identical(tmp_path):
+    T.seed_everything(0)
+    m1, o1, s1 = _model()
+    _train(m1, o1, s1, 0, 10)
+
+    T.seed_everything(0)
+    m2, o2, s2 = _model()
+    _train(m2, o2, s2, 0, 6, tmp_path, every=2)  # "killed" after step 6
+    random.random(), np.random.rand()  # noqa: NPY002, torch.rand(3)  # RNG drift a fresh process would have
+
+    m3, o3, s3 = _model()
+    last = T.find_last_checkpoint(tmp_path)
+    assert last is not None and last.name == "step-00000006"
+    info = T.load_checkpoint(last, model=m3, optimizer=o3, scheduler=s3)
+    _train(m3, o3, s3, info["step"], 10)
+    for a, b in zip(m1.state_dict().values(), m3.state_dict().values()):
+        assert torch.equal(a, b)
+    assert s3.last_epoch == s1.last_epoch
+
+
+def test_checkpoint_keep_last_and_ignores_temp(tmp_path):
+    m, opt, sched = _model()
+    for s in (1, 2, 3):
+        T.save_checkpoint(tmp_path, step=s, model=m, optimizer=opt, config={"a": 1}, extra={"best": 0.5})
+    assert [p.name for p in T.list_checkpoints(tmp_path)] == ["step-00000002", "step-00000003"]
+    (tmp_path / ".tmp-step-00000009").mkdir()  # a save killed half-way
+    assert T.find_last_checkpoint(tmp_path).name == "step-00000003"
+    info = T.load_checkpoint(tmp_path / "step-00000003", model=m)
+    assert info == {"step": 3, "config": {"a": 1}, "extra": {"best": 0.5}}
+    assert T.find_last_checkpoint(tmp_path / "nope") is None
+    with pytest.raises(FileNotFoundError, match="state.json"):
+        T.load_checkpoint(tmp_path, model=m)
+
+
+def test_checkpoint_tied_weights_and_rng_roundtrip(tmp_path):
+    emb = torch.nn.Embedding(5, 3)
+    head = torch.nn.Linear(3, 5, bias=False)
+    head.weight = emb.weight
+    m = torch.nn.ModuleDict({"emb": emb, "head": head})
+    T.seed_everything(5)
+    path = T.save_checkpoint(tmp_path, step=1, model=m)
+    want = (random.random(), float(np.random.rand()), torch.rand(1).item())  # noqa: NPY002
+    with torch.no_grad():
+        emb.weight.zero_()
+    T.load_checkpoint(path, model=m)
+    assert m["head"].weight is m["emb"].weight and m["emb"].weight.abs().sum() > 0
+    assert (random.random(), float(np.random.rand()), torch.rand(1).item()) == want  # noqa: NPY002
