@@ -1,0 +1,72 @@
+"""`NoteVLMConfig`: the transformers config of NoteVLM (vision tower -> fusion -> causal LM).
+
+Follows the composite-config convention of transformers' `LlavaConfig`: the language model's config
+is a nested sub-config (`text_config`, a Qwen2 config by default) so `get_text_config()`, the KV cache
+and `generate()` find it; the vision tower and the fusion module are this project's own modules, so
+their settings are kept as plain JSON data (`vision_config` is the field dict of `mm.vision.VisionConfig`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from transformers import AutoConfig, PreTrainedConfig
+from transformers.configuration_utils import SubConfigSpec
+
+# A tiny Qwen2 for tests and the demo; real runs set `text_config` explicitly.
+TINY_TEXT_CONFIG: dict[str, Any] = {
+    "model_type": "qwen2",
+    "vocab_size": 512,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": False,
+}
+
+
+class NoteVLMConfig(PreTrainedConfig):
+    """Config of :class:`mm.model.modeling.NoteVLMForConditionalGeneration`.
+
+    Fields (all keyword-only):
+        vision_config: field dict of `mm.vision.VisionConfig` (empty dict = that class's defaults).
+        fusion_kind: `mm.fusion.build_fusion` kind: "mlp", "qformer" or "resampler".
+        fusion_budget: K, the number of LM tokens each image becomes (= `<image>` placeholders per image).
+        fusion_kwargs: extra keyword arguments for `build_fusion` (e.g. depth, heads).
+        text_config: the causal LM's config (dict with `model_type`, or a `PreTrainedConfig`); Qwen2 default.
+        image_token_id: id of the `<image>` placeholder token in the tokenizer.
+        max_images: most images a note may have (image slots per sample).
+    """
+
+    model_type: ClassVar[str] = "notevlm"
+    sub_configs_defaults: ClassVar[dict[str, SubConfigSpec]] = {
+        "text_config": SubConfigSpec(config_class=AutoConfig, model_type="qwen2", init_kwargs=TINY_TEXT_CONFIG),
+    }
+
+    vision_config: dict | None = None
+    fusion_kind: str = "mlp"
+    fusion_budget: int = 16
+    fusion_kwargs: dict | None = None
+    text_config: dict | PreTrainedConfig | None = None
+    image_token_id: int = 4
+    max_images: int = 4
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        self.vision_config = dict(self.vision_config or {})
+        self.fusion_kwargs = dict(self.fusion_kwargs or {})
+        super().__post_init__(**kwargs)
+        if self.fusion_budget < 1:
+            raise ValueError(
+                f"NoteVLMConfig.fusion_budget must be >= 1 (tokens per image), got {self.fusion_budget}"
+            )
+        if self.max_images < 1:
+            raise ValueError(f"NoteVLMConfig.max_images must be >= 1, got {self.max_images}")
+        vocab = self.text_config.vocab_size
+        if not 0 <= self.image_token_id < vocab:
+            raise ValueError(
+                f"NoteVLMConfig.image_token_id={self.image_token_id} is outside the LM vocabulary "
+                f"[0, {vocab}); set it to the tokenizer's `<image>` id or grow text_config.vocab_size"
+            )

@@ -1,0 +1,193 @@
+"""NoteVLM: vision tower -> fusion (K tokens per image) -> transformers causal LM.
+
+The LLaVA convention (Liu et al., 2023, "Visual Instruction Tuning"; transformers'
+`LlavaForConditionalGeneration`): the prompt holds K `<image>` placeholder tokens per image, and
+their input embeddings are replaced, in order, by that image's K fusion outputs before the LM runs.
+Deviations from LLaVA: a note has up to `max_images` images (`pixel_values` is (B, N, 3, H, W) with an
+`image_mask` (B, N) marking real slots), and the projector is any `mm.fusion` kind at a fixed budget K.
+
+Image features are computed only when `pixel_values` is given, i.e. on the prefill step of cached
+generation (transformers drops `pixel_values` from later steps); decode steps only embed new tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from mm.model.configuration import NoteVLMConfig
+
+
+def build_vision_and_fusion(config: NoteVLMConfig) -> tuple[nn.Module, nn.Module]:
+    """The vision tower and fusion module described by ``config`` (imports `mm.vision`/`mm.fusion` lazily)."""
+    from mm.config import from_dict
+    from mm.fusion import build_fusion
+    from mm.vision import VisionConfig, build_vision_tower
+
+    tower = build_vision_tower(from_dict(VisionConfig, dict(config.vision_config), "vision_config"))
+    fusion = build_fusion(
+        config.fusion_kind,
+        budget=config.fusion_budget,
+        d_vision=tower.dim,
+        d_model=config.text_config.hidden_size,
+        grid=tower.grid,
+        **config.fusion_kwargs,
+    )
+    return tower, fusion
+
+
+class NoteVLMPreTrainedModel(PreTrainedModel):
+    """Shared transformers plumbing (config class, checkpointing and attention support flags)."""
+
+    config_class = NoteVLMConfig
+    base_model_prefix = "notevlm"
+    input_modalities = ("image", "text")
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _no_split_modules: list[str] = []
+
+
+class NoteVLMForConditionalGeneration(NoteVLMPreTrainedModel, GenerationMixin):
+    """A note-understanding VLM with the transformers API (`from_pretrained`, `generate`, PEFT, TRL).
+
+    Submodules: ``vision_tower`` (B, N, 3, H, W) -> (B, N, P, Dv); ``fusion`` (B, N, P, Dv) ->
+    (B, N, K, D); ``language_model`` a causal LM (`AutoModelForCausalLM.from_config(text_config)`).
+    """
+
+    def __init__(self, config: NoteVLMConfig) -> None:
+        super().__init__(config)
+        self.vision_tower, self.fusion = build_vision_and_fusion(config)
+        self.language_model = AutoModelForCausalLM.from_config(config.text_config)
+        self.post_init()
+        # A generated `<image>` would need image features; uncached decoding would then fail, so never emit it.
+        self.generation_config.suppress_tokens = [config.image_token_id]
+
+    # --- embeddings (delegated to the LM, as LLaVA does) ---
+    def get_input_embeddings(self) -> nn.Module:
+        return self.language_model.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.language_model.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.language_model.get_output_embeddings()
+
+    def set_output_embeddings(self, value: nn.Module) -> None:
+        self.language_model.set_output_embeddings(value)
+
+    # --- images ---
+    def get_image_features(
+        self, pixel_values: torch.Tensor, image_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fusion tokens (B, N, K, D) and the bool slot mask (B, N) for ``pixel_values`` (B, N, 3, H, W)."""
+        if pixel_values.dim() != 5:
+            raise ValueError(
+                f"pixel_values must be (B, N_images, 3, H, W), got shape {tuple(pixel_values.shape)}; "
+                "use NoteProcessor to build model inputs"
+            )
+        B, N = pixel_values.shape[:2]
+        if N > self.config.max_images:
+            raise ValueError(
+                f"got {N} image slots per note but config.max_images={self.config.max_images}; "
+                "drop images or raise max_images"
+            )
+        if image_mask is None:
+            image_mask = torch.ones(B, N, dtype=torch.bool, device=pixel_values.device)
+        image_mask = image_mask.to(device=pixel_values.device, dtype=torch.bool)
+        if image_mask.shape != (B, N):
+            raise ValueError(f"image_mask must be (B, N)=({B}, {N}), got {tuple(image_mask.shape)}")
+        patches = self.vision_tower(pixel_values.to(self.dtype), image_mask)  # (B, N, P, Dv)
+        tokens, _ = self.fusion(patches, image_mask)  # (B, N, K, D)
+        return tokens, image_mask
+
+    def merge_image_tokens(
+        self,
+        input_ids: torch.Tensor,
+        inputs_embeds: torch.Tensor,
+        image_tokens: torch.Tensor,
+        image_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Replace each note's `<image>` embeddings (B, T, D) by its real images' tokens, in order."""
+        K = self.config.fusion_budget
+        placeholders = input_ids == self.config.image_token_id  # (B, T)
+        found = placeholders.sum(dim=1)  # (B,)
+        expected = image_mask.sum(dim=1) * K  # (B,)
+        if not torch.equal(found, expected):
+            bad = int((found != expected).nonzero()[0, 0])
+            raise ValueError(
+                f"sample {bad}: found {int(found[bad])} `<image>` tokens in input_ids but it has "
+                f"{int(image_mask[bad].sum())} image(s) x K={K} = {int(expected[bad])} fusion tokens; "
+                "build inputs with NoteProcessor (same tokens_per_image as config.fusion_budget) and do not "
+                "truncate image tokens"
+            )
+        feats = image_tokens[image_mask]  # (n_real, K, D), note-major then image order
+        feats = feats.reshape(-1, feats.shape[-1]).to(inputs_embeds.dtype)  # (n_real * K, D)
+        return inputs_embeds.masked_scatter(placeholders.unsqueeze(-1), feats)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        pixel_values: torch.Tensor | None = None,
+        image_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Any = None,
+        past_key_values: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast:
+        """LM forward with image placeholders filled; the cache may be passed as ``cache`` or ``past_key_values``.
+
+        Shapes: input_ids (B, T); attention_mask (B, T); pixel_values (B, N, 3, H, W); image_mask (B, N);
+        labels (B, T) with -100 on ignored positions (shifted inside, as in transformers).
+        """
+        if cache is not None and past_key_values is not None and cache is not past_key_values:
+            raise ValueError("pass the KV cache as `cache` or as `past_key_values`, not both")
+        cache = cache if cache is not None else past_key_values
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.get_input_embeddings()(input_ids)  # (B, T, D)
+        if pixel_values is not None:
+            if input_ids is None:
+                raise ValueError("pixel_values need input_ids (to find the `<image>` placeholders)")
+            image_tokens, image_mask = self.get_image_features(pixel_values, image_mask)
+            inputs_embeds = self.merge_image_tokens(input_ids, inputs_embeds, image_tokens, image_mask)
+        elif input_ids is not None and cache is None and bool((input_ids == self.config.image_token_id).any()):
+            raise ValueError(
+                "input_ids contain `<image>` placeholders but no pixel_values were given; pass the note's images"
+            )
+        out = self.language_model(
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            labels=labels,
+            use_cache=use_cache,
+            logits_to_keep=logits_to_keep,
+            **kwargs,
+        )
+        return CausalLMOutputWithPast(
+            loss=out.loss,
+            logits=out.logits,
+            cache=out.cache,
+            hidden_states=out.hidden_states,
+            attentions=out.attentions,
+        )
+
+    def prepare_inputs_for_generation(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """As transformers does, plus: `image_mask` travels with `pixel_values` (prefill only when cached)."""
+        inputs = super().prepare_inputs_for_generation(*args, **kwargs)
+        if inputs.get("pixel_values") is None:
+            inputs.pop("image_mask", None)
+        return inputs
