@@ -1,0 +1,101 @@
+"""BLIP-2 Q-Former: K learned queries read the image through cross-attention.
+
+Li et al., "BLIP-2: Bootstrapping Language-Image Pre-training with Frozen Image Encoders and
+Large Language Models" (2023), Sec. 3.1. Vision features pass a LayerNorm (``ln_vision``); K
+learned query embeddings go through ``layers`` blocks of self-attention over the queries,
+cross-attention from queries to patches in every ``cross_attention_freq``-th block (layers 0, 2,
+... for the BLIP-2 default of 2), and an FFN; a linear projection maps to the LM width.
+
+Deviations: pre-LayerNorm residual blocks (BLIP-2 uses BERT's post-LN) for stable training of
+tiny randomly initialised models; no text branch (the ITC/ITG/ITM heads belong to pretraining);
+the query width ``dim`` is configurable (BLIP-2: 768).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mm.fusion.base import FusionModule
+from mm.fusion.layers import Attention, FeedForward, linear_flops
+
+
+class QFormerLayer(nn.Module):
+    """Self-attention over queries, optional cross-attention to patches, FFN (pre-LN residuals)."""
+
+    def __init__(self, *, dim: int, heads: int, kv_dim: int, cross: bool, mlp_ratio: float):
+        super().__init__()
+        self.ln_self = nn.LayerNorm(dim)
+        self.self_attn = Attention(dim=dim, heads=heads)
+        self.cross = cross
+        if cross:
+            self.ln_cross = nn.LayerNorm(dim)
+            self.cross_attn = Attention(dim=dim, heads=heads, kv_dim=kv_dim)
+        self.ln_ffn = nn.LayerNorm(dim)
+        self.ffn = FeedForward(dim=dim, mlp_ratio=mlp_ratio)
+
+    def forward(self, q: torch.Tensor, patches: torch.Tensor) -> torch.Tensor:
+        # q (M, K, D), patches (M, P, D_v)
+        h = self.ln_self(q)
+        q = q + self.self_attn(h, h)
+        if self.cross:
+            q = q + self.cross_attn(self.ln_cross(q), patches)
+        return q + self.ffn(self.ln_ffn(q))  # (M, K, D)
+
+    def flops(self, k: int, p: int) -> int:
+        f = self.self_attn.flops(k, k) + self.ffn.flops(k)
+        return f + (self.cross_attn.flops(k, p) if self.cross else 0)
+
+
+class QFormer(FusionModule):
+    """K learned queries; self-attn + cross-attn every ``cross_attention_freq`` layers + FFN."""
+
+    kind = "qformer"
+
+    def __init__(
+        self,
+        *,
+        budget: int,
+        d_vision: int,
+        d_model: int,
+        grid: tuple[int, int],
+        dim: int | None = None,
+        layers: int = 2,
+        heads: int = 4,
+        cross_attention_freq: int = 2,
+        mlp_ratio: float = 4.0,
+    ):
+        super().__init__(budget=budget, d_vision=d_vision, d_model=d_model, grid=grid)
+        if layers < 1 or cross_attention_freq < 1:
+            raise ValueError(
+                "qformer needs layers >= 1 and cross_attention_freq >= 1, "
+                f"got layers={layers}, cross_attention_freq={cross_attention_freq}"
+            )
+        dim = d_model if dim is None else dim
+        self.dim = dim
+        self.ln_vision = nn.LayerNorm(d_vision)
+        self.queries = nn.Parameter(torch.randn(budget, dim) * 0.02)  # (K, D)
+        self.layers = nn.ModuleList(
+            QFormerLayer(
+                dim=dim,
+                heads=heads,
+                kv_dim=d_vision,
+                cross=(i % cross_attention_freq == 0),
+                mlp_ratio=mlp_ratio,
+            )
+            for i in range(layers)
+        )
+        self.ln_out = nn.LayerNorm(dim)
+        self.proj = nn.Linear(dim, d_model)
+
+    def fuse_images(self, x: torch.Tensor) -> torch.Tensor:
+        # x (M, P, D_v)
+        x = self.ln_vision(x)
+        q = self.queries[None].expand(x.shape[0], -1, -1)  # (M, K, D)
+        for layer in self.layers:
+            q = layer(q, x)
+        return self.proj(self.ln_out(q))  # (M, K, D_lm)
+
+    def flops_per_image(self) -> int:
+        K, P = self.budget, self.num_patches
+        return sum(layer.flops(K, P) for layer in self.layers) + linear_flops(K, self.dim, self.d_model)

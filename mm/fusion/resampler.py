@@ -1,0 +1,89 @@
+"""Perceiver / Qwen-VL-style resampler: K learned queries cross-attend to position-tagged patches.
+
+Alayrac et al., "Flamingo" (2022), Perceiver Resampler; Bai et al., "Qwen-VL" (2023), Sec. 2.1
+"Position-aware Vision-Language Adapter": a single cross-attention layer whose K queries and
+patch keys both carry fixed 2D sin-cos position embeddings (queries on a kh x kw grid, patches on
+the h x w patch grid), added to keys but not values.
+
+This module: ``kv_proj`` (D_v -> dim, as Qwen-VL), LayerNorms on queries and patches, then
+``layers`` Perceiver blocks (cross-attention to patches + FFN, pre-LN residuals), a final
+LayerNorm and a projection to the LM width. Deviations: Qwen-VL uses one layer and no FFN
+(``layers=1`` gets close); Flamingo also lets latents attend to themselves by concatenating them
+to the keys, which we omit so every query reads only the image.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mm.fusion.base import FusionModule
+from mm.fusion.layers import Attention, FeedForward, factor_grid, linear_flops, sincos_2d
+
+
+class ResamplerLayer(nn.Module):
+    """Cross-attention from latents to patches (keys carry positions) + FFN, pre-LN residuals."""
+
+    def __init__(self, *, dim: int, heads: int, mlp_ratio: float):
+        super().__init__()
+        self.ln_q = nn.LayerNorm(dim)
+        self.ln_kv = nn.LayerNorm(dim)
+        self.attn = Attention(dim=dim, heads=heads)
+        self.ln_ffn = nn.LayerNorm(dim)
+        self.ffn = FeedForward(dim=dim, mlp_ratio=mlp_ratio)
+
+    def forward(self, lat: torch.Tensor, q_pos: torch.Tensor, x: torch.Tensor, k_pos: torch.Tensor):
+        # lat (M, K, D), q_pos (K, D), x (M, P, D), k_pos (P, D)
+        lat = lat + self.attn(self.ln_q(lat) + q_pos, self.ln_kv(x), k_extra=k_pos)
+        return lat + self.ffn(self.ln_ffn(lat))  # (M, K, D)
+
+    def flops(self, k: int, p: int) -> int:
+        return self.attn.flops(k, p) + self.ffn.flops(k)
+
+
+class Resampler(FusionModule):
+    """K learned queries (+2D sin-cos) cross-attend to patches (+2D sin-cos), ``layers`` times."""
+
+    kind = "resampler"
+
+    def __init__(
+        self,
+        *,
+        budget: int,
+        d_vision: int,
+        d_model: int,
+        grid: tuple[int, int],
+        dim: int | None = None,
+        layers: int = 2,
+        heads: int = 4,
+        mlp_ratio: float = 4.0,
+    ):
+        super().__init__(budget=budget, d_vision=d_vision, d_model=d_model, grid=grid)
+        if layers < 1:
+            raise ValueError(f"resampler needs layers >= 1, got {layers}")
+        dim = d_model if dim is None else dim
+        self.dim = dim
+        self.query_grid = factor_grid(budget, self.grid, within=False)
+        self.kv_proj = nn.Linear(d_vision, dim)
+        self.queries = nn.Parameter(torch.randn(budget, dim) * 0.02)  # (K, D)
+        self.register_buffer("q_pos", sincos_2d(*self.query_grid, dim), persistent=False)  # (K, D)
+        self.register_buffer("k_pos", sincos_2d(*self.grid, dim), persistent=False)  # (P, D)
+        self.layers = nn.ModuleList(
+            ResamplerLayer(dim=dim, heads=heads, mlp_ratio=mlp_ratio) for _ in range(layers)
+        )
+        self.ln_out = nn.LayerNorm(dim)
+        self.proj = nn.Linear(dim, d_model)
+
+    def fuse_images(self, x: torch.Tensor) -> torch.Tensor:
+        # x (M, P, D_v)
+        x = self.kv_proj(x)  # (M, P, D)
+        lat = self.queries[None].expand(x.shape[0], -1, -1)  # (M, K, D)
+        q_pos, k_pos = self.q_pos.to(x.dtype), self.k_pos.to(x.dtype)
+        for layer in self.layers:
+            lat = layer(lat, q_pos, x, k_pos)
+        return self.proj(self.ln_out(lat))  # (M, K, D_lm)
+
+    def flops_per_image(self) -> int:
+        K, P = self.budget, self.num_patches
+        f = linear_flops(P, self.d_vision, self.dim) + linear_flops(K, self.dim, self.d_model)
+        return f + sum(layer.flops(K, P) for layer in self.layers)

@@ -1,0 +1,255 @@
+"""Vision towers built from a config: images ``(B, N_img, 3, H, W)`` -> patch features ``(B, N_img, P, D_v)``.
+
+    tower = build_vision_tower(VisionConfig(kind="open_clip", image_size=64, patch_size=8, width=64))
+    feats = tower(pixel_values, image_mask)  # padded image slots come out as zeros
+    tower.num_patches, tower.dim, tower.grid
+
+Kinds: ``open_clip`` (any ``open_clip.list_models()`` architecture via ``arch``, or a custom tiny ViT
+from the dims below; the patch tokens of the last block after ``ln_post``, class token dropped),
+``hf_clip`` (transformers ``CLIPVisionModel``; ``last_hidden_state`` without the CLS token) and
+``hf_siglip`` (transformers ``SiglipVisionModel``; no CLS token, pooling head disabled).
+Towers start from random init; ``pretrained`` loads weights from a local path only (nothing is
+downloaded). open_clip and transformers are imported inside the builders, so ``import mm.vision``
+stays light. Pixel values are expected already normalised for the tower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from mm.errors import UserError
+
+VISION_KINDS = ("open_clip", "hf_clip", "hf_siglip")
+
+
+@dataclass
+class VisionConfig:
+    """A vision tower: its family, its architecture and where its weights come from."""
+
+    kind: str = "open_clip"
+    """Tower family: "open_clip", "hf_clip" or "hf_siglip"."""
+    arch: str | None = None
+    """open_clip only: an architecture name from open_clip.list_models(); None = custom ViT from the dims."""
+    image_size: int | None = 64
+    """Input side in pixels. With ``arch``, None keeps the architecture's own size."""
+    patch_size: int = 8
+    """Patch side in pixels (custom dims only)."""
+    width: int = 64
+    """Transformer width D_v (custom dims only)."""
+    layers: int = 2
+    """Transformer blocks (custom dims only)."""
+    heads: int = 4
+    """Attention heads (custom dims only); width must divide by heads."""
+    mlp_ratio: float = 4.0
+    """MLP hidden size / width (custom dims only)."""
+    pretrained: str | None = None
+    """Local weights: a .safetensors/.pt/.bin state dict (open_clip: full CLIP or visual-only keys;
+    hf_*: vision-model keys) or, for hf_*, a save_pretrained folder. None = random init."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in VISION_KINDS:
+            raise ValueError(f"unknown vision kind {self.kind!r}; known kinds: {', '.join(VISION_KINDS)}")
+        if self.arch is not None and self.kind != "open_clip":
+            raise ValueError(f"arch={self.arch!r} is only for kind 'open_clip'; got kind {self.kind!r}")
+        if self.arch is None:
+            if self.image_size is None:
+                raise ValueError("image_size must be set when no open_clip arch is named")
+            if self.image_size % self.patch_size != 0:
+                raise ValueError(
+                    f"image_size {self.image_size} must be a multiple of patch_size {self.patch_size}"
+                )
+            if self.width % self.heads != 0:
+                raise ValueError(f"width {self.width} must be divisible by heads {self.heads}")
+
+
+def _load_state_dict(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"pretrained weights {p} not found; give a local file path or set pretrained: null")
+    if p.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        sd = load_file(str(p))
+    else:
+        sd = torch.load(str(p), map_location="cpu", weights_only=True)
+    if isinstance(sd, dict) and "state_dict" in sd and isinstance(sd["state_dict"], dict):
+        sd = sd["state_dict"]
+    return {k.removeprefix("module."): v for k, v in sd.items()}
+
+
+def _strict_load(module: Any, sd: dict[str, Any], path: str, prefixes: tuple[str, ...]) -> None:
+    for prefix in prefixes:
+        if any(k.startswith(prefix) for k in sd):
+            sd = {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
+            break
+    try:
+        module.load_state_dict(sd, strict=True)
+    except RuntimeError as e:
+        first = str(e).splitlines()[0:3]
+        raise UserError(
+            f"weights in {path} do not match the configured vision tower ({' '.join(first)}); "
+            "check arch/image_size/patch_size/width/layers against the checkpoint"
+        ) from e
+
+
+class VisionTower(nn.Module):
+    """Wraps a per-image patch encoder ``(M, 3, H, W) -> (M, P, D_v)`` for multi-image notes.
+
+    Attributes: ``num_patches`` (P), ``dim`` (D_v), ``grid`` ((h, w), row-major patch order),
+    ``image_size`` ((H, W)), ``encoder`` (the wrapped open_clip / transformers module).
+    """
+
+    def __init__(
+        self,
+        *,
+        encoder: nn.Module,
+        encode: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+        image_size: tuple[int, int],
+        cfg: VisionConfig,
+    ):
+        super().__init__()
+        self.encoder = encoder
+        self._encode = encode
+        self.image_size = image_size
+        self.config = cfg
+        with torch.no_grad():
+            was_training = encoder.training
+            encoder.eval()
+            probe = encode(encoder, torch.zeros(1, 3, *image_size))  # (1, P, D_v)
+            encoder.train(was_training)
+        self.num_patches, self.dim = int(probe.shape[1]), int(probe.shape[2])
+        self.grid = _infer_grid(encoder, self.num_patches, image_size)
+
+    def forward(self, pixel_values: torch.Tensor, image_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, N_img, 3, H, W) [+ (B, N_img) bool mask] -> (B, N_img, P, D_v); padded slots are zeros."""
+        if pixel_values.dim() != 5 or pixel_values.shape[2] != 3:
+            raise ValueError(
+                f"pixel_values must be (B, N_img, 3, H, W), got shape {tuple(pixel_values.shape)}"
+            )
+        B, N, _, H, W = pixel_values.shape
+        if (H, W) != tuple(self.image_size):
+            raise ValueError(
+                f"this tower takes {self.image_size[0]}x{self.image_size[1]} images, got {H}x{W}; "
+                "resize the images or set vision.image_size"
+            )
+        if image_mask is None:
+            image_mask = torch.ones(B, N, dtype=torch.bool, device=pixel_values.device)
+        if image_mask.shape != (B, N):
+            raise ValueError(f"image_mask must be (B, N_img)=({B}, {N}), got {tuple(image_mask.shape)}")
+        image_mask = image_mask.to(torch.bool)
+        out = pixel_values.new_zeros(B, N, self.num_patches, self.dim)  # (B, N, P, D_v)
+        if not bool(image_mask.any()):
+            return out
+        real = pixel_values[image_mask]  # (M, 3, H, W): padded slots are never encoded
+        feats = self._encode(self.encoder, real)  # (M, P, D_v)
+        return out.to(feats.dtype).index_put((image_mask,), feats)
+
+
+def _infer_grid(encoder: Any, num_patches: int, image_size: tuple[int, int]) -> tuple[int, int]:
+    grid = getattr(encoder, "grid_size", None)
+    if grid is not None and grid[0] * grid[1] == num_patches:
+        return (int(grid[0]), int(grid[1]))
+    side = int(round(num_patches**0.5))
+    if side * side == num_patches:
+        return (side, side)
+    raise UserError(f"cannot infer the patch grid of {num_patches} patches for {image_size} images")
+
+
+def _build_open_clip(cfg: VisionConfig):
+    import open_clip  # lazy: heavy, and not needed by `import mm`
+    from open_clip.model import CLIPVisionCfg, _build_vision_tower
+
+    if cfg.arch is not None:
+        model_cfg = open_clip.get_model_config(cfg.arch)
+        if model_cfg is None:
+            known = ", ".join(open_clip.list_models()[:12])
+            raise UserError(
+                f"unknown open_clip arch {cfg.arch!r}; see open_clip.list_models() (e.g. {known}, ...)"
+            )
+        vision_cfg = dict(model_cfg["vision_cfg"])
+        embed_dim = int(model_cfg["embed_dim"])
+        quick_gelu = bool(model_cfg.get("quick_gelu", False))
+        if cfg.image_size is not None:
+            vision_cfg["image_size"] = cfg.image_size
+    else:
+        vision_cfg = {
+            "image_size": cfg.image_size,
+            "patch_size": cfg.patch_size,
+            "width": cfg.width,
+            "layers": cfg.layers,
+            "head_width": cfg.width // cfg.heads,
+            "mlp_ratio": cfg.mlp_ratio,
+        }
+        embed_dim, quick_gelu = cfg.width, False
+    if "timm_model_name" in vision_cfg:
+        raise UserError(
+            f"open_clip arch {cfg.arch!r} uses a timm backbone, which this toolkit does not wrap; "
+            "pick a ViT or RN arch (e.g. ViT-B-32, RN50) or custom dims"
+        )
+    encoder = _build_vision_tower(embed_dim, CLIPVisionCfg(**vision_cfg), quick_gelu=quick_gelu)
+    if cfg.pretrained is not None:
+        _strict_load(encoder, _load_state_dict(cfg.pretrained), cfg.pretrained, ("visual.",))
+    size = vision_cfg.get("image_size", 224)
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    return encoder, _encode_open_clip, size
+
+
+def _encode_open_clip(encoder, x):
+    # Last block's output, final norm applied, prefix (class) tokens removed.
+    out = encoder.forward_intermediates(x, indices=1, normalize_intermediates=True, intermediates_only=True)
+    feat = out["image_intermediates"][-1]  # (M, D_v, h, w)
+    return feat.flatten(2).transpose(1, 2)  # (M, P, D_v)
+
+
+def _build_hf(cfg: VisionConfig):
+    if cfg.kind == "hf_clip":
+        from transformers import CLIPVisionConfig as Config
+        from transformers import CLIPVisionModel as Model
+
+        extra: dict[str, Any] = {}
+    else:
+        from transformers import SiglipVisionConfig as Config
+        from transformers import SiglipVisionModel as Model
+
+        extra = {"vision_use_head": False}
+    if cfg.pretrained is not None and Path(cfg.pretrained).is_dir():
+        encoder = Model.from_pretrained(cfg.pretrained, local_files_only=True)
+    else:
+        hf_cfg = Config(
+            hidden_size=cfg.width,
+            intermediate_size=int(cfg.width * cfg.mlp_ratio),
+            num_hidden_layers=cfg.layers,
+            num_attention_heads=cfg.heads,
+            image_size=cfg.image_size,
+            patch_size=cfg.patch_size,
+            **extra,
+        )
+        encoder = Model(hf_cfg)
+        if cfg.pretrained is not None:
+            _strict_load(encoder, _load_state_dict(cfg.pretrained), cfg.pretrained, ())
+    size = encoder.config.image_size
+    drop_cls = cfg.kind == "hf_clip"
+    return encoder, (_encode_hf_clip if drop_cls else _encode_hf_siglip), (size, size)
+
+
+def _encode_hf_clip(encoder, x):
+    return encoder(pixel_values=x).last_hidden_state[:, 1:]  # (M, P, D_v), CLS dropped
+
+
+def _encode_hf_siglip(encoder, x):
+    return encoder(pixel_values=x).last_hidden_state  # (M, P, D_v), SigLIP has no CLS
+
+
+def build_vision_tower(cfg: VisionConfig) -> VisionTower:
+    """Build the tower described by ``cfg``: an ``nn.Module`` with ``num_patches``, ``dim``, ``grid``."""
+    if cfg.kind == "open_clip":
+        encoder, encode, size = _build_open_clip(cfg)
+    else:
+        encoder, encode, size = _build_hf(cfg)
+    return VisionTower(encoder=encoder, encode=encode, image_size=size, cfg=cfg)
