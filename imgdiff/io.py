@@ -333,9 +333,14 @@ def write_png(path: str | os.PathLike, image: np.ndarray) -> None:
     atomic_write(path, encode_png(image))
 
 
+def encode_mask_png(mask: np.ndarray) -> bytes:
+    """PNG bytes of a boolean ``(H, W)`` change mask as 8-bit gray: changed 255, unchanged 0."""
+    return encode_png(np.where(mask, np.uint8(255), np.uint8(0)))
+
+
 def write_mask_png(path: str | os.PathLike, mask: np.ndarray) -> None:
     """Atomically write a boolean ``(H, W)`` change mask as an 8-bit PNG: changed 255, unchanged 0."""
-    write_png(path, np.where(mask, np.uint8(255), np.uint8(0)))
+    atomic_write(path, encode_mask_png(mask))
 
 
 def write_json(path: str | os.PathLike, obj) -> None:

@@ -1,0 +1,322 @@
+"""``imgdiff A B``: where two image files differ, as boxes; or ``imgdiff DIR_A DIR_B`` for matching files.
+
+Thin: parse, validate the outputs' folders, read (:mod:`imgdiff.io`), diff (:func:`imgdiff.diff`),
+print, write. Exit codes follow ``diff(1)``: 0 same, 1 different, 2 trouble (bad input, bad option,
+unreadable file, size mismatch without ``--allow-size-mismatch``). Every trouble is one line on
+stderr, never a traceback (set ``IMGDIFF_DEBUG=1`` to see one for unexpected errors), and no output
+file is ever half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+EPILOG = """\
+examples:
+  imgdiff before.png after.png                     human summary; exit 0 same, 1 different, 2 trouble
+  imgdiff before.png after.png --json              one JSON object: bbox, regions, changed_pixels, size
+  imgdiff a.png b.png --out boxes.png --mask-out mask.png
+                                                   boxes drawn on B; changed pixels as a 0/255 PNG
+  imgdiff a.jpg b.jpg --mode exact --threshold 4   every pixel whose channel delta exceeds 4
+  imgdiff a.png b.png --ignore 0,0,199,39 --ignore 10,500,90,520
+                                                   ignore inclusive boxes x0,y0,x1,y1 (repeat the flag)
+  imgdiff shots/base shots/new --json              batch: files with the same relative name, one JSON
+                                                   line per pair; summary on stderr
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad option as one line on stderr and exits 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
+def parse_box(text: str) -> tuple[int, int, int, int]:
+    """``"x0,y0,x1,y1"`` (inclusive pixel box) -> tuple; argparse type."""
+    parts = text.split(",")
+    try:
+        x0, y0, x1, y1 = (int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--ignore expects x0,y0,x1,y1 (four integers, inclusive box), got {text!r}"
+        ) from None
+    if min(x0, y0, x1, y1) < 0 or x0 > x1 or y0 > y1:
+        raise argparse.ArgumentTypeError(
+            f"--ignore box {text!r} needs 0 <= x0 <= x1 and 0 <= y0 <= y1 (inclusive corners)"
+        )
+    return x0, y0, x1, y1
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 (0-255 units), got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 (0-255 units), got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from imgdiff.api import BACKENDS, MODES
+    from imgdiff.io import DEFAULT_MAX_PIXELS, SUPPORTED_FORMATS
+
+    p = _Parser(
+        prog="imgdiff",
+        description=(
+            "Find where two images differ, as exact or noise-aware bounding boxes. "
+            f"Reads {', '.join(SUPPORTED_FORMATS)} (8/16-bit, gray/RGB/RGBA/palette). "
+            "Give two folders to compare every file with the same relative name."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("a", metavar="A", help="reference image (or folder)")
+    p.add_argument("b", metavar="B", help="changed image (or folder)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (batch: one line per pair)")
+    p.add_argument("--out", metavar="PNG", help="write B with the boxes drawn on it (batch: a folder)")
+    p.add_argument(
+        "--mask-out", metavar="PNG", help="write the changed pixels as a 0/255 PNG (batch: a folder)"
+    )
+    p.add_argument("--threshold", type=_threshold, metavar="T", help="per-channel delta that counts (0-255)")
+    p.add_argument(
+        "--mode", choices=MODES, default="robust", help="robust (default, ignores JPEG noise) or exact"
+    )
+    p.add_argument(
+        "--ignore", type=parse_box, action="append", default=[], metavar="x0,y0,x1,y1",
+        help="inclusive box to ignore; repeat the flag for more boxes",
+    )  # fmt: skip
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="kernel backend (default auto)")
+    p.add_argument(
+        "--allow-size-mismatch", action="store_true",
+        help="diff the overlap of different-size images and report the rest as changed (default: exit 2)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-pixels", type=_positive_int, default=DEFAULT_MAX_PIXELS, metavar="N",
+        help=f"refuse images whose header declares more pixels (default {DEFAULT_MAX_PIXELS:,} = 2x 8K)",
+    )  # fmt: skip
+    return p
+
+
+class Trouble(Exception):
+    """Anything that makes the exit code 2; the message is the one line printed."""
+
+
+def _check_png_target(path: str | None, flag: str, *, folder: bool) -> None:
+    from imgdiff.io import check_writable
+
+    if path is None:
+        return
+    if folder:
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise Trouble(f"{flag} {path!r}: in batch mode {flag} is a folder, and this is a file")
+        return
+    if not path.lower().endswith(".png"):
+        raise Trouble(f"{flag} {path!r}: outputs are PNG files; give a name ending in .png")
+    check_writable(path)
+
+
+def _diff_options(args) -> dict:
+    return {
+        "mode": args.mode,
+        "threshold": args.threshold,
+        "ignore": args.ignore,
+        "backend": args.backend,
+        "allow_size_mismatch": args.allow_size_mismatch,
+    }
+
+
+def _encode_outputs(args, a, b, result, out: str | None, mask_out: str | None) -> list[tuple[str, bytes]]:
+    """Encode every requested output in memory first, so a failure writes nothing."""
+    from imgdiff import change_mask
+    from imgdiff.io import encode_mask_png, encode_png, render_overlay
+
+    files = []
+    if out is not None:
+        boxes = [r.bbox for r in result.regions] or ([result.bbox] if result.bbox is not None else [])
+        files.append((out, encode_png(render_overlay(b, boxes))))
+    if mask_out is not None:
+        opts = _diff_options(args)
+        mask = change_mask(a, b, **opts)  # (H, W) bool
+        files.append((mask_out, encode_mask_png(mask)))
+    return files
+
+
+def _diff_pair(args, path_a: str, path_b: str, out: str | None, mask_out: str | None, pair=None):
+    """Read (unless ``pair`` is given), diff, write outputs; returns the Result. Raises Trouble."""
+    from imgdiff import diff
+    from imgdiff.io import ImageIOError, atomic_write, read_pair
+
+    try:
+        a, b = pair if pair is not None else read_pair(path_a, path_b, max_pixels=args.max_pixels)
+        result = diff(a, b, **_diff_options(args))
+        for path, data in _encode_outputs(args, a, b, result, out, mask_out):
+            atomic_write(path, data)
+    except (ImageIOError, ValueError) as e:  # SizeMismatchError is a ValueError
+        raise Trouble(str(e).replace("\n", " ")) from None
+    return result
+
+
+def _human(result, label: str) -> str:
+    if result.same:
+        return f"same: {label} ({result.width}x{result.height})"
+    n = len(result.regions)
+    return (
+        f"different: {label}: bbox {list(result.bbox)}, {n} region{'s' * (n != 1)}, "
+        f"{result.changed_pixels} changed pixels ({result.width}x{result.height})"
+    )
+
+
+def run_single(args) -> int:
+    _check_png_target(args.out, "--out", folder=False)
+    _check_png_target(args.mask_out, "--mask-out", folder=False)
+    result = _diff_pair(args, args.a, args.b, args.out, args.mask_out)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        print(_human(result, f"{args.a} vs {args.b}"))
+    return 0 if result.same else 1
+
+
+# ----------------------------------------------------------------------------------------------- batch
+
+
+@dataclass(frozen=True)
+class Match:
+    """One relative file name seen in folder A and/or folder B."""
+
+    name: str
+    """Path relative to the folder, with ``/`` separators."""
+    in_a: bool
+    """Present in A."""
+    in_b: bool
+    """Present in B."""
+
+
+def _files(root: str) -> set[str]:
+    names = set()
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for f in files:
+            if not f.startswith("."):
+                names.add(os.path.relpath(os.path.join(folder, f), root).replace(os.sep, "/"))
+    return names
+
+
+def match_folders(dir_a: str, dir_b: str) -> list[Match]:
+    """Every non-hidden file under either folder, by relative name, sorted."""
+    fa, fb = _files(dir_a), _files(dir_b)
+    return [Match(n, n in fa, n in fb) for n in sorted(fa | fb)]
+
+
+def _png_name(folder: str | None, name: str) -> str | None:
+    if folder is None:
+        return None
+    return os.path.join(folder, os.path.splitext(name)[0] + ".png")
+
+
+def run_batch(args) -> int:
+    """Diff every pair of same-named files; decoding the next pair overlaps diffing this one."""
+    from imgdiff.io import ImageIOError, read_pair
+
+    for flag, folder in (("--out", args.out), ("--mask-out", args.mask_out)):
+        _check_png_target(folder, flag, folder=True)
+    matches = match_folders(args.a, args.b)
+    pairs = [m for m in matches if m.in_a and m.in_b]
+    counts = {"same": 0, "different": 0, "error": 0, "missing": 0}
+
+    def emit(name: str, status: str, result=None, error: str | None = None) -> None:
+        counts[status] += 1
+        if args.json:
+            row = {"name": name, "status": status}
+            row.update(result.to_json() if result is not None else {"error": error})
+            print(json.dumps(row), flush=True)
+        elif result is not None:
+            print(_human(result, name), flush=True)
+        else:
+            print(f"{status}: {name}: {error}", flush=True)
+
+    for m in matches:
+        if not (m.in_a and m.in_b):
+            side, other = ("A", "B") if m.in_a else ("B", "A")
+            emit(m.name, "missing", error=f"only in {side}; no file of that name in {other}")
+
+    def load(m: Match):
+        try:
+            return read_pair(
+                os.path.join(args.a, m.name), os.path.join(args.b, m.name), max_pixels=args.max_pixels
+            )
+        except Exception as e:  # noqa: BLE001 - handed to the main thread, which classifies it
+            return e
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        upcoming = pool.submit(load, pairs[0]) if pairs else None
+        for i, m in enumerate(pairs):
+            loaded = upcoming.result()
+            upcoming = pool.submit(load, pairs[i + 1]) if i + 1 < len(pairs) else None
+            out, mask_out = _png_name(args.out, m.name), _png_name(args.mask_out, m.name)
+            try:
+                if isinstance(loaded, Exception):
+                    raise loaded
+                for target in (out, mask_out):
+                    if target is not None:
+                        os.makedirs(os.path.dirname(target), exist_ok=True)
+                result = _diff_pair(args, "", "", out, mask_out, pair=loaded)
+            except (Trouble, ImageIOError, ValueError, OSError) as e:
+                emit(m.name, "error", error=str(e).replace("\n", " "))
+            else:
+                emit(m.name, "different" if not result.same else "same", result)
+    summary = f"{len(pairs)} pairs: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+    print(summary, file=sys.stderr if args.json else sys.stdout)
+    if counts["error"] or counts["missing"]:
+        return 2
+    return 1 if counts["different"] else 0
+
+
+def run(args) -> int:
+    a_dir, b_dir = os.path.isdir(args.a), os.path.isdir(args.b)
+    if a_dir and b_dir:
+        return run_batch(args)
+    if a_dir != b_dir and os.path.exists(args.a) and os.path.exists(args.b):
+        raise Trouble(
+            f"A {args.a!r} is a {'folder' if a_dir else 'file'} but B {args.b!r} is a "
+            f"{'folder' if b_dir else 'file'}; give two files or two folders"
+        )
+    return run_single(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a bad option (2, already printed as one line)
+        return int(e.code or 0)
+    try:
+        return run(args)
+    except Trouble as e:
+        print(f"imgdiff: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - the CLI promises one line, never a traceback
+        if os.environ.get("IMGDIFF_DEBUG"):
+            raise
+        from imgdiff.io import ImageIOError
+
+        prefix = "" if isinstance(e, (ImageIOError, ValueError)) else f"unexpected {type(e).__name__}: "
+        print(f"imgdiff: error: {prefix}{e}".replace("\n", " "), file=sys.stderr)
+    return 2
