@@ -117,7 +117,7 @@ class VisionTower(nn.Module):
         self.encoder = encoder
         self._encode = encode
         self.image_size = image_size
-        self.config = cfg
+        self.vision_config = cfg
         with torch.no_grad():
             was_training = encoder.training
             encoder.eval()

@@ -39,7 +39,7 @@ def test_open_clip_named_arch_gives_patch_tokens():
 
 
 def test_import_mm_does_not_import_open_clip():
-    code = "import sys, mm, mm.vision, mm.fusion; print('open_clip' in sys.modules)"
+    code = "import sys, mm, mm.vision, mm.fusion, mm.multi_image; print('open_clip' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
