@@ -1,0 +1,50 @@
+"""Golden robust-mode cases (imgdiff.cases) with per-case box tolerances, plus exact-mode boxes."""
+
+import numpy as np
+import pytest
+
+import imgdiff
+from imgdiff.cases import CASE_NAMES, make_case
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return {n: make_case(n) for n in CASE_NAMES}
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_robust_golden(cases, name):
+    c = cases[name]
+    res = imgdiff.diff(c.a, c.b)
+    if c.expect is None:
+        assert res.bbox is None, f"{name}: expected no difference, got {res.bbox}"
+        return
+    assert res.bbox is not None, f"{name}: expected {c.expect}, got no difference"
+    for got, exp, tol in zip(res.bbox, c.expect, c.tol):
+        assert abs(got - exp) <= tol, f"{name}: got {res.bbox}, expected {c.expect} +- {c.tol}"
+
+
+def test_exact_golden_boxes(cases):
+    # Exact mode sees every changed pixel: the box of the raw delta, JPEG noise included.
+    for name in ("small_patch", "single_pixel", "thin_line", "removed_dot", "alpha_change"):
+        c = cases[name]
+        assert imgdiff.diff(c.a, c.b, mode="exact").bbox == c.expect, name
+    assert imgdiff.diff(cases["jpeg_q90"].a, cases["jpeg_q90"].b, mode="exact").bbox is not None
+
+
+def test_isolated_strong_change_is_never_dropped_next_to_text(cases):
+    c = cases["text_subpixel_shift"]
+    b = c.b.copy()
+    ys, xs = np.nonzero(np.abs(c.b.astype(int) - c.a.astype(int)).max(axis=2) > 5)
+    y, x = int(ys[0]) + 6, int(xs[0])  # a flat pixel just below the text
+    b[y, x] = (b[y, x].astype(int) + 90).clip(0, 255)
+    res = imgdiff.diff(c.a, b)
+    assert res.bbox == (x, y, x, y)
+
+
+def test_robust_params_validation():
+    a = np.zeros((8, 8), np.uint8)
+    with pytest.raises(ValueError, match="window must be odd"):
+        imgdiff.diff(a, a, window=4)
+    with pytest.raises(TypeError, match="unknown robust parameter"):
+        imgdiff.diff(a, a, margins=3)
