@@ -42,7 +42,9 @@ class NoteVLMConfig(PreTrainedConfig):
 
     model_type: ClassVar[str] = "notevlm"
     sub_configs_defaults: ClassVar[dict[str, SubConfigSpec]] = {
-        "text_config": SubConfigSpec(config_class=AutoConfig, model_type="qwen2", init_kwargs=TINY_TEXT_CONFIG),
+        "text_config": SubConfigSpec(
+            config_class=AutoConfig, model_type="qwen2", init_kwargs=TINY_TEXT_CONFIG
+        ),
     }
 
     vision_config: dict | None = None

@@ -12,6 +12,7 @@ generation (transformers drops `pixel_values` from later steps); decode steps on
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -53,6 +54,47 @@ class NoteVLMPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     _no_split_modules: list[str] = []
 
+    def _init_weights(self, module: nn.Module) -> None:
+        """Leave vision tower and fusion parameters to their own constructors; restore their buffers.
+
+        transformers' generic init (normal(0.02) on every Linear) would overwrite the tower's pretrained
+        weights and the fusion's own init, so it is not applied to them (the LM, a `PreTrainedModel`, is
+        initialised by its own `_init_weights`). `from_pretrained` builds the model on the meta device, which
+        leaves non-persistent buffers (e.g. the resampler's 2D sin-cos positions) uninitialised; they are
+        recomputed here from a fresh CPU build of the same part.
+        """
+        if not module._non_persistent_buffers_set:
+            return
+        name = next((n for n, m in self.named_modules() if m is module), "")
+        part = name.split(".", 1)[0]
+        if part not in ("vision_tower", "fusion"):
+            return
+        from transformers import initialization as init
+
+        fresh = _fresh_parts(self.config)[part]
+        source = fresh.get_submodule(name.split(".", 1)[1]) if "." in name else fresh
+        for b in module._non_persistent_buffers_set:
+            target = getattr(module, b)
+            if target is not None:
+                init.copy_(target, getattr(source, b).to(target.device, target.dtype))
+
+
+def _fresh_parts(config: NoteVLMConfig) -> dict[str, nn.Module]:
+    """A CPU build of the vision tower and fusion (buffers only are used; pretrained weights not read)."""
+    key = config.to_json_string(use_diff=False)
+    if _FRESH_CACHE.get("key") != key:
+        cfg = copy.deepcopy(config)
+        if "pretrained" in cfg.vision_config:
+            cfg.vision_config["pretrained"] = None
+        with torch.device("cpu"):
+            tower, fusion = build_vision_and_fusion(cfg)
+        _FRESH_CACHE.clear()
+        _FRESH_CACHE.update(key=key, parts={"vision_tower": tower, "fusion": fusion})
+    return _FRESH_CACHE["parts"]
+
+
+_FRESH_CACHE: dict[str, Any] = {}
+
 
 class NoteVLMForConditionalGeneration(NoteVLMPreTrainedModel, GenerationMixin):
     """A note-understanding VLM with the transformers API (`from_pretrained`, `generate`, PEFT, TRL).
@@ -66,7 +108,7 @@ class NoteVLMForConditionalGeneration(NoteVLMPreTrainedModel, GenerationMixin):
         self.vision_tower, self.fusion = build_vision_and_fusion(config)
         self.language_model = AutoModelForCausalLM.from_config(config.text_config)
         self.post_init()
-        # A generated `<image>` would need image features; uncached decoding would then fail, so never emit it.
+        # A generated `<image>` would need image features (uncached decoding would fail): never emit it.
         self.generation_config.suppress_tokens = [config.image_token_id]
 
     # --- embeddings (delegated to the LM, as LLaVA does) ---
@@ -146,7 +188,7 @@ class NoteVLMForConditionalGeneration(NoteVLMPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
-        """LM forward with image placeholders filled; the cache may be passed as ``cache`` or ``past_key_values``.
+        """LM forward with image placeholders filled; the KV cache comes as ``cache`` or ``past_key_values``.
 
         Shapes: input_ids (B, T); attention_mask (B, T); pixel_values (B, N, 3, H, W); image_mask (B, N);
         labels (B, T) with -100 on ignored positions (shifted inside, as in transformers).
@@ -163,9 +205,12 @@ class NoteVLMForConditionalGeneration(NoteVLMPreTrainedModel, GenerationMixin):
                 raise ValueError("pixel_values need input_ids (to find the `<image>` placeholders)")
             image_tokens, image_mask = self.get_image_features(pixel_values, image_mask)
             inputs_embeds = self.merge_image_tokens(input_ids, inputs_embeds, image_tokens, image_mask)
-        elif input_ids is not None and cache is None and bool((input_ids == self.config.image_token_id).any()):
+        elif (
+            input_ids is not None and cache is None and bool((input_ids == self.config.image_token_id).any())
+        ):
             raise ValueError(
-                "input_ids contain `<image>` placeholders but no pixel_values were given; pass the note's images"
+                "input_ids contain `<image>` placeholders but no pixel_values were given; "
+                "pass the note's images"
             )
         out = self.language_model(
             attention_mask=attention_mask,

@@ -60,7 +60,9 @@ def lm_linear_names(model: nn.Module) -> list[str]:
     _check_model(model)
     lm = getattr(model, LM_MODULE)
     head = lm.get_output_embeddings()
-    names = {n.rsplit(".", 1)[-1] for n, m in lm.named_modules() if isinstance(m, nn.Linear) and m is not head}
+    names = {
+        n.rsplit(".", 1)[-1] for n, m in lm.named_modules() if isinstance(m, nn.Linear) and m is not head
+    }
     if not names:
         raise ValueError("the language model has no nn.Linear layers to put LoRA on")
     return sorted(names)
@@ -82,7 +84,9 @@ def lora_config(model: nn.Module, preset: LoraPreset | None = None) -> Any:
     hits = [n for n in names if re.fullmatch(regex, n)]
     stray = [n for n in hits if not n.startswith(LM_MODULE + ".")]
     if stray or not hits:
-        raise ValueError(f"LoRA target regex {regex!r} matched outside the LM or nothing: {stray[:3] or hits}")
+        raise ValueError(
+            f"LoRA target regex {regex!r} matched outside the LM or nothing: {stray[:3] or hits}"
+        )
     modules_to_save = None
     if preset.save_fusion:
         suffix_hits = [n for n in names if n.endswith(FUSION_MODULE)]
@@ -102,7 +106,9 @@ def lora_config(model: nn.Module, preset: LoraPreset | None = None) -> Any:
     )
 
 
-def apply_lora(model: nn.Module, preset: LoraPreset | None = None, *, gradient_checkpointing: bool = False) -> Any:
+def apply_lora(
+    model: nn.Module, preset: LoraPreset | None = None, *, gradient_checkpointing: bool = False
+) -> Any:
     """Wrap ``model`` in a `peft.PeftModel` with the preset; vision tower frozen (0 trainable parameters).
 
     With ``gradient_checkpointing`` the LM checkpoints its blocks and the input embeddings are made to

@@ -76,8 +76,8 @@ class NoteProcessor:
         tid = self.tokenizer.convert_tokens_to_ids(token)
         if tid is None or tid == self.tokenizer.unk_token_id:
             raise ValueError(
-                f"NoteProcessor: the tokenizer has no {token!r} token; use mm.data.tokenizer.load_tokenizer() "
-                "or add it as a special token"
+                f"NoteProcessor: the tokenizer has no {token!r} token; use "
+                "mm.data.tokenizer.load_tokenizer() or add it as a special token"
             )
         return int(tid)
 
@@ -98,14 +98,18 @@ class NoteProcessor:
             return self.load_image(Image.fromarray(image))
         elif isinstance(image, torch.Tensor):
             if image.dim() != 3 or image.shape[0] != 3:
-                raise ValueError(f"image tensors must be (3, H, W) floats in [0, 1], got {tuple(image.shape)}")
+                raise ValueError(
+                    f"image tensors must be (3, H, W) floats in [0, 1], got {tuple(image.shape)}"
+                )
             image = image.float()
             if image.shape[1:] != (self.image_size, self.image_size):
                 image = torch.nn.functional.interpolate(
                     image[None], size=(self.image_size, self.image_size), mode="bilinear", align_corners=False
                 )[0]
         else:
-            raise TypeError(f"unsupported image type {type(image).__name__}; pass PIL, a path, ndarray or tensor")
+            raise TypeError(
+                f"unsupported image type {type(image).__name__}; pass PIL, a path, ndarray or tensor"
+            )
         mean = torch.tensor(self.image_mean).view(3, 1, 1)
         std = torch.tensor(self.image_std).view(3, 1, 1)
         return (image - mean) / std  # (3, S, S)
@@ -127,8 +131,8 @@ class NoteProcessor:
         if ids.count(self.image_token_id) != n_images:
             raise ValueError(
                 f"the chat template/tokenizer turned {n_images} `<image>` markers into "
-                f"{ids.count(self.image_token_id)}; `<image>` must be a special token passed through verbatim "
-                "(and prompts must not contain it)"
+                f"{ids.count(self.image_token_id)}; `<image>` must be a special token passed through "
+                "verbatim (and prompts must not contain it)"
             )
         block = [self.im_start_id, *([self.image_token_id] * self.tokens_per_image), self.im_end_id]
         out: list[int] = []
@@ -136,22 +140,28 @@ class NoteProcessor:
             out.extend(block if t == self.image_token_id else (t,))
         return out
 
-    def encode(self, images: Sequence[Any], prompt: str, answer: str | None = None) -> dict[str, torch.Tensor]:
-        """One sample: input_ids (T,), attention_mask (T,), pixel_values (n, 3, S, S) and labels (T,) if answer."""
+    def encode(
+        self, images: Sequence[Any], prompt: str, answer: str | None = None
+    ) -> dict[str, torch.Tensor]:
+        """One sample: input_ids, attention_mask (T,), pixel_values (n, 3, S, S), labels (T,) if answer."""
         n = len(images)
         if not 1 <= n <= self.max_images:
             raise UserError(f"a note needs 1..{self.max_images} images, got {n}")
         ids = self.prompt_ids(n, prompt)
         n_prompt = len(ids)
         if answer is not None:
-            ids = ids + self.tokenizer(answer, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            ids = (
+                ids
+                + self.tokenizer(answer, add_special_tokens=False)["input_ids"]
+                + [self.tokenizer.eos_token_id]
+            )
         if len(ids) > self.max_length:
             last_image = max(i for i, t in enumerate(ids) if t == self.im_end_id)
             if last_image >= self.max_length:
                 raise UserError(
-                    f"sample needs {last_image + 1} tokens to hold its {n} image(s) ({self.tokens_per_image + 2} "
-                    f"each) but max_length={self.max_length}: truncation would cut image tokens; raise "
-                    "max_length, lower tokens_per_image or use fewer images"
+                    f"sample needs {last_image + 1} tokens to hold its {n} image(s) "
+                    f"({self.tokens_per_image + 2} each) but max_length={self.max_length}: truncation would "
+                    "cut image tokens; raise max_length, lower tokens_per_image or use fewer images"
                 )
             if answer is not None and n_prompt >= self.max_length:
                 raise UserError(
@@ -174,7 +184,9 @@ class NoteProcessor:
         """:meth:`encode` for an `mm.data.format.Note` (uses ``note.images``)."""
         return self.encode(note.images, prompt, answer)
 
-    def collate(self, samples: Sequence[dict[str, torch.Tensor]], padding_side: str = "right") -> dict[str, Any]:
+    def collate(
+        self, samples: Sequence[dict[str, torch.Tensor]], padding_side: str = "right"
+    ) -> dict[str, Any]:
         """Pad samples into a batch: right padding for training, left padding for generation.
 
         Returns input_ids / attention_mask (B, T), pixel_values (B, N, 3, S, S) with zero padded slots,
@@ -224,7 +236,7 @@ class NoteProcessor:
         """Encode and collate a batch: ``images[b]`` are note b's images, ``prompts[b]`` its prompt."""
         if len(images) != len(prompts) or (answers is not None and len(answers) != len(prompts)):
             raise ValueError(
-                f"images, prompts and answers must have one entry per note, got {len(images)}, {len(prompts)}, "
+                f"images, prompts and answers need one entry per note, got {len(images)}, {len(prompts)}, "
                 f"{None if answers is None else len(answers)}"
             )
         samples = [
@@ -265,6 +277,8 @@ class NoteProcessor:
         d = Path(directory)
         path = d / PROCESSOR_FILE
         if not path.is_file():
-            raise UserError(f"{path} not found: save the processor with NoteProcessor.save_pretrained({str(d)!r})")
+            raise UserError(
+                f"{path} not found: save the processor with NoteProcessor.save_pretrained({str(d)!r})"
+            )
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(d))
         return cls(tokenizer=tokenizer, **json.loads(path.read_text()))
