@@ -14,7 +14,7 @@ def brute_mask(a, b, threshold, ignore=()):
     d = np.abs(a.astype(np.int64) - b.astype(np.int64))
     m = (d > threshold).any(axis=2) if d.ndim == 3 else d > threshold
     for x0, y0, x1, y1 in ignore:
-        m[max(y0, 0) : y1 + 1, max(x0, 0) : x1 + 1] = False
+        m[max(y0, 0) : max(y1 + 1, 0), max(x0, 0) : max(x1 + 1, 0)] = False  # no negative wrap-around
     return m
 
 
