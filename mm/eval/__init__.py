@@ -1,0 +1,1 @@
+"""Evaluation: POPE and CHAIR hallucination metrics (pope.py, chair.py), retrieval, the `mm eval` CLI."""
