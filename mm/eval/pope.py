@@ -56,7 +56,7 @@ def parse_lmms(text: str) -> str | None:
     return pred if pred in ("yes", "no") else None
 
 
-_VQA_PUNCT = list(";/[]\"{}()=+\\_-><@`,?!")  # VQA-eval's list, same order
+_VQA_PUNCT = list(';/[]"{}()=+\\_-><@`,?!')  # VQA-eval's list, same order
 _COMMA_STRIP = re.compile(r"(\d)(,)(\d)")
 _PERIOD_STRIP = re.compile(r"(?!<=\d)(\.)(?!\d)")  # the VQA regex, typo included
 
