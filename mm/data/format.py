@@ -38,9 +38,12 @@ Field rules:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -331,3 +334,31 @@ def write_notes(notes: list[Note], folder: str | Path) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+@contextlib.contextmanager
+def staged_folder(out: str | Path, *, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary sibling of ``out`` to fill; on success it is renamed to ``out``.
+
+    ``out`` must be missing or empty unless ``overwrite``. On any error the temporary folder is
+    removed and ``out`` is left as it was, so readers never see a half-written note folder.
+    """
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise UserError(
+            f"output folder {out} exists and is not empty; pass --overwrite or choose a new folder"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        yield tmp
+        if out.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}-old-", dir=out.parent))
+            os.replace(out, trash / "old")
+            os.replace(tmp, out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -203,3 +203,30 @@ def categories_of_theme(theme: str) -> tuple[str, ...]:
     if theme not in THEMES:
         raise KeyError(f"unknown theme {theme!r}; known themes: {', '.join(THEMES)}")
     return tuple(c.name for c in CATEGORIES if c.theme == theme)
+
+
+@cache
+def _forms_by_length() -> tuple[tuple[tuple[str, ...], str], ...]:
+    forms = [(tuple(f.split()), c) for f, c in surface_to_category().items()]
+    return tuple(sorted(forms, key=lambda fc: -len(fc[0])))
+
+
+def find_mentions(text: str) -> list[str]:
+    """Canonical names mentioned in ``text``, in order, longest surface form first at each word.
+
+    Words are lower-cased and stripped of punctuation; "two computer mice" gives ``["mouse"]``.
+    """
+    words = ["".join(ch for ch in w if ch.isalnum()) for w in text.lower().split()]
+    words = [w for w in words if w]
+    out: list[str] = []
+    i = 0
+    forms = _forms_by_length()
+    while i < len(words):
+        for form, name in forms:
+            if tuple(words[i : i + len(form)]) == form:
+                out.append(name)
+                i += len(form)
+                break
+        else:
+            i += 1
+    return out

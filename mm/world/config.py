@@ -1,0 +1,86 @@
+"""``WorldConfig``: every knob of the synthetic note world (YAML: configs/mm/world_default.yaml)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(kw_only=True)
+class WorldConfig:
+    """Knobs of the note generator. Defaults are the shipped default world."""
+
+    notes: int = 2000
+    """Number of notes to generate (the CLI's ``--notes`` overrides it)."""
+    seed: int = 0
+    """Base seed; note ``i`` uses ``default_rng([seed, i])``, so a note does not depend on ``notes``."""
+    image_size: int = 64
+    """Square image side in pixels."""
+    images_per_note_min: int = 1
+    """Fewest images in a note."""
+    images_per_note_max: int = 4
+    """Most images in a note (at most 4)."""
+    objects_per_image_min: int = 2
+    """Fewest objects in an image (before partners are added)."""
+    objects_per_image_max: int = 4
+    """Most objects in an image (before partners are added)."""
+    off_theme: float = 0.1
+    """Probability that a sampled object comes from another theme than the note's."""
+    anchor_prob: float = 0.6
+    """Probability that an image's first object is an anchor of a partner pair (from the note's theme)."""
+    cooccurrence: float = 0.8
+    """P(partner in the image | anchor in the image): the language prior that drives hallucination."""
+    partner_small: float = 0.7
+    """Probability that a partner, when drawn next to its anchor, is small."""
+    partner_occluded: float = 0.6
+    """Probability that a partner, when drawn next to its anchor, is placed partly behind it."""
+    partner_overlap: float = 0.45
+    """How far an occluded partner slides under its anchor (0 = touching, 1 = centred on it)."""
+    duplicate_prob: float = 0.15
+    """Probability that a sampled object repeats a category already in the image (for counts)."""
+    object_scale: float = 1.0
+    """Multiplies object sizes (difficulty: smaller is harder)."""
+    clutter: int = 2
+    """Distractor strokes (not objects) drawn under the objects of each image."""
+    noise_std: float = 4.0
+    """Std of Gaussian pixel noise on the 0-255 scale."""
+    synonym_prob: float = 0.3
+    """Probability that a caption or question uses a synonym instead of the canonical name."""
+    questions_per_note: int = 6
+    """Yes/no questions per note (half yes, half no when possible)."""
+    partner_negatives: float = 0.5
+    """Fraction of "no" questions whose object is an absent partner of a present object (rest: random)."""
+    val_fraction: float = 0.05
+    """Fraction of notes in the ``val`` split."""
+    test_fraction: float = 0.05
+    """Fraction of notes in the ``test`` split."""
+    id_prefix: str = "w"
+    """Note ids are ``<prefix><index:06d>``."""
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        need(self.notes >= 1, f"notes must be >= 1, got {self.notes}")
+        need(32 <= self.image_size <= 512, f"image_size must be in [32, 512], got {self.image_size}")
+        need(
+            1 <= self.images_per_note_min <= self.images_per_note_max <= 4,
+            "need 1 <= images_per_note_min <= images_per_note_max <= 4, got "
+            f"{self.images_per_note_min}, {self.images_per_note_max}",
+        )
+        need(
+            1 <= self.objects_per_image_min <= self.objects_per_image_max <= 8,
+            "need 1 <= objects_per_image_min <= objects_per_image_max <= 8, got "
+            f"{self.objects_per_image_min}, {self.objects_per_image_max}",
+        )
+        for name in (
+            "off_theme", "anchor_prob", "cooccurrence", "partner_small", "partner_occluded",
+            "partner_overlap", "duplicate_prob", "synonym_prob", "partner_negatives",
+            "val_fraction", "test_fraction",
+        ):  # fmt: skip
+            v = getattr(self, name)
+            need(0.0 <= v <= 1.0, f"{name} must be a probability in [0, 1], got {v}")
+        need(self.val_fraction + self.test_fraction < 1.0, "val_fraction + test_fraction must be < 1")
+        need(0.3 <= self.object_scale <= 2.0, f"object_scale must be in [0.3, 2.0], got {self.object_scale}")
+        need(self.clutter >= 0 and self.noise_std >= 0, "clutter and noise_std must be >= 0")
+        need(self.questions_per_note >= 0, f"questions_per_note must be >= 0, got {self.questions_per_note}")

@@ -1,0 +1,146 @@
+"""Scene sampling (pure: a NumPy ``Generator`` in, plain data out; no pixels).
+
+An image's scene is a list of :class:`SceneObject` in drawing order (later objects cover earlier
+ones). Sampling, for one image of a note with theme ``T``:
+
+1. Draw ``n`` in ``[objects_per_image_min, objects_per_image_max]``. With ``anchor_prob`` the first
+   object is an anchor of ``T``; the rest come from ``T`` (or, with ``off_theme``, any theme), and
+   with ``duplicate_prob`` repeat a category already drawn (so captions carry counts).
+2. Co-occurrence: for every anchor in the image, with ``cooccurrence`` its partner is added (if not
+   already there), otherwise the partner is removed — so P(partner | anchor) is the knob itself.
+   A partner added this way is small with ``partner_small`` and, with ``partner_occluded``, slid
+   ``partner_overlap`` of the way under its anchor and drawn before it, so it is partly hidden.
+3. Positions: other objects are placed by rejection sampling to keep them apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mm.world import vocab
+from mm.world.config import WorldConfig
+
+SIZE_RADIUS: dict[str, float] = {"small": 0.095, "medium": 0.13, "large": 0.17}
+"""Half-extent of an object as a fraction of the image side, per size (times ``object_scale``)."""
+
+_ANCHOR_PARTNER = dict(vocab.PARTNER_PAIRS)
+
+
+@dataclass(frozen=True)
+class SceneObject:
+    """One object to draw."""
+
+    category: str
+    """Canonical category name."""
+    color: str
+    """Colour name."""
+    size: str
+    """Size name."""
+    cx: float
+    """Centre x in pixels."""
+    cy: float
+    """Centre y in pixels."""
+    r: float
+    """Half-extent in pixels."""
+
+
+def theme_anchors(theme: str) -> tuple[str, ...]:
+    """Anchors whose theme is ``theme``."""
+    return tuple(a for a in vocab.ANCHORS if vocab.category(a).theme == theme)
+
+
+def sample_categories(cfg: WorldConfig, theme: str, rng: np.random.Generator) -> list[tuple[str, bool]]:
+    """Categories of one image as ``(name, is_added_partner)``, before co-occurrence placement."""
+    in_theme = vocab.categories_of_theme(theme)
+    anchors = theme_anchors(theme)
+    n = int(rng.integers(cfg.objects_per_image_min, cfg.objects_per_image_max + 1))
+    names: list[str] = []
+    if anchors and rng.random() < cfg.anchor_prob:
+        names.append(anchors[int(rng.integers(len(anchors)))])
+    while len(names) < n:
+        if names and rng.random() < cfg.duplicate_prob:
+            names.append(names[int(rng.integers(len(names)))])
+        elif rng.random() < cfg.off_theme:
+            names.append(vocab.CATEGORY_NAMES[int(rng.integers(len(vocab.CATEGORY_NAMES)))])
+        else:
+            names.append(in_theme[int(rng.integers(len(in_theme)))])
+    out: list[tuple[str, bool]] = []
+    present = set(names)
+    removed: set[str] = set()
+    added: list[str] = []
+    for a in dict.fromkeys(names):  # unique anchors, first-seen order
+        p = _ANCHOR_PARTNER.get(a)
+        if p is None:
+            continue
+        if rng.random() < cfg.cooccurrence:
+            if p not in present:
+                added.append(p)
+                present.add(p)
+        else:
+            removed.add(p)
+    out = [(c, False) for c in names if c not in removed]
+    out += [(p, True) for p in added]
+    if not out:  # everything removed (only possible when n == 1 and it was a partner): keep one object
+        out = [(names[0], False)]
+    return out
+
+
+def _fits(cx: float, cy: float, r: float, size: int) -> bool:
+    return r <= cx <= size - 1 - r and r <= cy <= size - 1 - r
+
+
+def sample_scene(cfg: WorldConfig, theme: str, rng: np.random.Generator) -> list[SceneObject]:
+    """One image's objects in drawing order (a hidden partner comes before its anchor)."""
+    S = cfg.image_size
+    cats = sample_categories(cfg, theme, rng)
+    placed: list[SceneObject] = []
+
+    def radius(size: str) -> float:
+        return SIZE_RADIUS[size] * S * cfg.object_scale
+
+    def color() -> str:
+        return vocab.COLORS[int(rng.integers(len(vocab.COLORS)))]
+
+    def free_spot(r: float) -> tuple[float, float]:
+        best, best_gap = (S / 2, S / 2), -np.inf
+        for _ in range(24):
+            cx, cy = rng.uniform(r, S - 1 - r, size=2)
+            gap = min((np.hypot(cx - o.cx, cy - o.cy) - (r + o.r) for o in placed), default=np.inf)
+            if gap >= 0:
+                return float(cx), float(cy)
+            if gap > best_gap:
+                best, best_gap = (float(cx), float(cy)), gap
+        return best
+
+    for name, is_partner in cats:
+        if not is_partner:
+            size = vocab.SIZES[int(rng.integers(len(vocab.SIZES)))]
+            r = radius(size)
+            cx, cy = free_spot(r)
+            placed.append(SceneObject(category=name, color=color(), size=size, cx=cx, cy=cy, r=r))
+            continue
+        anchor_name = next(a for a, p in vocab.PARTNER_PAIRS if p == name)
+        anchor_idx = next(i for i, o in enumerate(placed) if o.category == anchor_name)
+        anchor = placed[anchor_idx]
+        size = "small" if rng.random() < cfg.partner_small else vocab.SIZES[int(rng.integers(1, 3))]
+        r = radius(size)
+        hidden = rng.random() < cfg.partner_occluded
+        dist = (anchor.r + r) * ((1.0 - cfg.partner_overlap) if hidden else 1.1)
+        spot = None
+        for _ in range(16):
+            ang = rng.uniform(0, 2 * np.pi)
+            cx, cy = anchor.cx + dist * np.cos(ang), anchor.cy + dist * np.sin(ang)
+            if _fits(cx, cy, r, S):
+                spot = (float(cx), float(cy))
+                break
+        if spot is None:  # no room next to the anchor: place it anywhere, visible
+            hidden = False
+            spot = free_spot(r)
+        obj = SceneObject(category=name, color=color(), size=size, cx=spot[0], cy=spot[1], r=r)
+        if hidden:
+            placed.insert(anchor_idx, obj)  # drawn before (under) its anchor
+        else:
+            placed.append(obj)
+    return placed

@@ -1,0 +1,72 @@
+"""Measured statistics of a set of notes: the co-occurrence prior and how hidden partners are.
+
+``cooccurrence_stats(notes)`` works on any notes with object annotations (world or COCO-mapped),
+counted per image: for every ``(anchor, partner)`` pair of :data:`mm.world.vocab.PARTNER_PAIRS`,
+P(partner | anchor), P(partner | no anchor), and, for partners next to their anchor, the fraction
+that are small and the mean hidden fraction.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from mm.data.format import Note
+from mm.world import vocab
+
+
+def cooccurrence_stats(notes: list[Note], *, occluded_threshold: float = 0.1) -> dict[str, Any]:
+    """Per-image co-occurrence statistics.
+
+    Returns ``{"images": N, "pairs": {"fork->knife": {...}, ...}, "overall": {...},
+    "category_frequency": {name: fraction of images}}``. Per pair: ``anchor_images``,
+    ``p_partner_given_anchor``, ``p_partner_given_no_anchor``, ``partner_small_with_anchor``
+    (fraction of partner instances in anchor images that are small), ``partner_occluded_with_anchor``
+    (fraction hidden more than ``occluded_threshold``), ``partner_mean_occlusion_with_anchor``.
+    ``overall`` pools all pairs. Ratios with an empty denominator are ``None``.
+    """
+    images = [objs for n in notes for objs in n.objects]
+    freq: Counter[str] = Counter()
+    for objs in images:
+        freq.update({o.category for o in objs})
+
+    def ratio(a: float, b: float) -> float | None:
+        return a / b if b else None
+
+    pairs: dict[str, dict[str, Any]] = {}
+    tot = Counter()
+    for anchor, partner in vocab.PARTNER_PAIRS:
+        c = Counter()
+        for objs in images:
+            cats = {o.category for o in objs}
+            has_a, has_p = anchor in cats, partner in cats
+            c["a"] += has_a
+            c["ap"] += has_a and has_p
+            c["na"] += not has_a
+            c["nap"] += (not has_a) and has_p
+            if has_a:
+                for o in objs:
+                    if o.category == partner:
+                        c["inst"] += 1
+                        c["small"] += o.size == "small"
+                        c["occ"] += o.occluded > occluded_threshold
+                        c["occ_sum"] += o.occluded
+        tot.update(c)
+        pairs[f"{anchor}->{partner}"] = _summary(c, ratio)
+    return {
+        "images": len(images),
+        "pairs": pairs,
+        "overall": _summary(tot, ratio),
+        "category_frequency": {k: freq[k] / len(images) if images else 0.0 for k in vocab.CATEGORY_NAMES},
+    }
+
+
+def _summary(c: Counter, ratio) -> dict[str, Any]:
+    return {
+        "anchor_images": c["a"],
+        "p_partner_given_anchor": ratio(c["ap"], c["a"]),
+        "p_partner_given_no_anchor": ratio(c["nap"], c["na"]),
+        "partner_small_with_anchor": ratio(c["small"], c["inst"]),
+        "partner_occluded_with_anchor": ratio(c["occ"], c["inst"]),
+        "partner_mean_occlusion_with_anchor": ratio(c["occ_sum"], c["inst"]),
+    }

@@ -1,0 +1,135 @@
+"""The synthetic world: determinism, annotations, co-occurrence prior, captions, questions, CLI."""
+
+import json
+
+import cv2
+import numpy as np
+import pytest
+
+from mm.cli import main
+from mm.config import ConfigError, load_config
+from mm.data.format import read_notes
+from mm.world import vocab
+from mm.world.config import WorldConfig
+from mm.world.generate import generate_note, generate_notes, write_world
+from mm.world.render import render_scene, shape_mask
+from mm.world.scene import SceneObject
+from mm.world.stats import cooccurrence_stats
+
+
+def test_note_depends_only_on_seed_and_index():
+    a, ia = generate_note(WorldConfig(notes=5), 3)
+    b, ib = generate_note(WorldConfig(notes=500), 3)
+    assert a == b and all(np.array_equal(x, y) for x, y in zip(ia, ib))
+    c, _ = generate_note(WorldConfig(seed=1), 3)
+    assert c != a
+
+
+def test_annotations_match_images_and_captions_mention_every_object():
+    cfg = WorldConfig(notes=40)
+    for i in range(cfg.notes):
+        note, images = generate_note(cfg, i)
+        assert 1 <= len(images) <= 4 and len(note.objects) == len(images)
+        for img, objs, cap in zip(images, note.objects, note.image_captions):
+            assert img.shape == (64, 64, 3) and img.dtype == np.uint8
+            assert {o.category for o in objs} == set(vocab.find_mentions(cap)), cap
+            for o in objs:
+                x0, y0, x1, y1 = o.bbox
+                assert 0 <= x0 < x1 <= 64 and 0 <= y0 < y1 <= 64
+                assert o.color in vocab.COLORS and o.size in vocab.SIZES and 0.0 <= o.occluded <= 1.0
+        assert set(vocab.find_mentions(note.text)) == note.categories
+
+
+def test_occlusion_is_measured_from_masks():
+    # a large square at the centre fully covers a small circle drawn before it
+    under = SceneObject(category="fork", color="red", size="small", cx=32, cy=32, r=4)
+    over = SceneObject(category="knife", color="blue", size="large", cx=32, cy=32, r=12)
+    side = SceneObject(category="cup", color="green", size="small", cx=8, cy=8, r=5)
+    img, anns = render_scene([under, over, side], theme="kitchen", size=64, clutter=0, noise_std=0, rng=None)
+    assert [a.occluded for a in anns] == [1.0, 0.0, 0.0]
+    assert tuple(img[32, 24]) == vocab.COLOR_RGB["blue"]  # square interior (glyph is solid)
+    m = shape_mask("circle", 32.0, 32.0, 4.0, 64)
+    assert m.sum() == pytest.approx(np.pi * 16, rel=0.25)
+
+
+def test_default_world_has_the_cooccurrence_prior():
+    stats = cooccurrence_stats(generate_notes(WorldConfig(notes=400)))
+    o = stats["overall"]
+    assert 0.72 <= o["p_partner_given_anchor"] <= 0.88  # the knob is 0.8
+    assert o["p_partner_given_no_anchor"] < 0.1
+    assert o["partner_small_with_anchor"] > 0.5
+    assert o["partner_occluded_with_anchor"] > 0.3
+    off = cooccurrence_stats(generate_notes(WorldConfig(notes=200, cooccurrence=0.0)))
+    assert off["overall"]["p_partner_given_anchor"] == 0.0
+
+
+def test_questions_balanced_and_correct():
+    notes = generate_notes(WorldConfig(notes=60))
+    answers = [q.answer for n in notes for q in n.questions]
+    assert abs(answers.count("yes") - answers.count("no")) <= 0.1 * len(answers)
+    partner_no = 0
+    for n in notes:
+        for q in n.questions:
+            present = n.categories if q.image is None else {o.category for o in n.objects[q.image]}
+            assert (q.object in present) == (q.answer == "yes"), q
+            assert vocab.find_mentions(q.question) == [q.object]
+            if q.answer == "no" and any(q.object in vocab.partners(c) for c in present):
+                partner_no += 1
+    # partner negatives exist only where a partner is absent; still far above the ~1/28 of random picks
+    assert partner_no > 0.08 * answers.count("no")
+
+
+def test_splits_follow_fractions():
+    splits = [n.split for n in generate_notes(WorldConfig(notes=400, val_fraction=0.2, test_fraction=0.2))]
+    assert 40 <= splits.count("val") <= 120 and 40 <= splits.count("test") <= 120
+
+
+def test_config_rejects_bad_values(tmp_path):
+    with pytest.raises(ValueError, match="cooccurrence must be a probability"):
+        WorldConfig(cooccurrence=1.5)
+    with pytest.raises(ValueError, match="images_per_note_max"):
+        WorldConfig(images_per_note_max=5)
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_config(WorldConfig, None, ["co_occurrence=0.5"])
+    cfg = load_config(WorldConfig, "configs/mm/world_default.yaml")
+    assert cfg == WorldConfig()  # the shipped YAML is the documented default
+
+
+def test_write_world_round_trip_and_refuses_nonempty(tmp_path):
+    out = tmp_path / "w"
+    notes = write_world(WorldConfig(notes=12), out)
+    back = read_notes(out)
+    assert back == notes
+    img = cv2.imread(str(out / back[0].images[0]))[:, :, ::-1]
+    assert np.array_equal(img, generate_note(WorldConfig(), 0)[1][0])
+    with pytest.raises(Exception, match="not empty"):
+        write_world(WorldConfig(notes=3), out)
+    assert len(read_notes(out)) == 12  # untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["w"]  # no temp folders left
+
+
+def test_parallel_equals_serial(tmp_path):
+    cfg = WorldConfig(notes=400, questions_per_note=2, images_per_note_max=1)
+    a = write_world(cfg, tmp_path / "a", workers=1)
+    b = write_world(cfg, tmp_path / "b", workers=2)
+    assert a == b
+    assert (tmp_path / "a/images/w000399_0.png").read_bytes() == (
+        tmp_path / "b/images/w000399_0.png"
+    ).read_bytes()
+
+
+def test_cli_world_and_stats(tmp_path, capsys):
+    out = tmp_path / "w"
+    assert (
+        main(
+            ["data", "world", "--config", "configs/mm/world_default.yaml", "--out", str(out), "--notes", "20"]
+        )
+        == 0
+    )
+    assert len(read_notes(out)) == 20
+    assert main(["data", "stats", str(out)]) == 0
+    stats = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert stats["images"] == sum(len(n.images) for n in read_notes(out))
+    assert main(["data", "world", "--out", str(out), "--notes", "5"]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert main(["data", "world", "--out", str(tmp_path / "x"), "--set", "colour=1"]) == 2
