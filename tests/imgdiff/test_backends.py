@@ -1,0 +1,85 @@
+"""Backend parity: NumPy reference vs Numba CPU (hypothesis) and CUDA under the simulator."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import imgdiff
+from imgdiff import core
+from imgdiff.api import resolve_backend
+
+
+@st.composite
+def pairs(draw):
+    h, w = draw(st.integers(1, 60)), draw(st.integers(1, 60))
+    c = draw(st.sampled_from([1, 3, 4]))
+    dtype = draw(st.sampled_from([np.uint8, np.uint16]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    a = rng.integers(0, np.iinfo(dtype).max + 1, (h, w, c)).astype(dtype)
+    b = a.copy()
+    b[rng.random(a.shape) < draw(st.sampled_from([0.0, 0.002, 0.05, 1.0]))] = rng.integers(0, 256)
+    return a, b
+
+
+@settings(max_examples=120, deadline=None)
+@given(pairs(), st.sampled_from([4, 16]))
+def test_numba_grid_matches_numpy(pair, block):
+    from imgdiff.kernels_cpu import block_max_numba
+
+    a, b = pair
+    np.testing.assert_array_equal(block_max_numba(a, b, block), core.block_max_numpy(a, b, block))
+
+
+@settings(max_examples=40, deadline=None)
+@given(pairs(), st.sampled_from(["exact", "robust"]))
+def test_numba_diff_matches_numpy(pair, mode):
+    a, b = pair
+    assert imgdiff.diff(a, b, mode=mode, backend="numba") == imgdiff.diff(a, b, mode=mode, backend="numpy")
+
+
+def test_auto_backend_only_uses_numba_when_loaded():
+    code = "from imgdiff.api import resolve_backend; print(resolve_backend('auto'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "numpy"
+    import numba  # noqa: F401
+
+    assert resolve_backend("auto") == "numba"
+
+
+def test_cuda_without_gpu_is_a_clear_error():
+    from numba import cuda
+
+    if cuda.is_available():
+        pytest.skip("a GPU is present")
+    a = np.zeros((4, 4), np.uint8)
+    with pytest.raises(RuntimeError, match="backend 'cuda' needs an NVIDIA GPU"):
+        imgdiff.diff(a, a, backend="cuda")
+
+
+CUDASIM = r"""
+import numpy as np, imgdiff
+from imgdiff import core
+from imgdiff.kernels_cuda import block_max_cuda
+rng = np.random.default_rng(0)
+for shape, dt in [((9, 13, 3), np.uint8), ((6, 5, 4), np.uint16), ((5, 17, 1), np.uint8)]:
+    a = rng.integers(0, 256, shape).astype(dt)
+    b = a.copy()
+    b[rng.random(shape) < 0.1] = 3
+    assert (block_max_cuda(a, b, 4) == core.block_max_numpy(a, b, 4)).all(), shape
+    assert imgdiff.diff(a, b, mode="exact", backend="cuda") == imgdiff.diff(a, b, mode="exact", backend="numpy")
+print("ok")
+"""
+
+
+def test_cuda_kernel_under_simulator():
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    out = subprocess.run(
+        [sys.executable, "-c", CUDASIM], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"
