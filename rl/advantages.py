@@ -116,10 +116,13 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool 
     ``(v - mean) / sqrt(var + 1e-8)`` (``+ mean`` back when ``shift_mean=False``), as verl's
     ``masked_whiten`` (PPO advantage normalisation, Schulman et al. 2017 / OpenAI baselines). Positions
     with mask 0 are transformed too (same affine map) but do not enter the statistics. Deviation from
-    verl, which raises on fewer than 2 masked values: the variance is taken as 0 then (no NaN).
+    verl, which raises on fewer than 2 masked values: the variance is taken as 0 then, and an empty
+    mask returns zeros (no signal, no NaN).
     """
     if values.shape != mask.shape:
         raise ValueError(f"values and mask must match; got {tuple(values.shape)} vs {tuple(mask.shape)}")
+    if not bool(mask.any()):
+        return torch.zeros_like(values)
     mean = masked_mean(values, mask)
     whitened = (values - mean) * torch.rsqrt(masked_var(values, mask) + 1e-8)
     return whitened if shift_mean else whitened + mean

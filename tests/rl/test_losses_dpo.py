@@ -13,11 +13,18 @@ from trl.trainer.dpo_trainer import DPOTrainer
 
 from rl.losses import DPO_LOSS_TYPES, dpo_loss, mdpo_anchor_loss, mdpo_conditional_loss
 
-torch.set_default_dtype(torch.float64)
+
+@pytest.fixture(autouse=True)
+def _float64():
+    """Golden and parity checks run in float64; the default dtype is restored for other test modules."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
 
 
 def _pairs(seed: int, n_pairs: int = 5, max_len: int = 7):
-    """Random pairs: per-token policy log-probs, ref sequence log-probs, completion masks (prompt = 1 token)."""
+    """Random pairs: per-token policy log-probs, ref sequence log-probs, completion masks (1 prompt token)."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, max_len, (2 * n_pairs,), generator=g)
     completion_mask = torch.zeros(2 * n_pairs, max_len + 1, dtype=torch.long)
@@ -81,7 +88,13 @@ def test_dpo_losses_equal_trl(loss_type):
     for seed in range(3):
         token_logps, ref, mask = _pairs(seed)
         trl_loss, metrics = _trl_dpo(
-            token_logps, ref, mask, loss_types=[loss_type], loss_weights=[1.0], beta=0.3, label_smoothing=smoothing
+            token_logps,
+            ref,
+            mask,
+            loss_types=[loss_type],
+            loss_weights=[1.0],
+            beta=0.3,
+            label_smoothing=smoothing,
         )
         loss, chosen_r, rejected_r = _ours(
             token_logps, ref, mask, loss_type=loss_type, beta=0.3, label_smoothing=smoothing
@@ -102,7 +115,9 @@ def test_dpo_losses_equal_trl(loss_type):
 
 def test_sft_mix_in_equals_trl():
     token_logps, ref, mask = _pairs(7)
-    trl_loss, _ = _trl_dpo(token_logps, ref, mask, loss_types=["sigmoid", "sft"], loss_weights=[1.0, 0.5], beta=0.1)
+    trl_loss, _ = _trl_dpo(
+        token_logps, ref, mask, loss_types=["sigmoid", "sft"], loss_weights=[1.0, 0.5], beta=0.1
+    )
     loss, _, _ = _ours(token_logps, ref, mask, loss_type="sigmoid", beta=0.1, sft_weight=0.5)
     assert abs(loss.mean().item() - trl_loss.item()) < 1e-6
 
@@ -128,7 +143,9 @@ def test_sigmoid_label_smoothing_is_cdpo_golden():
 
 def test_bco_pair_delta_golden():
     t = torch.tensor
-    loss, _, _ = dpo_loss(t([1.0]), t([0.0]), t([0.0]), t([1.0]), loss_type="bco_pair", beta=0.5, bco_delta=0.25)
+    loss, _, _ = dpo_loss(
+        t([1.0]), t([0.0]), t([0.0]), t([1.0]), loss_type="bco_pair", beta=0.5, bco_delta=0.25
+    )
     # beta c = 0.5, beta r = -0.5: -log s(0.5 - 0.25) - log s(-(-0.5 - 0.25))
     want = -math.log(1 / (1 + math.exp(-0.25))) - math.log(1 / (1 + math.exp(-0.75)))
     assert loss.item() == pytest.approx(want, abs=1e-12)
