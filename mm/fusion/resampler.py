@@ -66,8 +66,9 @@ class Resampler(FusionModule):
         self.query_grid = factor_grid(budget, self.grid, within=False)
         self.kv_proj = nn.Linear(d_vision, dim)
         self.queries = nn.Parameter(torch.randn(budget, dim) * 0.02)  # (K, D)
-        self.register_buffer("q_pos", sincos_2d(*self.query_grid, dim), persistent=False)  # (K, D)
-        self.register_buffer("k_pos", sincos_2d(*self.grid, dim), persistent=False)  # (P, D)
+        # Fixed positions are computed on demand (no buffers: nothing to save, nothing left
+        # uninitialised when transformers builds the model on the meta device).
+        self._pos_cache: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
         self.layers = nn.ModuleList(
             ResamplerLayer(dim=dim, heads=heads, mlp_ratio=mlp_ratio) for _ in range(layers)
         )
@@ -78,10 +79,19 @@ class Resampler(FusionModule):
         # x (M, P, D_v)
         x = self.kv_proj(x)  # (M, P, D)
         lat = self.queries[None].expand(x.shape[0], -1, -1)  # (M, K, D)
-        q_pos, k_pos = self.q_pos.to(x.dtype), self.k_pos.to(x.dtype)
+        q_pos, k_pos = self.positions(x.device, x.dtype)  # (K, D), (P, D)
         for layer in self.layers:
             lat = layer(lat, q_pos, x, k_pos)
         return self.proj(self.ln_out(lat))  # (M, K, D_lm)
+
+    def positions(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """2D sin-cos embeddings of the query grid (K, D) and of the patch grid (P, D)."""
+        key = (device, dtype)
+        if key not in self._pos_cache:
+            q_pos = sincos_2d(*self.query_grid, self.dim).to(device=device, dtype=dtype)
+            k_pos = sincos_2d(*self.grid, self.dim).to(device=device, dtype=dtype)
+            self._pos_cache[key] = (q_pos, k_pos)
+        return self._pos_cache[key]
 
     def flops_per_image(self) -> int:
         K, P = self.budget, self.num_patches

@@ -149,3 +149,33 @@ def test_factor_grid():
     assert factor_grid(8, (4, 8), within=True) == (2, 4)
     assert factor_grid(32, (4, 4), within=True) is None
     assert factor_grid(32, (4, 4), within=False) in {(4, 8), (8, 4)}
+
+
+def test_resampler_has_no_buffers_and_builds_on_meta_device():
+    ref = _build("resampler", 16, (8, 8)).eval()
+    assert not list(ref.buffers())  # positions are computed, so state_dict == parameters
+    with torch.device("meta"):
+        meta = build_fusion("resampler", budget=16, d_vision=D_V, d_model=D_LM, grid=(8, 8), **SMALL)
+    meta = meta.to_empty(device="cpu")
+    meta.load_state_dict(ref.state_dict())
+    x = torch.randn(1, 2, 64, D_V)
+    torch.testing.assert_close(meta.eval()(x)[0], ref(x)[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", FUSION_KINDS)
+def test_cuda_matches_cpu_and_keeps_padded_gradient_zero(kind):
+    f = _build(kind, 64, (16, 16)).eval()
+    x = torch.randn(2, 4, 256, D_V)
+    mask = torch.tensor([[True, True, False, False], [True, True, True, True]])
+    ref, ref_mask = f(x, mask)
+    g = f.cuda()
+    xc = x.cuda().requires_grad_(True)
+    out, out_mask = g(xc, mask.cuda())
+    torch.testing.assert_close(out.cpu(), ref.detach(), rtol=1e-4, atol=1e-4)
+    assert torch.equal(out_mask.cpu(), ref_mask)
+    out.square().sum().backward()
+    assert torch.all(xc.grad[~mask.cuda()] == 0)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out_bf, _ = g(xc.detach(), mask.cuda())
+    assert out_bf.shape == (2, 4, 64, D_LM) and torch.all(out_bf[~mask.cuda()] == 0)

@@ -137,3 +137,17 @@ def test_visibility_mask_works_as_hf_4d_mask(attn):
         own2 = lm(inputs_embeds=emb2, attention_mask=m_own).logits
     torch.testing.assert_close(own2[0, 4:6], own[0, 4:6])  # segment 0 cannot see image 1
     assert not torch.allclose(own2[0, 6:8], own[0, 6:8])  # segment 1 does
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_visibility_mask_and_pooler_match_cpu():
+    image_ids = torch.tensor([[0, 0, 1, -1, -1, -1]])
+    segment_ids = torch.tensor([[-1, -1, -1, 0, 1, -1]])
+    kw = {"mode": "own", "additive": True, "dtype": torch.bfloat16}
+    ref = visibility_mask(image_ids, segment_ids, **kw)
+    out = visibility_mask(image_ids.cuda(), segment_ids.cuda(), **kw)
+    assert torch.equal(out.cpu(), ref)
+    torch.manual_seed(0)
+    pool = NotePooler(dim=4, out_dim=3)
+    tokens, mask = torch.randn(2, 3, 5, 4), torch.rand(2, 3, 5) > 0.3
+    torch.testing.assert_close(pool.cuda()(tokens.cuda(), mask.cuda()).cpu(), pool.cpu()(tokens, mask))

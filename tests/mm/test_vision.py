@@ -85,3 +85,17 @@ def test_bad_config_and_inputs():
         tower(torch.randn(1, 1, 3, 64, 64))
     with pytest.raises(ValueError, match=r"\(B, N_img, 3, H, W\)"):
         tower(torch.randn(1, 3, 32, 32))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["open_clip", "hf_clip", "hf_siglip"])
+def test_cuda_tower_matches_cpu(kind):
+    torch.manual_seed(0)
+    tower = build_vision_tower(VisionConfig(kind=kind, **TINY)).eval()
+    x = torch.randn(2, 3, 3, 32, 32)
+    mask = torch.tensor([[True, False, True], [True, True, False]])
+    with torch.no_grad():
+        ref = tower(x, mask)
+        out = tower.cuda()(x.cuda(), mask.cuda())
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-3, atol=1e-3)
+    assert torch.all(out[~mask.cuda()] == 0)
