@@ -29,6 +29,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "AGG_MODES",
         "DPO_LOSS_TYPES",
         "aggregate_loss",
+        "bco_running_delta",
         "dpo_loss",
         "mdpo_anchor_loss",
         "mdpo_conditional_loss",

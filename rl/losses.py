@@ -15,6 +15,7 @@ __all__ = [
     "AGG_MODES",
     "DPO_LOSS_TYPES",
     "aggregate_loss",
+    "bco_running_delta",
     "dpo_loss",
     "mdpo_anchor_loss",
     "mdpo_conditional_loss",
@@ -141,6 +142,23 @@ def dpo_loss(
         mean_len = chosen_lengths.to(policy_chosen_logps.dtype).mean().clamp(min=1.0)
         loss = loss + sft_weight * (-policy_chosen_logps / mean_len)
     return loss, (beta * chosen_ratio).detach(), (beta * rejected_ratio).detach()
+
+
+def bco_running_delta(
+    mean: float, count: int, chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor
+) -> tuple[float, int]:
+    """Update BCO's running reward mean ``delta`` with a batch's implicit rewards: ``-> (mean, count)``.
+
+    Jung et al. 2024 (BCO), sec. 3.2: ``delta`` is the running mean of ``beta * log pi/pi_ref`` over all
+    chosen and rejected answers seen so far (TRL <= 0.11 kept it in ``RunningMoments``). Start from
+    ``(0.0, 0)``; pass the returned mean as ``dpo_loss(..., loss_type="bco_pair", bco_delta=mean)``.
+    """
+    batch = torch.cat([chosen_rewards.detach().reshape(-1), rejected_rewards.detach().reshape(-1)])
+    n = batch.numel()
+    if n == 0:
+        return mean, count
+    total = count + n
+    return mean + (float(batch.double().mean()) - mean) * n / total, total
 
 
 def mdpo_conditional_loss(

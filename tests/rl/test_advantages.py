@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from trl.trainer.utils import nanstd
 
 from rl.advantages import (
@@ -158,3 +160,20 @@ def test_masked_whiten_equals_verl_and_edge_cases():
     single = torch.zeros_like(mask)
     single[0, 0] = 1
     assert not masked_whiten(values, single).isnan().any()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0, -1.0, 1e6]), min_size=8, max_size=8),
+    st.sampled_from(["group", "batch", "none"]),
+)
+def test_group_advantages_properties(values, scale):
+    """Finite, zero-mean within each group, and exactly zero for all-equal groups."""
+    rewards = torch.tensor(values, dtype=torch.float64)
+    adv = group_advantages(rewards, group_size=4, scale=scale)
+    assert torch.isfinite(adv).all()
+    grouped = adv.view(2, 4)
+    assert torch.allclose(grouped.mean(1), torch.zeros(2), atol=1e-6 * max(1.0, adv.abs().max().item()))
+    for g in range(2):
+        if len(set(values[4 * g : 4 * g + 4])) == 1:
+            assert torch.equal(grouped[g], torch.zeros(4))

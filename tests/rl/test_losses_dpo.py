@@ -11,7 +11,7 @@ import pytest
 import torch
 from trl.trainer.dpo_trainer import DPOTrainer
 
-from rl.losses import DPO_LOSS_TYPES, dpo_loss, mdpo_anchor_loss, mdpo_conditional_loss
+from rl.losses import DPO_LOSS_TYPES, bco_running_delta, dpo_loss, mdpo_anchor_loss, mdpo_conditional_loss
 
 
 @pytest.fixture(autouse=True)
@@ -187,3 +187,17 @@ def test_dpo_bad_arguments(kwargs, match):
 def test_dpo_shape_mismatch():
     with pytest.raises(ValueError, match="four"):
         dpo_loss(torch.zeros(2), torch.zeros(3), torch.zeros(2), torch.zeros(2))
+
+
+def test_bco_running_delta_is_the_mean_of_all_rewards_seen():
+    seen = [
+        torch.tensor([1.0, 2.0]),
+        torch.tensor([-1.0]),
+        torch.tensor([4.0, 0.0, 0.5]),
+        torch.tensor([3.0]),
+    ]
+    mean, count = bco_running_delta(0.0, 0, seen[0], seen[1])
+    mean, count = bco_running_delta(mean, count, seen[2], seen[3])
+    assert count == 7
+    assert mean == pytest.approx(torch.cat(seen).mean().item(), abs=1e-12)
+    assert bco_running_delta(mean, count, torch.zeros(0), torch.zeros(0)) == (mean, count)

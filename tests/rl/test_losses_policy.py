@@ -199,3 +199,35 @@ def test_policy_loss_bad_shapes():
         policy_loss(x, x, torch.zeros(3), torch.ones(2, 3))
     with pytest.raises(ValueError, match=r"must all be \(B, T\)"):
         policy_loss(x, torch.zeros(2, 4), torch.zeros(2), torch.ones(2, 3))
+
+
+def test_gspo_gradient_equals_verl_stop_gradient_form():
+    """verl's GSPO uses s_i,t = sg(s_i) * pi_t / sg(pi_t) per token with seq-mean-token-mean; TRL's and ours
+    use one ratio per sequence. Values and gradients must agree."""
+    logps, old, _, adv, mask = _batch(9, spread=0.1)
+    a = logps.clone().requires_grad_(True)
+    loss, _ = policy_loss(a, old, adv, mask, level="sequence", agg="seq-mean-token-mean")
+    loss.backward()
+
+    b = logps.clone().requires_grad_(True)
+    m = mask.to(b.dtype)
+    seq_kl = ((b - old) * m).sum(-1) / m.sum(-1)
+    log_s = b - b.detach() + seq_kl.detach().unsqueeze(-1)
+    s = torch.exp(log_s)
+    A = adv.unsqueeze(-1)
+    per_token = torch.maximum(-A * s, -A * s.clamp(0.8, 1.2))
+    verl = aggregate_loss(per_token, mask, mode="seq-mean-token-mean")
+    verl.backward()
+    assert abs(loss.item() - verl.item()) < 1e-9
+    assert torch.allclose(a.grad, b.grad, atol=1e-9)
+
+
+def test_empty_mask_gives_zero_loss_and_metrics_without_nan():
+    x = torch.randn(2, 3, requires_grad=True)
+    for level in ("token", "sequence"):
+        for agg in AGG_MODES:
+            loss, m = policy_loss(x, x.detach() + 0.5, torch.ones(2), torch.zeros(2, 3), level=level, agg=agg)
+            assert loss.item() == 0.0
+            assert all(v.item() == 0.0 for v in m.values())
+    loss, frac = value_loss(x, x.detach(), x.detach() + 1, torch.zeros(2, 3))
+    assert loss.item() == 0.0 and frac.item() == 0.0
