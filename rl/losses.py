@@ -97,8 +97,10 @@ def dpo_loss(
         raise ValueError(f"beta must be > 0, got {beta}")
     if not 0.0 <= label_smoothing < 0.5:
         raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
-    needs_lengths = loss_type in ("ipo", "sigmoid_norm") or sft_weight > 0
-    if needs_lengths and (chosen_lengths is None or (rejected_lengths is None and sft_weight == 0)):
+    length_normalised = loss_type in ("ipo", "sigmoid_norm")
+    if ((length_normalised or sft_weight > 0) and chosen_lengths is None) or (
+        length_normalised and rejected_lengths is None
+    ):
         raise ValueError(
             f"loss_type={loss_type!r} with sft_weight={sft_weight} needs chosen_lengths "
             "(and rejected_lengths for ipo/sigmoid_norm): the number of response tokens of each answer"

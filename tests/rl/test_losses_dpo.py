@@ -176,6 +176,7 @@ def test_dpo_gradient_pushes_chosen_up():
         ({"beta": 0.0}, "beta must be > 0"),
         ({"loss_type": "robust", "label_smoothing": 0.5}, r"label_smoothing must be in \[0, 0.5\)"),
         ({"sft_weight": 1.0}, "needs chosen_lengths"),
+        ({"loss_type": "ipo", "sft_weight": 1.0, "chosen_lengths": torch.ones(2)}, "needs chosen_lengths"),
     ],
 )
 def test_dpo_bad_arguments(kwargs, match):
