@@ -84,6 +84,32 @@ def build_fusion_from_config(
     )
 
 
+def describe_kinds(
+    *,
+    budget: int,
+    d_vision: int,
+    d_model: int,
+    grid: tuple[int, int],
+    images_per_note: int = 1,
+    kind_kwargs: dict[str, dict[str, Any]] | None = None,
+) -> list[dict]:
+    """``describe()`` of every kind built at the same budget K: the rows of a fair comparison table.
+
+    ``kind_kwargs`` maps a kind to its extra build arguments (e.g. ``{"qformer": {"layers": 4}}``).
+    """
+    kind_kwargs = kind_kwargs or {}
+    unknown = sorted(set(kind_kwargs) - set(FUSION_KINDS))
+    if unknown:
+        raise ValueError(f"kind_kwargs names unknown kinds {unknown}; known kinds: {', '.join(FUSION_KINDS)}")
+    rows = []
+    for kind in FUSION_KINDS:
+        f = build_fusion(
+            kind, budget=budget, d_vision=d_vision, d_model=d_model, grid=grid, **kind_kwargs.get(kind, {})
+        )
+        rows.append(f.describe(images_per_note=images_per_note))
+    return rows
+
+
 __all__ = [
     "FUSION_KINDS",
     "FusionConfig",
@@ -93,4 +119,5 @@ __all__ = [
     "Resampler",
     "build_fusion",
     "build_fusion_from_config",
+    "describe_kinds",
 ]

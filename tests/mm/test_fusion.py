@@ -7,7 +7,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from mm.fusion import FUSION_KINDS, FusionConfig, build_fusion, build_fusion_from_config
+from mm.fusion import FUSION_KINDS, FusionConfig, build_fusion, build_fusion_from_config, describe_kinds
 from mm.fusion.layers import factor_grid, sincos_2d
 
 D_V, D_LM = 32, 48
@@ -179,3 +179,15 @@ def test_cuda_matches_cpu_and_keeps_padded_gradient_zero(kind):
     with torch.autocast("cuda", dtype=torch.bfloat16):
         out_bf, _ = g(xc.detach(), mask.cuda())
     assert out_bf.shape == (2, 4, 64, D_LM) and torch.all(out_bf[~mask.cuda()] == 0)
+
+
+def test_describe_kinds_same_budget_table():
+    rows = describe_kinds(budget=16, d_vision=D_V, d_model=D_LM, grid=(8, 8), images_per_note=4,
+                          kind_kwargs={"qformer": {"layers": 1}})  # fmt: skip
+    assert [r["kind"] for r in rows] == list(FUSION_KINDS)
+    assert all(r["tokens_per_note"] == 64 for r in rows)
+    mlp = rows[0]
+    assert mlp["params"] == (D_V * D_LM + D_LM) + (D_LM * D_LM + D_LM)
+    assert mlp["flops_per_image"] == 2 * 16 * (D_V * D_LM + D_LM * D_LM)
+    with pytest.raises(ValueError, match="unknown kinds"):
+        describe_kinds(budget=16, d_vision=D_V, d_model=D_LM, grid=(8, 8), kind_kwargs={"mpl": {}})

@@ -99,3 +99,18 @@ def test_cuda_tower_matches_cpu(kind):
         out = tower.cuda()(x.cuda(), mask.cuda())
     torch.testing.assert_close(out.cpu(), ref, rtol=1e-3, atol=1e-3)
     assert torch.all(out[~mask.cuda()] == 0)
+
+
+def test_open_clip_timm_arch_is_a_clear_error():
+    with pytest.raises(UserError, match="timm backbone"):
+        build_vision_tower(VisionConfig(arch="convnext_tiny"))
+
+
+def test_hf_pretrained_folder(tmp_path):
+    torch.manual_seed(3)
+    a = build_vision_tower(VisionConfig(kind="hf_siglip", **TINY)).eval()
+    a.encoder.save_pretrained(tmp_path / "siglip")
+    b = build_vision_tower(VisionConfig(kind="hf_siglip", pretrained=str(tmp_path / "siglip"), **TINY)).eval()
+    x = torch.randn(1, 1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(a(x), b(x))
