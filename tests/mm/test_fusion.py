@@ -191,3 +191,19 @@ def test_describe_kinds_same_budget_table():
     assert mlp["flops_per_image"] == 2 * 16 * (D_V * D_LM + D_LM * D_LM)
     with pytest.raises(ValueError, match="unknown kinds"):
         describe_kinds(budget=16, d_vision=D_V, d_model=D_LM, grid=(8, 8), kind_kwargs={"mpl": {}})
+
+
+def test_attention_matches_torch_multihead_attention():
+    from mm.fusion.layers import Attention
+
+    torch.manual_seed(0)
+    ours = Attention(dim=16, heads=4).double()
+    ref = torch.nn.MultiheadAttention(16, 4, batch_first=True).double()
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([ours.q.weight, ours.k.weight, ours.v.weight]))
+        ref.in_proj_bias.copy_(torch.cat([ours.q.bias, ours.k.bias, ours.v.bias]))
+        ref.out_proj.weight.copy_(ours.o.weight)
+        ref.out_proj.bias.copy_(ours.o.bias)
+    q, kv = torch.randn(2, 5, 16, dtype=torch.float64), torch.randn(2, 9, 16, dtype=torch.float64)
+    expect, _ = ref(q, kv, kv, need_weights=False)
+    torch.testing.assert_close(ours(q, kv), expect, rtol=1e-12, atol=1e-12)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mm.fusion import FUSION_KINDS, build_fusion
 from mm.multi_image import ImageIndexEmbedding, MultiImageConfig, NotePooler, visibility_mask
@@ -151,3 +153,28 @@ def test_cuda_visibility_mask_and_pooler_match_cpu():
     pool = NotePooler(dim=4, out_dim=3)
     tokens, mask = torch.randn(2, 3, 5, 4), torch.rand(2, 3, 5) > 0.3
     torch.testing.assert_close(pool.cuda()(tokens.cuda(), mask.cuda()).cpu(), pool.cpu()(tokens, mask))
+
+
+def _naive_visibility(image_ids, segment_ids, mode, attention_mask):
+    B, T = image_ids.shape
+    out = torch.zeros(B, 1, T, T, dtype=torch.bool)
+    for b in range(B):
+        for i in range(T):
+            for j in range(T):
+                ok = j <= i and bool(attention_mask[b, j])
+                if mode == "own" and image_ids[b, i] < 0 <= image_ids[b, j]:
+                    ok = ok and (segment_ids[b, i] < 0 or segment_ids[b, i] == image_ids[b, j])
+                out[b, 0, i, j] = ok or i == j
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from(["all", "own"]))
+def test_visibility_mask_matches_naive_loops(seed, mode):
+    g = torch.Generator().manual_seed(seed)
+    B, T = 2, 7
+    image_ids = torch.randint(-1, 3, (B, T), generator=g)
+    segment_ids = torch.randint(-1, 3, (B, T), generator=g)
+    attention_mask = torch.randint(0, 2, (B, T), generator=g)
+    got = visibility_mask(image_ids, segment_ids, mode=mode, attention_mask=attention_mask)
+    assert torch.equal(got, _naive_visibility(image_ids, segment_ids, mode, attention_mask))

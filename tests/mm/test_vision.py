@@ -114,3 +114,13 @@ def test_hf_pretrained_folder(tmp_path):
     x = torch.randn(1, 1, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(a(x), b(x))
+
+
+def test_open_clip_patch_tokens_equal_open_clip_output_tokens():
+    torch.manual_seed(0)
+    tower = build_vision_tower(VisionConfig(kind="open_clip", **TINY)).eval()
+    x = torch.randn(1, 2, 3, 32, 32)
+    tower.encoder.output_tokens = True  # open_clip's own path: (pooled, tokens after ln_post, CLS dropped)
+    with torch.no_grad():
+        _, tokens = tower.encoder(x[0])
+        torch.testing.assert_close(tower(x)[0], tokens, rtol=1e-5, atol=1e-6)
