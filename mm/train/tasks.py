@@ -1,0 +1,94 @@
+"""Turn notes into NoteVLM training samples: note captioning, yes/no object questions, chat turns.
+
+A sample is (note, prompt, answer); :class:`mm.model.NoteProcessor` turns it into tokens where only the
+answer and its ``<eos>`` are learned (labels -100 on images, separators and the prompt). Sources:
+
+- ``caption``: prompt :data:`CAPTION_PROMPT`, answer = the note's text (world notes and COCO notes: the
+  caption names every object, so a captioner's object recall can reach 1).
+- ``question``: each of the note's yes/no questions (world / POPE files), answer ``"yes"`` / ``"no"``.
+- ``conversation``: LLaVA files: each ``human`` turn followed by a ``gpt`` turn is one sample (single
+  turn; the ``<image>`` marker is removed from the prompt since the processor places the images).
+
+Pure functions of the notes: no I/O, no tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+CAPTION_PROMPT = "Describe the note."
+"""Default prompt of the captioning task (also used by evaluation)."""
+
+TASK_KINDS = ("caption", "question", "conversation")
+"""Kinds of samples :func:`build_samples` can make."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training sample: the index of its note, the user prompt and the answer to learn."""
+
+    note: int
+    """Index of the note in the list given to :func:`build_samples`."""
+    kind: str
+    """One of :data:`TASK_KINDS`."""
+    prompt: str
+    """User text after the images."""
+    answer: str
+    """Assistant text (learned)."""
+
+
+def caption_samples(index: int, note: Any, *, prompt: str = CAPTION_PROMPT) -> list[Sample]:
+    """The captioning sample of ``note`` ([] when the note has no text)."""
+    text = note.text.strip()
+    return [Sample(note=index, kind="caption", prompt=prompt, answer=text)] if text else []
+
+
+def question_samples(index: int, note: Any, *, limit: int | None = None) -> list[Sample]:
+    """One sample per yes/no question of ``note`` (the first ``limit`` when given)."""
+    qs = note.questions if limit is None else note.questions[:limit]
+    return [Sample(note=index, kind="question", prompt=q.question, answer=q.answer) for q in qs]
+
+
+def conversation_samples(index: int, note: Any) -> list[Sample]:
+    """Single-turn samples from a LLaVA conversation: each human turn answered by the next gpt turn."""
+    turns = note.conversations or []
+    out = []
+    for a, b in zip(turns, turns[1:]):
+        if a["from"] == "human" and b["from"] == "gpt":
+            prompt = " ".join(a["value"].replace("<image>", " ").split())
+            answer = b["value"].strip()
+            if prompt and answer:
+                out.append(Sample(note=index, kind="conversation", prompt=prompt, answer=answer))
+    return out
+
+
+def build_samples(
+    notes: Sequence[Any],
+    *,
+    kinds: Sequence[str] = ("caption", "question"),
+    caption_prompt: str = CAPTION_PROMPT,
+    questions_per_note: int | None = None,
+) -> list[Sample]:
+    """Every sample of ``kinds`` from ``notes``, note by note (caption, then questions, then chat)."""
+    unknown = [k for k in kinds if k not in TASK_KINDS]
+    if unknown:
+        raise ValueError(f"unknown task kind(s) {unknown}; known kinds: {', '.join(TASK_KINDS)}")
+    out: list[Sample] = []
+    for i, note in enumerate(notes):
+        if "caption" in kinds:
+            out.extend(caption_samples(i, note, prompt=caption_prompt))
+        if "question" in kinds:
+            out.extend(question_samples(i, note, limit=questions_per_note))
+        if "conversation" in kinds:
+            out.extend(conversation_samples(i, note))
+    return out
+
+
+def count_kinds(samples: Sequence[Sample]) -> dict[str, int]:
+    """How many samples of each kind (all of :data:`TASK_KINDS`, zeros included)."""
+    counts = dict.fromkeys(TASK_KINDS, 0)
+    for s in samples:
+        counts[s.kind] += 1
+    return counts

@@ -1,0 +1,125 @@
+"""Task construction: samples from notes, label masks of captions and yes/no answers, CHAIR-based scores."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mm.data.format import Note, ObjectAnnotation, Question
+from mm.model.processing import IGNORE_INDEX
+from mm.train.tasks import CAPTION_PROMPT, Sample, build_samples, count_kinds
+
+
+def _note(i=0, text="A photo from a kitchen. It shows a red fork.", convs=None):
+    return Note(
+        id=f"n{i}",
+        images=["a.png", "b.png"],
+        text=text,
+        objects=[[ObjectAnnotation("fork", (0, 0, 4, 4), "red")], []],
+        questions=[
+            Question(f"n{i}_q0", "Is there a fork in image 1?", "yes", 0, "fork"),
+            Question(f"n{i}_q1", "Is there a knife in this note?", "no", None, "knife"),
+        ],
+        conversations=convs,
+    )
+
+
+def test_build_samples_kinds_and_order():
+    convs = [
+        {"from": "human", "value": "<image>\nWhat is on the table?"},
+        {"from": "gpt", "value": "A red fork."},
+        {"from": "human", "value": "Any knife?"},
+        {"from": "gpt", "value": "No."},
+    ]
+    notes = [_note(0), _note(1, text="  ", convs=convs)]
+    s = build_samples(notes, kinds=("caption", "question", "conversation"))
+    assert s[0] == Sample(note=0, kind="caption", prompt=CAPTION_PROMPT, answer=notes[0].text)
+    assert [x.answer for x in s[1:3]] == ["yes", "no"]
+    assert s[1].prompt == "Is there a fork in image 1?"
+    # note 1 has blank text: no caption sample; its chat turns are single-turn samples without <image>
+    assert count_kinds(s) == {"caption": 1, "question": 4, "conversation": 2}
+    chat = [x for x in s if x.kind == "conversation"]
+    assert chat[0].prompt == "What is on the table?" and chat[0].answer == "A red fork."
+    assert build_samples(notes, kinds=("question",), questions_per_note=1)[1].note == 1
+
+
+def test_unknown_kind_is_an_error():
+    with pytest.raises(ValueError, match="known kinds: caption, question, conversation"):
+        build_samples([_note()], kinds=("captions",))
+
+
+def _processor(max_length=200):
+    from mm.data.tokenizer import load_tokenizer
+    from mm.model import NoteProcessor
+
+    return NoteProcessor(tokenizer=load_tokenizer(), image_size=8, tokens_per_image=3, max_length=max_length)
+
+
+@pytest.mark.parametrize("kind", ["caption", "question"])
+def test_labels_are_the_answer_and_eos_only(kind):
+    from mm.train.sft_data import SampleSet, to_unit
+
+    proc = _processor()
+    notes = [_note()]
+    images = [torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8)]
+    samples = build_samples(notes, kinds=(kind,))
+    ss = SampleSet(processor=proc, images=images, samples=samples)
+    for i, s in enumerate(samples):
+        ids, labels = ss.input_ids[i], ss.labels[i]
+        learned = labels[labels != IGNORE_INDEX]
+        answer = proc.tokenizer(s.answer, add_special_tokens=False)["input_ids"]
+        assert learned.tolist() == [*answer, proc.tokenizer.eos_token_id]
+        assert proc.tokenizer.decode(learned[:-1]) == s.answer
+        # everything before the answer is masked: images, separators, chat roles and the prompt
+        n_masked = int((labels == IGNORE_INDEX).sum())
+        assert (labels[:n_masked] == IGNORE_INDEX).all() and (
+            ids[:n_masked] == proc.image_token_id
+        ).sum() == 6
+        # same tokens and labels as the processor itself
+        ref = proc.encode(to_unit(images[0]), s.prompt, s.answer)
+        assert torch.equal(ref["input_ids"], ids) and torch.equal(ref["labels"], labels)
+    batch = ss.batch(range(len(samples)))
+    ref = proc.collate([proc.encode(to_unit(images[0]), s.prompt, s.answer) for s in samples])
+    for k in ("input_ids", "attention_mask", "labels", "image_mask"):
+        assert torch.equal(batch[k], ref[k]), k
+    assert torch.allclose(batch["pixel_values"], ref["pixel_values"], atol=1e-6)
+
+
+def test_long_answer_is_truncated_by_the_processor_rules():
+    from mm.train.sft_data import SampleSet
+
+    proc = _processor(max_length=30)
+    images = [torch.zeros(2, 3, 8, 8, dtype=torch.uint8)]
+    long = _note(text=" ".join(["a red fork and a blue cup."] * 10))
+    ss = SampleSet(processor=proc, images=images, samples=build_samples([long], kinds=("caption",)))
+    assert len(ss.input_ids[0]) == 30 and (ss.labels[0] != IGNORE_INDEX).sum() > 0
+
+
+def test_sample_whose_images_do_not_fit_is_rejected():
+    from mm.errors import UserError
+    from mm.train.sft_data import SampleSet
+
+    proc = _processor(max_length=8)
+    with pytest.raises(UserError, match="truncation would cut image tokens"):
+        SampleSet(
+            processor=proc,
+            images=[torch.zeros(2, 3, 8, 8, dtype=torch.uint8)],
+            samples=build_samples([_note()], kinds=("caption",)),
+        )
+
+
+def test_caption_metrics_golden():
+    from mm.train.caption_eval import caption_object_metrics, hallucination_cause
+
+    # present: fork, cup; knife is a co-occurrence partner of fork
+    assert hallucination_cause("knife", {"fork", "cup"}) == "partner"
+    caps = ["A red fork, a knife and a mug.", "A cup."]
+    objs = [{"fork", "cup"}, {"cup", "plate"}]
+    m = caption_object_metrics(caps, objs)
+    # mentions: fork, knife, cup(mug) | cup -> 4 mentions, 1 hallucinated (knife)
+    assert m["n_mentions"] == 4 and m["n_hallucinated"] == 1
+    assert m["chair_i"] == pytest.approx(0.25) and m["precision"] == pytest.approx(0.75)
+    assert m["chair_s"] == pytest.approx(0.5)
+    assert m["recall"] == pytest.approx(3 / 4)  # fork, cup of 2 + cup of 2
+    assert m["halluc_partner"] == 1 and m["halluc_partner_frac"] == 1.0
+    assert m["mean_length"] == pytest.approx((8 + 2) / 2)
