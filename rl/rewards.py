@@ -1,0 +1,185 @@
+"""Hallucination rewards from the ground-truth scene (pure functions of text and object sets).
+
+The object matching is the CHAIR machinery of :mod:`mm.eval.chair` (Rohrbach et al., 2018):
+``Vocabulary.mentions`` turns a caption into canonical object mentions (world synonyms, plurals,
+multi-word forms), so the reward and the CHAIR metric agree on what a hallucination is.
+
+Caption reward, for ground-truth categories ``G`` (``g = max(|G|, 1)``) and the caption's mentions::
+
+    coverage      = |distinct mentioned objects in G| / g        (recall; repeats count once)
+    hallucination = (mentions of objects not in G) / g           (every hallucinated mention counts)
+    caption       = coverage_weight * coverage - hallucination_weight * hallucination
+
+Length-neutral by construction: words that name no object change neither term, there is no
+per-word or per-token term, and repeating a correct mention adds nothing (coverage counts distinct
+objects). Repeating a hallucinated mention is penalised again (each mention is a hallucination, as
+CHAIR_i counts them). Normalising both terms by the number of ground-truth objects keeps one
+hallucination and one missed object on the same scale whatever the scene size (deviation from
+RLAIF-V, which scores with a labeller model, and from CHAIR_i, whose per-caption ratio over
+mentions would reward padding a caption with extra correct mentions).
+
+Yes/no reward (object questions, POPE-style): 1.0 when the answer parsed by
+:func:`mm.eval.pope.parse_answer` equals the label, else 0.0 (an unparsed answer is wrong).
+
+:func:`combine` forms the weighted sum of named components and returns each component for logging.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from mm.eval.chair import Vocabulary
+from mm.eval.pope import PARSERS, parse_answer
+
+VOCABS: tuple[str, ...] = ("world", "coco")
+"""Vocabulary names a :class:`RewardConfig` may select."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardConfig:
+    """Weights and conventions of the hallucination rewards."""
+
+    coverage_weight: float = 1.0
+    """Weight of the covered-object fraction in the caption reward (>= 0)."""
+    hallucination_weight: float = 1.0
+    """Weight of the hallucinated-mention penalty in the caption reward (>= 0)."""
+    caption_weight: float = 1.0
+    """Weight of the caption reward in the combined reward."""
+    yesno_weight: float = 1.0
+    """Weight of the yes/no correctness reward in the combined reward."""
+    yesno_parser: str = "vlmevalkit"
+    """POPE answer parser for yes/no answers (``original``, ``lmms``, ``vlmevalkit``)."""
+    vocab: str = "world"
+    """Object vocabulary: ``world`` (synthetic world synonyms) or ``coco`` (original CHAIR table)."""
+
+    def __post_init__(self) -> None:
+        for name in ("coverage_weight", "hallucination_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RewardConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.yesno_parser not in PARSERS:
+            raise ValueError(
+                f"RewardConfig.yesno_parser must be one of {', '.join(PARSERS)}, got {self.yesno_parser!r}"
+            )
+        if self.vocab not in VOCABS:
+            raise ValueError(f"RewardConfig.vocab must be one of {', '.join(VOCABS)}, got {self.vocab!r}")
+
+
+@dataclass(frozen=True)
+class Reward:
+    """A combined reward and the components it was summed from (unweighted, for logging)."""
+
+    total: float
+    """Weighted sum of the components."""
+    components: dict[str, float] = field(default_factory=dict)
+    """Component name -> unweighted value."""
+
+
+@cache
+def vocabulary(name: str) -> Vocabulary:
+    """The named vocabulary (built once per process)."""
+    if name not in VOCABS:
+        raise ValueError(f"unknown vocabulary {name!r}; expected one of {', '.join(VOCABS)}")
+    return Vocabulary.world() if name == "world" else Vocabulary.coco()
+
+
+def _ground_truth(objects: Iterable[str], vocab: Vocabulary) -> set[str]:
+    gt = set()
+    for o in objects:
+        c = vocab.canonicalize(o)
+        if c is None:
+            raise ValueError(
+                f"ground-truth object {o!r} is not in the {vocab.name} vocabulary; "
+                "use canonical category names of that vocabulary"
+            )
+        gt.add(c)
+    return gt
+
+
+def caption_terms(text: str, objects: Iterable[str], vocab: Vocabulary) -> dict[str, float]:
+    """``coverage``, ``hallucination`` and the raw counts of ``text`` against ground truth ``objects``."""
+    gt = _ground_truth(objects, vocab)
+    mentioned = [c for _, c in vocab.mentions(text)]
+    covered = set(mentioned) & gt
+    n_halluc = sum(c not in gt for c in mentioned)
+    g = max(len(gt), 1)
+    return {
+        "coverage": len(covered) / g,
+        "hallucination": n_halluc / g,
+        "n_mentions": float(len(mentioned)),
+        "n_hallucinated": float(n_halluc),
+        "n_covered": float(len(covered)),
+        "n_objects": float(len(gt)),
+    }
+
+
+def caption_reward(text: str, objects: Iterable[str], cfg: RewardConfig | None = None) -> float:
+    """``coverage_weight * coverage - hallucination_weight * hallucination`` (see module docstring)."""
+    cfg = cfg or RewardConfig()
+    t = caption_terms(text, objects, vocabulary(cfg.vocab))
+    return cfg.coverage_weight * t["coverage"] - cfg.hallucination_weight * t["hallucination"]
+
+
+def yesno_reward(answer: str, label: str, parser: str = "vlmevalkit") -> float:
+    """1.0 when ``answer`` parses to ``label`` (``yes``/``no``), else 0.0 (unparsed counts as wrong)."""
+    lab = label.strip().lower()
+    if lab not in ("yes", "no"):
+        raise ValueError(f"label must be 'yes' or 'no', got {label!r}")
+    return float(parse_answer(answer, parser) == lab)
+
+
+def combine(components: Mapping[str, float], weights: Mapping[str, float]) -> Reward:
+    """Weighted sum of ``components``; every component needs a weight (a missing one is an error)."""
+    missing = sorted(set(components) - set(weights))
+    if missing:
+        raise ValueError(f"no weight for reward component(s) {missing}; weights given for {sorted(weights)}")
+    total = sum(weights[k] * float(v) for k, v in components.items())
+    return Reward(total=total, components={k: float(v) for k, v in components.items()})
+
+
+def score(
+    text: str, objects: Iterable[str], *, label: str | None = None, cfg: RewardConfig | None = None
+) -> Reward:
+    """The combined reward of one response.
+
+    A caption (``label is None``) gets the ``caption`` component (with ``coverage`` and
+    ``hallucination`` logged beside it); an answer to an object question (``label`` = ``yes``/``no``)
+    gets the ``yesno`` component. ``objects`` are the ground-truth categories of the note/image.
+    """
+    cfg = cfg or RewardConfig()
+    if label is not None:
+        r = combine({"yesno": yesno_reward(text, label, cfg.yesno_parser)}, {"yesno": cfg.yesno_weight})
+        return r
+    t = caption_terms(text, objects, vocabulary(cfg.vocab))
+    cap = cfg.coverage_weight * t["coverage"] - cfg.hallucination_weight * t["hallucination"]
+    r = combine({"caption": cap}, {"caption": cfg.caption_weight})
+    return Reward(
+        total=r.total,
+        components={"caption": cap, "coverage": t["coverage"], "hallucination": t["hallucination"]},
+    )
+
+
+def batch_scores(
+    texts: Sequence[str],
+    objects: Sequence[Iterable[str]],
+    *,
+    labels: Sequence[str | None] | None = None,
+    cfg: RewardConfig | None = None,
+) -> tuple[list[float], dict[str, list[float]]]:
+    """Totals and per-component lists for a batch (``labels[i]`` None for captions).
+
+    A component absent from a response (a caption has no ``yesno``) is logged as NaN so the lists
+    stay aligned with ``texts``; take ``nanmean`` to summarise.
+    """
+    if len(texts) != len(objects) or (labels is not None and len(labels) != len(texts)):
+        raise ValueError(
+            f"need one object list (and label) per text, got {len(texts)} texts, {len(objects)} object "
+            f"lists, {None if labels is None else len(labels)} labels"
+        )
+    labs: Sequence[Any] = labels if labels is not None else [None] * len(texts)
+    rewards = [score(t, o, label=lab, cfg=cfg) for t, o, lab in zip(texts, objects, labs)]
+    names = sorted({k for r in rewards for k in r.components})
+    comps = {k: [r.components.get(k, float("nan")) for r in rewards] for k in names}
+    return [r.total for r in rewards], comps
