@@ -144,9 +144,22 @@ class NoteProcessor:
         self, images: Sequence[Any], prompt: str, answer: str | None = None
     ) -> dict[str, torch.Tensor]:
         """One sample: input_ids, attention_mask (T,), pixel_values (n, 3, S, S), labels (T,) if answer."""
-        n = len(images)
+        if not 1 <= len(images) <= self.max_images:
+            raise UserError(f"a note needs 1..{self.max_images} images, got {len(images)}")
+        return self.encode_pixels(torch.stack([self.load_image(im) for im in images]), prompt, answer)
+
+    def encode_pixels(
+        self, pixel_values: torch.Tensor, prompt: str, answer: str | None = None
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`encode` for images already resized and normalised: ``pixel_values`` (n, 3, S, S)."""
+        n = len(pixel_values)
         if not 1 <= n <= self.max_images:
             raise UserError(f"a note needs 1..{self.max_images} images, got {n}")
+        if tuple(pixel_values.shape[1:]) != (3, self.image_size, self.image_size):
+            raise ValueError(
+                f"pixel_values must be (n, 3, {self.image_size}, {self.image_size}), got "
+                f"{tuple(pixel_values.shape)}; resize images to the processor's image_size"
+            )
         ids = self.prompt_ids(n, prompt)
         n_prompt = len(ids)
         if answer is not None:
@@ -172,7 +185,7 @@ class NoteProcessor:
         out = {
             "input_ids": torch.tensor(ids, dtype=torch.long),  # (T,)
             "attention_mask": torch.ones(len(ids), dtype=torch.long),  # (T,)
-            "pixel_values": torch.stack([self.load_image(im) for im in images]),  # (n, 3, S, S)
+            "pixel_values": pixel_values.float(),  # (n, 3, S, S)
         }
         if answer is not None:
             labels = out["input_ids"].clone()
@@ -180,9 +193,17 @@ class NoteProcessor:
             out["labels"] = labels
         return out
 
-    def encode_note(self, note: Any, prompt: str, answer: str | None = None) -> dict[str, torch.Tensor]:
-        """:meth:`encode` for an `mm.data.format.Note` (uses ``note.images``)."""
-        return self.encode(note.images, prompt, answer)
+    def encode_note(
+        self, note: Any, prompt: str, answer: str | None = None, *, root: str | Path = "."
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`encode` for an `mm.data.format.Note` (its image paths are relative to ``root``)."""
+        return self.encode([Path(root) / im for im in note.images], prompt, answer)
+
+    def encode_item(
+        self, item: dict[str, Any], prompt: str, answer: str | None = None
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`encode_pixels` for a `mm.data.dataset.NoteDataset` item (its ``pixel_values`` as is)."""
+        return self.encode_pixels(item["pixel_values"], prompt, answer)
 
     def collate(
         self, samples: Sequence[dict[str, torch.Tensor]], padding_side: str = "right"
