@@ -79,7 +79,8 @@ class NoteVLMSpec:
         if self.max_length <= need:
             raise ValueError(
                 f"max_length={self.max_length} cannot hold {self.max_images} images x "
-                f"(K={self.fusion.budget} + 2 separators) = {need} tokens plus text; raise max_length or lower fusion.budget"
+                f"(K={self.fusion.budget} + 2 separators) = {need} tokens plus text; raise max_length or "
+                "lower fusion.budget"
             )
 
 
