@@ -4,11 +4,8 @@
 :func:`mm.eval.chair.chair_scores`), object recall, object precision (= 1 - CHAIR_i: the fraction of
 object mentions that are present), mean length, and the split of hallucinated mentions by cause:
 
-- ``partner``: a co-occurrence partner of an object present in the note (the language prior);
-- ``confusion``: shares the outline shape or the inner glyph with a present object (a visual confusion);
-- ``other``: anything else.
-
-A mention that is both a partner and a look-alike counts as ``partner``.
+``partner`` (a co-occurrence partner of a present object: the language prior), ``confusion`` (a
+look-alike of a present object) or ``other``, as defined in :mod:`mm.eval.causes`.
 """
 
 from __future__ import annotations
@@ -16,21 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-HALLUCINATION_CAUSES = ("partner", "confusion", "other")
-
-
-def hallucination_cause(name: str, present: set[str]) -> str:
-    """Why world category ``name`` (absent) may have been mentioned, given the present categories."""
-    from mm.world import vocab
-
-    if any(name in vocab.partners(p) for p in present):
-        return "partner"
-    c = vocab.category(name)
-    for p in present:
-        q = vocab.category(p)
-        if q.shape == c.shape or q.glyph == c.glyph:
-            return "confusion"
-    return "other"
+from mm.eval.causes import CAUSES as HALLUCINATION_CAUSES
+from mm.eval.causes import hallucination_cause
 
 
 def caption_object_metrics(
