@@ -22,6 +22,10 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from mm.model.configuration import NoteVLMConfig
 
+# transformers >= 5.24 names the KV cache `cache` (argument and output field); earlier versions
+# `past_key_values`. NoteVLM accepts both names and talks to its LM and outputs in the installed one's.
+_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
 
 def build_vision_and_fusion(config: NoteVLMConfig) -> tuple[nn.Module, nn.Module]:
     """The vision tower and fusion module described by ``config`` (imports `mm.vision`/`mm.fusion` lazily)."""
@@ -215,19 +219,19 @@ class NoteVLMForConditionalGeneration(NoteVLMPreTrainedModel, GenerationMixin):
         out = self.language_model(
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=cache,
             inputs_embeds=inputs_embeds,
             labels=labels,
             use_cache=use_cache,
             logits_to_keep=logits_to_keep,
+            **{_CACHE_FIELD: cache},
             **kwargs,
         )
         return CausalLMOutputWithPast(
             loss=out.loss,
             logits=out.logits,
-            cache=out.cache,
             hidden_states=out.hidden_states,
             attentions=out.attentions,
+            **{_CACHE_FIELD: getattr(out, _CACHE_FIELD)},
         )
 
     def prepare_inputs_for_generation(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
