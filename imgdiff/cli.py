@@ -235,8 +235,11 @@ def run_batch(args) -> int:
     """Diff every pair of same-named files; decoding the next pair overlaps diffing this one."""
     from imgdiff.io import ImageIOError, read_pair
 
+    inputs = {os.path.realpath(args.a), os.path.realpath(args.b)}
     for flag, folder in (("--out", args.out), ("--mask-out", args.mask_out)):
         _check_png_target(folder, flag, folder=True)
+        if folder is not None and os.path.realpath(folder) in inputs:
+            raise Trouble(f"{flag} {folder!r} is an input folder and would overwrite images; pick another")
     matches = match_folders(args.a, args.b)
     pairs = [m for m in matches if m.in_a and m.in_b]
     counts = {"same": 0, "different": 0, "error": 0, "missing": 0}

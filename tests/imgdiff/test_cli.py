@@ -205,6 +205,11 @@ def test_batch_json_lines_summary_and_outputs(tmp_path, capsys):
     assert code == 2 and "error: sub/diff.png" in out and "empty" in out
 
 
+def test_batch_refuses_to_write_into_an_input_folder(tmp_path, capsys):
+    da, db = _folders(tmp_path)
+    _trouble(capsys, da, db, "--out", db, words=["input folder"])
+
+
 def test_file_and_folder_mixed(tmp_path, capsys):
     a, _ = _pair(tmp_path)
     _trouble(capsys, a, tmp_path, words=["two files or two folders"])

@@ -238,3 +238,19 @@ def test_render_overlay_draws_boxes_on_a_copy(rgb):
     before = rgb.copy()
     iio.render_overlay(rgb, [(0, 0, 3, 3)])
     np.testing.assert_array_equal(rgb, before)
+
+
+@pytest.mark.parametrize("shape", [(24, 40), (24, 40, 3), (24, 40, 4)])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
+def test_png_decoders_agree(tmp_path, shape, dtype):
+    """imagecodecs (fast path) and the OpenCV fallback decode the same pixels, in RGB order."""
+    rng = np.random.default_rng(5)
+    img = rng.integers(0, np.iinfo(dtype).max + 1, shape, dtype=dtype)
+    bgr = img if img.ndim == 2 else np.ascontiguousarray(img[:, :, [2, 1, 0, 3][: img.shape[2]]])
+    cv2.imwrite(str(tmp_path / "x.png"), bgr)
+    data = (tmp_path / "x.png").read_bytes()
+    fast = iio._decode_imagecodecs("x.png", data)
+    slow = iio._decode_cv2("x.png", data)
+    assert fast.dtype == slow.dtype == dtype
+    np.testing.assert_array_equal(fast, img)
+    np.testing.assert_array_equal(slow, img)
