@@ -83,18 +83,24 @@ def _load_state_dict(path: str) -> dict[str, Any]:
     return {k.removeprefix("module."): v for k, v in sd.items()}
 
 
-def _strict_load(module: Any, sd: dict[str, Any], path: str, prefixes: tuple[str, ...]) -> None:
+def _strict_load(
+    module: Any, sd: dict[str, Any], path: str, prefixes: tuple[str, ...], dropped: tuple[str, ...]
+) -> None:
+    """Load ``sd`` into ``module``: every module key must be present; extra keys are allowed only
+    for the heads the tower dropped (``dropped`` key prefixes), so full checkpoints still load."""
     for prefix in prefixes:
         if any(k.startswith(prefix) for k in sd):
             sd = {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
             break
+    sd = {k: v for k, v in sd.items() if not any(k == d or k.startswith(d + ".") for d in dropped)}
     try:
         module.load_state_dict(sd, strict=True)
     except RuntimeError as e:
-        first = str(e).splitlines()[0:3]
+        first = " ".join(str(e).splitlines()[0:3])
         raise UserError(
-            f"weights in {path} do not match the configured vision tower ({' '.join(first)}); "
-            "check arch/image_size/patch_size/width/layers against the checkpoint"
+            f"weights in {path} do not match the configured vision tower ({first}); check "
+            "arch/image_size/patch_size/width/layers against the checkpoint (with an arch, "
+            "image_size: null keeps its native size)"
         ) from e
 
 
@@ -193,11 +199,29 @@ def _build_open_clip(cfg: VisionConfig):
             "pick a ViT or RN arch (e.g. ViT-B-32, RN50) or custom dims"
         )
     encoder = _build_vision_tower(embed_dim, CLIPVisionCfg(**vision_cfg), quick_gelu=quick_gelu)
+    _drop_open_clip_heads(encoder)
     if cfg.pretrained is not None:
-        _strict_load(encoder, _load_state_dict(cfg.pretrained), cfg.pretrained, ("visual.",))
+        sd = _load_state_dict(cfg.pretrained)
+        _strict_load(encoder, sd, cfg.pretrained, ("visual.",), _OPEN_CLIP_HEADS)
     size = vision_cfg.get("image_size", 224)
     size = (size, size) if isinstance(size, int) else tuple(size)
     return encoder, _encode_open_clip, size
+
+
+_OPEN_CLIP_HEADS = ("proj", "attn_pool", "attn_pool_contrastive", "attnpool")
+
+
+def _drop_open_clip_heads(encoder) -> None:
+    """Remove the pooling/projection heads that patch tokens never use.
+
+    Unused parameters would get no gradient, which DDP rejects; they also waste memory. Their keys
+    in a full open_clip checkpoint are skipped on load (see ``_strict_load``).
+    """
+    for name in ("proj", "attn_pool", "attn_pool_contrastive"):  # VisionTransformer
+        if hasattr(encoder, name):
+            setattr(encoder, name, None)
+    if hasattr(encoder, "attnpool"):  # ModifiedResNet
+        encoder.attnpool = nn.Identity()
 
 
 def _encode_open_clip(encoder, x):
@@ -220,6 +244,7 @@ def _build_hf(cfg: VisionConfig):
         extra = {"vision_use_head": False}
     if cfg.pretrained is not None and Path(cfg.pretrained).is_dir():
         encoder = Model.from_pretrained(cfg.pretrained, local_files_only=True)
+        _drop_hf_heads(encoder, cfg.kind)
     else:
         hf_cfg = Config(
             hidden_size=cfg.width,
@@ -231,11 +256,24 @@ def _build_hf(cfg: VisionConfig):
             **extra,
         )
         encoder = Model(hf_cfg)
+        _drop_hf_heads(encoder, cfg.kind)
         if cfg.pretrained is not None:
-            _strict_load(encoder, _load_state_dict(cfg.pretrained), cfg.pretrained, ())
+            heads = tuple(f"{p}{h}" for p in ("", "vision_model.") for h in ("post_layernorm", "head"))
+            dropped = heads if cfg.kind == "hf_clip" else tuple(h for h in heads if h.endswith("head"))
+            _strict_load(encoder, _load_state_dict(cfg.pretrained), cfg.pretrained, (), dropped)
     size = encoder.config.image_size
     drop_cls = cfg.kind == "hf_clip"
     return encoder, (_encode_hf_clip if drop_cls else _encode_hf_siglip), (size, size)
+
+
+def _drop_hf_heads(encoder, kind: str) -> None:
+    """Drop what only feeds the pooled output (unused by patch tokens; DDP rejects gradient-less params)."""
+    vm = encoder.vision_model if hasattr(encoder, "vision_model") else encoder  # layouts differ by version
+    if kind == "hf_clip":
+        vm.post_layernorm = nn.Identity()  # CLIP applies it to the pooled CLS token only
+    elif getattr(vm, "use_head", False):
+        vm.use_head = False
+        del vm.head
 
 
 def _encode_hf_clip(encoder, x):

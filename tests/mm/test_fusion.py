@@ -207,3 +207,10 @@ def test_attention_matches_torch_multihead_attention():
     q, kv = torch.randn(2, 5, 16, dtype=torch.float64), torch.randn(2, 9, 16, dtype=torch.float64)
     expect, _ = ref(q, kv, kv, need_weights=False)
     torch.testing.assert_close(ours(q, kv), expect, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", FUSION_KINDS)
+def test_every_fusion_parameter_gets_a_gradient(kind):
+    f = _build(kind, 16, (8, 8))
+    f(torch.randn(1, 2, 64, D_V))[0].square().sum().backward()
+    assert [n for n, p in f.named_parameters() if p.grad is None] == []

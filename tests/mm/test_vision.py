@@ -124,3 +124,32 @@ def test_open_clip_patch_tokens_equal_open_clip_output_tokens():
     with torch.no_grad():
         _, tokens = tower.encoder(x[0])
         torch.testing.assert_close(tower(x)[0], tokens, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["open_clip", "hf_clip", "hf_siglip"])
+def test_every_tower_parameter_gets_a_gradient(kind):
+    """No parameter is left without gradient (DDP without find_unused_parameters needs that)."""
+    torch.manual_seed(0)
+    tower = build_vision_tower(VisionConfig(kind=kind, **TINY))
+    tower(torch.randn(1, 2, 3, 32, 32)).square().sum().backward()
+    missing = [n for n, p in tower.named_parameters() if p.grad is None]
+    assert missing == []
+
+
+def test_full_open_clip_checkpoint_with_heads_loads(tmp_path):
+    """A full CLIP state dict (visual.proj etc.) loads; the unused projection head is skipped."""
+    from open_clip.model import CLIPVisionCfg, _build_vision_tower
+    from safetensors.torch import save_file
+
+    torch.manual_seed(4)
+    vcfg = CLIPVisionCfg(image_size=32, patch_size=8, width=32, layers=1, head_width=16)
+    full = _build_vision_tower(16, vcfg).eval()
+    sd = {f"visual.{k}": v.contiguous() for k, v in full.state_dict().items()}
+    assert "visual.proj" in sd
+    sd["logit_scale"] = torch.ones(())  # text-side keys are ignored
+    save_file(sd, str(tmp_path / "clip.safetensors"))
+    tower = build_vision_tower(VisionConfig(pretrained=str(tmp_path / "clip.safetensors"), **TINY)).eval()
+    x = torch.randn(1, 1, 3, 32, 32)
+    full.output_tokens = True
+    with torch.no_grad():
+        torch.testing.assert_close(tower(x)[0], full(x[0])[1], rtol=1e-5, atol=1e-6)
