@@ -1,0 +1,74 @@
+"""`mm compare-fusion`: a two-step run of the three kinds writes a complete table; config errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from test_sft_helpers import TINY_TEXT, TINY_VISION, make_world
+
+from mm.cli import main
+
+VISION = {
+    **TINY_VISION,
+    "image_size": 64,
+    "patch_size": 16,
+}  # pretraining reads the world's 64x64 images as is
+
+
+def _config(path):
+    pre = {
+        "model": {
+            "vision": dict(VISION),
+            "fusion": {"kind": "mlp", "budget": 4, "layers": 1, "heads": 2},
+            "text": {"width": 32, "layers": 1, "heads": 2, "max_len": 96},
+            "d_model": 32,
+            "embed_dim": 32,
+        },
+        "optim": {"warmup_steps": 1},
+        "train": {"steps": 2, "batch_size": 8, "eval_every": 2, "checkpoint_every": 2},
+        "data": {"eval_notes": 5},
+    }
+    sft = {
+        "model": {"vision": dict(VISION), "text": dict(TINY_TEXT), "max_length": 200},
+        "tasks": {"questions_per_note": 1},
+        "optim": {"warmup_steps": 1},
+        "train": {"steps": 2, "batch_size": 4, "eval_every": 2, "checkpoint_every": 2},
+        "eval": {"notes": 2, "questions": 2, "batch_size": 2, "max_new_tokens": 4},
+    }
+    cfg = {"budget": 4, "pretrain": pre, "align_steps": 1, "sft": sft}
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_compare_three_kinds_two_steps(tmp_path):
+    world = make_world(tmp_path / "notes", notes=32)
+    out = tmp_path / "cmp"
+    assert main(["compare-fusion", "--config", str(_config(tmp_path / "c.yaml")), "--out", str(out),
+                 "--data", str(world)]) == 0  # fmt: skip
+    rows = json.loads((out / "compare.json").read_text())
+    assert [r["kind"] for r in rows] == ["mlp", "qformer", "resampler"]
+    for r in rows:
+        assert r["budget"] == 4 and 0.0 <= r["r_at_1"] <= 1.0 and r["caption_loss"] > 0
+        assert 4 <= r["tokens_per_note"] <= 16 and r["fusion_params"] > 0 and r["step_seconds"] > 0
+        for stage in ("pretrain", "align", "sft"):
+            assert (out / r["kind"] / stage / "metrics.jsonl").is_file()
+        cfg = json.loads((out / r["kind"] / "sft" / "model" / "config.json").read_text())
+        assert cfg["fusion_kind"] == r["kind"] and cfg["fusion_budget"] == 4
+    assert len({r["fusion_params"] for r in rows}) == 3  # three different modules were built
+    md = (out / "compare.md").read_text()
+    assert md.count("\n| ") == 4 and "R@1" in md and "| resampler | 4 |" in md
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("kinds=[mlp, conv]", "kinds must be a non-empty subset"),
+        ("sft.model.text.hidden_size=64", "must equal"),
+    ],
+)
+def test_compare_config_errors(tmp_path, capsys, override, message):
+    cfg = _config(tmp_path / "c.yaml")
+    rc = main(["compare-fusion", "--config", str(cfg), "--out", str(tmp_path / "o"), "--set", override])
+    assert rc == 2 and message in capsys.readouterr().err
