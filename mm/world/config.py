@@ -41,8 +41,8 @@ class WorldConfig:
     """Multiplies object sizes (difficulty: smaller is harder)."""
     clutter: int = 2
     """Distractor strokes (not objects) drawn under the objects of each image."""
-    noise_std: float = 4.0
-    """Std of Gaussian pixel noise on the 0-255 scale."""
+    noise_std: float = 0.0
+    """Std of Gaussian pixel noise on the 0-255 scale (difficulty; noisy PNGs are ~10x larger and slower)."""
     synonym_prob: float = 0.3
     """Probability that a caption or question uses a synonym instead of the canonical name."""
     questions_per_note: int = 6

@@ -1,7 +1,9 @@
 """Generate notes of the synthetic world and write them in the note format.
 
-Note ``i`` is a pure function of ``(cfg, i)``: it uses ``np.random.default_rng([cfg.seed, i])``,
-so a note is the same whether 100 or 20,000 are generated and whichever worker makes it.
+Note ``i`` is a pure function of ``(cfg, i)``: scenes and texts use ``default_rng([cfg.seed, i])``
+and pixels (clutter, noise) a separate ``default_rng([cfg.seed, i, 1])``, so a note is the same
+whether 100 or 20,000 are generated and whichever worker makes it, and the visual difficulty knobs
+(``clutter``, ``noise_std``) change pixels only, never scenes or texts.
 Writing goes to a temporary sibling folder that is renamed into place at the end, so an
 interrupted or failed run leaves nothing half-written.
 """
@@ -43,6 +45,7 @@ def note_id(cfg: WorldConfig, index: int) -> str:
 def generate_note(cfg: WorldConfig, index: int) -> tuple[Note, list[np.ndarray]]:
     """Note ``index`` and its images (each ``(S, S, 3)`` uint8 RGB), stored as ``images/<id>_<k>.png``."""
     rng = np.random.default_rng([cfg.seed, index])
+    pixel_rng = np.random.default_rng([cfg.seed, index, 1])
     nid = note_id(cfg, index)
     theme = vocab.THEMES[int(rng.integers(len(vocab.THEMES)))]
     n_img = int(rng.integers(cfg.images_per_note_min, cfg.images_per_note_max + 1))
@@ -54,7 +57,12 @@ def generate_note(cfg: WorldConfig, index: int) -> tuple[Note, list[np.ndarray]]
     for _ in range(n_img):
         scene = sample_scene(cfg, theme, rng)
         img, anns = render_scene(
-            scene, theme=theme, size=cfg.image_size, clutter=cfg.clutter, noise_std=cfg.noise_std, rng=rng
+            scene,
+            theme=theme,
+            size=cfg.image_size,
+            clutter=cfg.clutter,
+            noise_std=cfg.noise_std,
+            rng=pixel_rng,
         )
         images.append(img)
         objects.append(anns)

@@ -160,11 +160,13 @@ def render_scene(
     """
     img = _background(theme, size).copy()  # (H, W, 3) float32
     boxes = [object_box(o, size) for o in objects]
-    for _ in range(clutter):
-        p0 = rng.uniform(0, size, 2).round().astype(int)
-        p1 = p0 + rng.uniform(-0.3 * size, 0.3 * size, 2).round().astype(int)
-        grey = float(rng.uniform(60, 150))
-        cv2.line(img, tuple(int(v) for v in p0), tuple(int(v) for v in p1), (grey, grey, grey), 1)
+    if clutter:
+        u = rng.random((clutter, 5))  # (C, 5): x0, y0, dx, dy, grey
+        p0 = (u[:, :2] * size).astype(int)
+        p1 = p0 + ((u[:, 2:4] - 0.5) * 0.6 * size).astype(int)
+        grey = 60.0 + 90.0 * u[:, 4]
+        for a, b, g in zip(p0.tolist(), p1.tolist(), grey.tolist()):
+            cv2.line(img, a, b, (g, g, g), 1)
     masks = []  # per object: shape mask of its box crop
     for o, (x0, y0, x1, y1) in zip(objects, boxes):
         hw, shp = (y1 - y0, x1 - x0), _SHAPE_OF[o.category]

@@ -104,15 +104,18 @@ def sample_scene(cfg: WorldConfig, theme: str, rng: np.random.Generator) -> list
         return vocab.COLORS[int(rng.integers(len(vocab.COLORS)))]
 
     def free_spot(r: float) -> tuple[float, float]:
-        best, best_gap = (S / 2, S / 2), -np.inf
-        for _ in range(24):
-            cx, cy = rng.uniform(r, S - 1 - r, size=2)
-            gap = min((np.hypot(cx - o.cx, cy - o.cy) - (r + o.r) for o in placed), default=np.inf)
-            if gap >= 0:
-                return float(cx), float(cy)
-            if gap > best_gap:
-                best, best_gap = (float(cx), float(cy)), gap
-        return best
+        """First of 24 random centres that overlaps nothing placed, else the one with the widest gap."""
+        cand = rng.uniform(r, S - 1 - r, size=(24, 2))  # (24, 2)
+        if not placed:
+            return float(cand[0, 0]), float(cand[0, 1])
+        others = np.array([(o.cx, o.cy, o.r) for o in placed])  # (M, 3)
+        dist = np.hypot(
+            cand[:, None, 0] - others[None, :, 0], cand[:, None, 1] - others[None, :, 1]
+        )  # (24, M)
+        gap = (dist - (r + others[None, :, 2])).min(1)  # (24,)
+        ok = np.flatnonzero(gap >= 0)
+        k = int(ok[0]) if len(ok) else int(gap.argmax())
+        return float(cand[k, 0]), float(cand[k, 1])
 
     for name, is_partner in cats:
         if not is_partner:
