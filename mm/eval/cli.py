@@ -1,8 +1,13 @@
-"""``mm eval``: POPE and CHAIR on files.
+"""``mm eval``: POPE and CHAIR on files or on a model.
 
     mm eval pope --questions Q.jsonl --answers A.jsonl --parser original [--json]
+    mm eval pope --model DIR --data DIR --split adversarial [--parser original] [--json]
     mm eval pope-build --objects O.json --split adversarial --out Q.jsonl --seed 0
     mm eval chair --captions C.json --objects O.json --vocab coco [--json]
+    mm eval chair --model DIR --data DIR [--json]
+
+With ``--model`` the questions / captions come from the held-out notes of ``--data`` and the model
+answers them (:mod:`mm.eval.runners`: greedy, batched, KV cache).
 
 Scoring lives in :mod:`mm.eval.pope` / :mod:`mm.eval.chair` and takes plain dicts and lists, so
 a model runner only has to produce ``{question_id: answer}`` or ``[{"image_id", "caption"}]``.
@@ -24,12 +29,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="eval_command", required=True, metavar="EVAL")
 
     p = sub.add_parser("pope", help="score POPE answers against questions", description=_doc("pope"))
-    p.add_argument(
-        "--questions",
-        required=True,
-        help="POPE questions JSONL (question_id, image, text, label)",
-    )
-    p.add_argument("--answers", required=True, help="answers JSONL (question_id, text)")
+    p.add_argument("--questions", help="POPE questions JSONL (question_id, image, text, label)")
+    p.add_argument("--answers", help="answers JSONL (question_id, text)")
     p.add_argument(
         "--parser",
         default="original",
@@ -37,6 +38,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="answer parser convention (default: original POPE evaluate.py)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    _model_args(p)
+    p.add_argument(
+        "--split",
+        default="adversarial",
+        choices=("random", "popular", "adversarial"),
+        help="with --model: POPE negative sampling (default adversarial)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="with --model: question sampling seed (default 0)")
 
     b = sub.add_parser(
         "pope-build", help="build POPE questions from object annotations", description=_doc("build")
@@ -53,12 +62,48 @@ def configure(parser: argparse.ArgumentParser) -> None:
     c = sub.add_parser("chair", help="CHAIR_s / CHAIR_i / recall of captions", description=_doc("chair"))
     c.add_argument(
         "--captions",
-        required=True,
         help='captions JSON [{"image_id", "caption"}] or {id: caption}',
     )
-    c.add_argument("--objects", required=True, help="ground-truth objects JSON {image_id: [objects]}")
-    c.add_argument("--vocab", default="coco", choices=("coco", "world"), help="object vocabulary")
+    c.add_argument("--objects", help="ground-truth objects JSON {image_id: [objects]}")
+    c.add_argument(
+        "--vocab",
+        default=None,
+        choices=("coco", "world"),
+        help="object vocabulary (default: coco on files, world with --model)",
+    )
     c.add_argument("--json", action="store_true", help="print one JSON object (with per_caption)")
+    _model_args(c)
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("on a model (instead of files)")
+    g.add_argument("--model", help="NoteVLM folder (OUT/model of `mm train` / `rl dpo`)")
+    g.add_argument("--data", help="note folder whose held-out notes are evaluated")
+    g.add_argument("--eval-split", default="test", help="note split to evaluate (default test)")
+    g.add_argument("--notes", type=int, default=200, help="at most this many notes (default 200; 0 = all)")
+    g.add_argument("--batch-size", type=int, default=64, help="generation batch size (default 64)")
+    g.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="generation length (default 4 for POPE, 96 for CHAIR)",
+    )
+
+
+def _mode(args: argparse.Namespace, file_flags: tuple[str, str]) -> str:
+    """``"model"`` or ``"files"``; a clear error when the two kinds of input are mixed or incomplete."""
+    files = [f for f in file_flags if getattr(args, f) is not None]
+    if args.model is not None or args.data is not None:
+        if args.model is None or args.data is None or files:
+            raise UserError(
+                f"on a model pass --model DIR and --data DIR (and not --{' / --'.join(file_flags)}); "
+                f"got --model={args.model} --data={args.data}"
+                + (f" plus --{', --'.join(files)}" if files else "")
+            )
+        return "model"
+    if len(files) != 2:
+        raise UserError(f"pass --{file_flags[0]} and --{file_flags[1]} (files) or --model DIR --data DIR")
+    return "files"
 
 
 def _doc(which: str) -> str:
@@ -88,19 +133,33 @@ _PARSER_SOURCE = {
 
 
 def _run_pope(args: argparse.Namespace) -> int:
-    from mm.eval.files import read_pope_answers, read_pope_questions
-    from mm.eval.pope import pope_scores
+    if _mode(args, ("questions", "answers")) == "model":
+        from mm.eval.runners import held_out_notes, load_model, run_pope
 
-    questions = read_pope_questions(args.questions)
-    answers = read_pope_answers(args.answers)
-    labels = {str(q["question_id"]): q["label"] for q in questions}
-    res = pope_scores(labels, answers, parser=args.parser)
+        notes = held_out_notes(args.data, split=args.eval_split, limit=args.notes or None)
+        model, processor = load_model(args.model)
+        res = run_pope(
+            model, processor, notes, args.data, split=args.split, parser=args.parser, seed=args.seed,
+            batch_size=args.batch_size, max_new_tokens=args.max_new_tokens or 4,
+        )  # fmt: skip
+        n_questions = res["n_questions"]
+        where = f"model {args.model} on {len(notes)} {args.eval_split} notes, split={args.split}"
+    else:
+        from mm.eval.files import read_pope_answers, read_pope_questions
+        from mm.eval.pope import pope_scores
+
+        questions = read_pope_questions(args.questions)
+        answers = read_pope_answers(args.answers)
+        labels = {str(q["question_id"]): q["label"] for q in questions}
+        res = pope_scores(labels, answers, parser=args.parser)
+        n_questions = len(labels)
+        where = ""
     _print_warnings(res["warnings"])
     if args.json:
         print(json.dumps(res))
         return 0
-    print(f"POPE  parser={args.parser}  ({_PARSER_SOURCE[args.parser]})")
-    print(f"scored {res['n_scored']} of {len(labels)} questions; unparsed {res['unparsed']}")
+    print(f"POPE  parser={args.parser}  ({_PARSER_SOURCE[args.parser]})" + (f"  [{where}]" if where else ""))
+    print(f"scored {res['n_scored']} of {n_questions} questions; unparsed {res['unparsed']}")
     _table(
         [("accuracy", res["accuracy"]), ("precision", res["precision"]), ("recall", res["recall"])]
         + [("f1", res["f1"]), ("yes_ratio", res["yes_ratio"])]
@@ -133,13 +192,25 @@ def _run_build(args: argparse.Namespace) -> int:
 
 
 def _run_chair(args: argparse.Namespace) -> int:
-    from mm.eval.chair import Vocabulary, chair_scores
-    from mm.eval.files import read_captions, read_objects
+    if _mode(args, ("captions", "objects")) == "model":
+        from mm.eval.runners import held_out_notes, load_model, run_chair
 
-    captions = read_captions(args.captions)
-    objects = read_objects(args.objects)
-    vocab = Vocabulary.coco() if args.vocab == "coco" else Vocabulary.world()
-    res = chair_scores(captions, objects, vocab)
+        args.vocab = args.vocab or "world"
+        notes = held_out_notes(args.data, split=args.eval_split, limit=args.notes or None)
+        model, processor = load_model(args.model)
+        res = run_chair(
+            model, processor, notes, args.data, batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens or 96, vocab=args.vocab,
+        )  # fmt: skip
+    else:
+        from mm.eval.chair import Vocabulary, chair_scores
+        from mm.eval.files import read_captions, read_objects
+
+        args.vocab = args.vocab or "coco"
+        captions = read_captions(args.captions)
+        objects = read_objects(args.objects)
+        vocab = Vocabulary.coco() if args.vocab == "coco" else Vocabulary.world()
+        res = chair_scores(captions, objects, vocab)
     _print_warnings(res["warnings"])
     if args.json:
         print(json.dumps(res))
@@ -155,6 +226,9 @@ def _run_chair(args: argparse.Namespace) -> int:
         [("chair_s", res["chair_s"]), ("chair_i", res["chair_i"]), ("recall", res["recall"])]
         + [("mean_length", res["mean_length"])]
     )
+    if "causes" in res:
+        c = res["causes"]
+        print(f"hallucination causes: partner {c['partner']}  confusion {c['confusion']}  other {c['other']}")
     return 0
 
 
