@@ -27,6 +27,8 @@ examples:
                                                    ignore inclusive boxes x0,y0,x1,y1 (repeat the flag)
   imgdiff shots/base shots/new --json              batch: files with the same relative name, one JSON
                                                    line per pair; summary on stderr
+  imgdiff shots/base shots/new --backend numba     many pairs: pay Numba's start-up (~0.4 s) once for
+                                                   faster kernels (auto uses NumPy in a fresh process)
 """
 
 

@@ -32,6 +32,7 @@ import os
 import stat
 import struct
 import tempfile
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -125,11 +126,14 @@ def _pil_open(path: str, f):
 
     Image.MAX_IMAGE_PIXELS = None  # the caller applies its own, configurable limit from the header
     try:
-        return Image.open(f)
+        with warnings.catch_warnings():  # e.g. "Corrupt EXIF data": the error below says it in one line
+            warnings.simplefilter("ignore")
+            return Image.open(f)
+    except Image.UnidentifiedImageError:
+        raise _fail(path, "header is corrupt or truncated", "re-export or re-download it") from None
     except Exception as e:  # noqa: BLE001 - Pillow raises many types for bad headers
-        raise _fail(
-            path, f"header is corrupt ({type(e).__name__}: {e})".replace("\n", " "), "re-export it"
-        ) from None
+        problem = f"header is corrupt ({type(e).__name__}: {e})".replace("\n", " ")
+        raise _fail(path, problem, "re-export it") from None
 
 
 def probe(path: str | os.PathLike, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
@@ -233,7 +237,9 @@ def _decode_pil(path: str, data: bytes) -> np.ndarray:
     if bits is not None and len(bits) > 1 and max(bits) > 8:
         return _decode_cv2(path, data)  # Pillow would reduce 16-bit RGB(A) TIFF to 8 bits
     try:
-        img.load()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            img.load()
     except Exception as e:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, ValueError, ...
         problem = "the file is truncated" if "truncated" in str(e) else f"image data is corrupt ({e})"
         raise _fail(path, problem.replace("\n", " "), "re-export or re-download it") from None

@@ -244,3 +244,17 @@ def test_sample_assets_are_the_documented_pair(capsys):
     assert (b[y0 : y1 + 1, x0 : x1 + 1] == (220, 30, 40)).all()
     want_a, _ = make_samples.make_pair()
     np.testing.assert_array_equal(a, want_a)  # the committed A is what the script makes
+
+
+@pytest.mark.parametrize("ext", ["tif", "jpg", "webp"])
+def test_truncated_file_stderr_is_one_line_at_fd_level(tmp_path, ext):
+    """Library warnings (Pillow's 'Corrupt EXIF', libjpeg/libtiff prints) must not reach stderr."""
+    rng = np.random.default_rng(4)
+    img = rng.integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    good, bad = tmp_path / f"good.{ext}", tmp_path / f"bad.{ext}"
+    Image.fromarray(img).save(good)
+    data = good.read_bytes()
+    bad.write_bytes(data[: len(data) // 3])
+    proc = subprocess.run([sys.executable, "-m", "imgdiff", good, bad], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("imgdiff: error: cannot read"), proc.stderr
