@@ -65,15 +65,34 @@ def _join(parts: list[str]) -> str:
     return ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
+def caption_order(names: list[str]) -> list[str]:
+    """Category names in mention order: drawing order, but a partner right after its anchor.
+
+    Captions then say "a fork and a knife" the way real captions pair co-occurring objects, which
+    is exactly the bigram a captioner's language prior picks up.
+    """
+    present = set(names)
+    anchor_of = {p: a for a, p in vocab.PARTNER_PAIRS}
+    follows = {n for n in names if anchor_of.get(n) in present}
+    out: list[str] = []
+    for n in names:
+        if n in follows:
+            continue
+        out.append(n)
+        out.extend(p for p in vocab.partners(n) if p in follows and anchor_of[p] == n)
+    return out
+
+
 def object_phrases(
     objects: list[ObjectAnnotation], *, size: int, rng: np.random.Generator, synonym_prob: float
 ) -> list[str]:
-    """One noun phrase per category group, in first-appearance order ("two red forks")."""
+    """One noun phrase per category group ("two red forks"), in :func:`caption_order`."""
     groups: dict[str, list[ObjectAnnotation]] = {}
     for o in objects:
         groups.setdefault(o.category, []).append(o)
     phrases = []
-    for name, objs in groups.items():
+    for name in caption_order(list(groups)):
+        objs = groups[name]
         n = len(objs)
         colors = Counter(o.color for o in objs)
         color = objs[0].color if len(colors) == 1 else None

@@ -133,3 +133,19 @@ def test_cli_world_and_stats(tmp_path, capsys):
     assert main(["data", "world", "--out", str(out), "--notes", "5"]) == 2
     assert "not empty" in capsys.readouterr().err
     assert main(["data", "world", "--out", str(tmp_path / "x"), "--set", "colour=1"]) == 2
+
+
+def test_partner_is_mentioned_right_after_its_anchor():
+    from mm.world.text import caption_order
+
+    assert caption_order(["knife", "plate", "fork", "cup"]) == ["plate", "fork", "knife", "cup"]
+    assert caption_order(["saucer", "plate"]) == ["saucer", "plate"]  # no anchor: drawing order
+    pairs = 0
+    for n in generate_notes(WorldConfig(notes=60)):
+        for cap in n.image_captions:
+            said = list(dict.fromkeys(vocab.find_mentions(cap)))
+            for a, p in vocab.PARTNER_PAIRS:
+                if a in said and p in said:
+                    assert said.index(p) == said.index(a) + 1, cap
+                    pairs += 1
+    assert pairs > 20
