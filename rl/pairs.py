@@ -1,0 +1,535 @@
+"""Preference pairs against hallucination: object injection, on-policy ranking, image corruption.
+
+Three builders, each returning :class:`PreferencePair` records (JSONL via :func:`write_pairs` /
+:func:`read_pairs`):
+
+- :func:`injection_pairs` (POVID, Zhou et al. 2024; HA-DPO, Zhao et al. 2023): chosen = the note's
+  ground-truth caption; rejected = the same caption with an *absent* object added (a new sentence
+  "There is also a knife.") or swapped in for a present one ("a fork" -> "a knife"). The injected
+  object is preferably a co-occurrence partner of a present object (the language prior the model
+  must unlearn). Deviation: POVID makes its rejected answers with GPT-4V; we edit the ground truth
+  with the world's own nouns, articles and synonyms, so the edit is exact and fluent.
+- :func:`onpolicy_pairs` (RLAIF-V, Yu et al. 2024): sample several captions per note from the
+  current model (``do_sample``, one batched ``generate`` with ``num_return_sequences``), score them
+  with :func:`rl.rewards.score` against the scene, keep best vs worst, skip ties. The sampled token
+  ids are kept in the pair (never decoded and re-tokenised).
+- :func:`corrupt_pairs` (mDPO, Wang et al. 2024, conditional term): chosen and rejected are the same
+  ground-truth caption; the rejected side is scored with a corrupted copy of the images
+  (:mod:`rl.corrupt`, recorded as ``corruption`` so a trainer rebuilds it with :func:`pair_images`).
+
+Every pair records how on-policy it is: ``chosen_logp`` / ``rejected_logp`` are the policy's mean
+log-probability per response token (:func:`policy_logps`, through :mod:`rl.logprobs`), for the
+rejected side of a corrupt pair with the corrupted images.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mm.errors import UserError
+
+PAIR_KINDS: tuple[str, ...] = ("injection", "onpolicy", "corrupt")
+"""Kinds of pairs the builders make."""
+
+ALSO_TEMPLATES: tuple[str, ...] = ("There is also {x}.", "I can also see {x}.", "Next to it, there is {x}.")
+"""Sentences that add an injected object to a caption."""
+
+
+@dataclass(kw_only=True)
+class PreferencePair:
+    """One preference pair for DPO-family training on a note."""
+
+    id: str
+    """Unique pair id (``<note id>-<kind>-<i>``)."""
+    kind: str
+    """``injection``, ``onpolicy`` or ``corrupt``."""
+    note_id: str
+    """Id of the note the pair is about."""
+    images: list[str]
+    """The note's image paths (relative to the note folder)."""
+    prompt: str
+    """The user prompt after the images."""
+    chosen: str
+    """Preferred response text."""
+    rejected: str
+    """Dispreferred response text (equal to ``chosen`` for a corrupt pair)."""
+    objects: list[str] = field(default_factory=list)
+    """Ground-truth categories of the note (for rewards and checks)."""
+    chosen_ids: list[int] | None = None
+    """Raw sampled token ids of ``chosen`` (on-policy pairs), else None (tokenise the text)."""
+    rejected_ids: list[int] | None = None
+    """Raw sampled token ids of ``rejected`` (on-policy pairs), else None."""
+    chosen_reward: float | None = None
+    """Reward of ``chosen`` (:func:`rl.rewards.score`), when computed."""
+    rejected_reward: float | None = None
+    """Reward of ``rejected``, when computed."""
+    chosen_logp: float | None = None
+    """Policy mean log-prob per token of ``chosen`` when the pair was built."""
+    rejected_logp: float | None = None
+    """Policy mean log-prob per token of ``rejected`` (with the corrupted images for a corrupt pair)."""
+    corruption: dict[str, Any] | None = None
+    """Corrupt pairs: :func:`rl.corrupt.corrupt` arguments (``kind``, ``seed``, ...) for the rejected side."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Builder details (injected object, edit mode, number of samples, ...)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in PAIR_KINDS:
+            raise ValueError(f"pair {self.id!r}: kind must be one of {PAIR_KINDS}, got {self.kind!r}")
+        if self.kind == "corrupt" and not self.corruption:
+            raise ValueError(f"pair {self.id!r}: a corrupt pair needs its corruption spec")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Any) -> PreferencePair:
+        if not isinstance(d, dict):
+            raise ValueError(f"a pair must be a JSON object, got {type(d).__name__}")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown key(s) {unknown}; a pair has {sorted(names)}")
+        for key in ("id", "kind", "note_id", "images", "prompt", "chosen", "rejected"):
+            if key not in d:
+                raise ValueError(f"pair is missing {key!r}")
+        return cls(**d)
+
+
+def write_pairs(pairs: Sequence[PreferencePair], path: str | Path) -> Path:
+    """Write pairs as JSONL atomically (temp file + rename): readers never see half a file."""
+    p = Path(path)
+    if not p.parent.is_dir():
+        raise UserError(f"{p}: folder {p.parent} does not exist; create it first")
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for pair in pairs:
+                f.write(json.dumps(pair.to_json(), ensure_ascii=False) + "\n")
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
+
+
+def read_pairs(path: str | Path) -> list[PreferencePair]:
+    """Read a pairs JSONL; a bad line raises :class:`UserError` naming ``file:line``."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p}: no such file; build pairs with `rl pairs`")
+    out = []
+    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append(PreferencePair.from_json(json.loads(line)))
+        except (json.JSONDecodeError, ValueError, TypeError) as e:
+            raise UserError(f"{p}:{i}: {e}") from None
+    return out
+
+
+# ---- (a) object injection ----------------------------------------------------------------------
+def _plural_forms() -> set[str]:
+    from mm.world import vocab
+
+    return {c.plural for c in vocab.CATEGORIES} | {p for c in vocab.CATEGORIES for p in c.synonym_plurals}
+
+
+def _find_form(text: str, name: str) -> re.Match[str] | None:
+    """First occurrence of a surface form of category ``name`` in ``text`` (longest forms first)."""
+    from mm.world import vocab
+
+    forms = sorted(vocab.category(name).forms, key=len, reverse=True)
+    pattern = r"\b(" + "|".join(re.escape(f) for f in forms) + r")\b"
+    return re.search(pattern, text, flags=re.IGNORECASE)
+
+
+def choose_injected(
+    present: set[str], rng: np.random.Generator, *, partner_prob: float = 1.0
+) -> tuple[str, str | None]:
+    """``(absent category, present partner or None)``: an absent partner of a present object with
+    probability ``partner_prob`` when there is one, else a random absent category."""
+    from mm.world import vocab
+
+    partners = sorted({q: p for p in sorted(present) for q in vocab.partners(p) if q not in present}.items())
+    if partners and rng.random() < partner_prob:
+        name, anchor = partners[int(rng.integers(len(partners)))]
+        return name, anchor
+    absent = [c for c in vocab.CATEGORY_NAMES if c not in present]
+    return absent[int(rng.integers(len(absent)))], None
+
+
+def inject_object(
+    caption: str,
+    present: set[str],
+    rng: np.random.Generator,
+    *,
+    partner_prob: float = 1.0,
+    swap_prob: float = 0.5,
+    synonym_prob: float = 0.3,
+) -> tuple[str, dict[str, Any]] | None:
+    """The caption with one absent object added or swapped in, and what was done (None if impossible).
+
+    ``add``: a sentence naming the object is inserted after the sentence that mentions its partner
+    (or at the end). ``swap``: the first mention of a present object (its partner when there is one)
+    is replaced by the absent object's name, keeping number and fixing ``a``/``an``.
+    """
+    from mm.world import text as wtext
+
+    name, anchor = choose_injected(present, rng, partner_prob=partner_prob)
+    target = (
+        anchor
+        if anchor is not None
+        else (sorted(present)[int(rng.integers(len(present)))] if present else None)
+    )
+    m = _find_form(caption, target) if target is not None else None
+    if m is not None and rng.random() < swap_prob:
+        plural = m.group(1).lower() in _plural_forms()
+        noun = wtext.surface(name, plural, rng, synonym_prob)
+        before = caption[: m.start()]
+        art = re.search(r"\b(a|an|A|An)\s+$", before)
+        if art is not None and not plural:
+            new_art = wtext.article(noun)
+            new_art = new_art.capitalize() if art.group(1)[0].isupper() else new_art
+            before = before[: art.start()] + new_art + before[art.start() + len(art.group(1)) :]
+        rejected = before + noun + caption[m.end() :]
+        return rejected, {"injected": name, "mode": "swap", "replaced": target, "partner_of": anchor}
+    noun = wtext.surface(name, False, rng, synonym_prob)
+    phrase = f"{wtext.article(noun)} {noun}"
+    sentence = ALSO_TEMPLATES[int(rng.integers(len(ALSO_TEMPLATES)))].format(x=phrase)
+    cut = len(caption)
+    if m is not None:
+        end = caption.find(".", m.end())
+        cut = end + 1 if end != -1 else len(caption)
+    head, tail = caption[:cut].rstrip(), caption[cut:].lstrip()
+    if head and head[-1] not in ".!?":
+        head += "."
+    rejected = " ".join(s for s in (head, sentence, tail) if s)
+    return rejected, {"injected": name, "mode": "add", "replaced": None, "partner_of": anchor}
+
+
+def injection_pairs(
+    notes: Sequence[Any],
+    *,
+    prompt: str,
+    seed: int = 0,
+    partner_prob: float = 1.0,
+    swap_prob: float = 0.5,
+    reward_cfg: Any = None,
+) -> list[PreferencePair]:
+    """One injection pair per note with a caption (world vocabulary; see :func:`inject_object`).
+
+    A pair is kept only when the rejected caption really mentions the injected object (checked
+    with the CHAIR vocabulary), so every rejected caption hallucinates at least once more.
+    """
+    from rl.rewards import score, vocabulary
+
+    rng = np.random.default_rng(seed)
+    vocab = vocabulary("world")
+    out = []
+    for note in notes:
+        caption = note.text.strip()
+        if not caption:
+            continue
+        present = set(note.categories)
+        edit = inject_object(caption, present, rng, partner_prob=partner_prob, swap_prob=swap_prob)
+        if edit is None:
+            continue
+        rejected, meta = edit
+        if meta["injected"] not in {c for _, c in vocab.mentions(rejected)}:
+            continue
+        objs = sorted(present)
+        out.append(
+            PreferencePair(
+                id=f"{note.id}-injection-0",
+                kind="injection",
+                note_id=note.id,
+                images=list(note.images),
+                prompt=prompt,
+                chosen=caption,
+                rejected=rejected,
+                objects=objs,
+                chosen_reward=score(caption, objs, cfg=reward_cfg).total,
+                rejected_reward=score(rejected, objs, cfg=reward_cfg).total,
+                meta=meta,
+            )
+        )
+    return out
+
+
+# ---- (c) image-corrupted pairs -----------------------------------------------------------------
+def load_pixels(path: str | Path) -> Any:
+    """An image file as a float tensor (3, H, W) in [0, 1]."""
+    import torch
+    from PIL import Image
+
+    with Image.open(path) as im:
+        arr = np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0  # (H, W, 3)
+    return torch.from_numpy(arr).permute(2, 0, 1).contiguous()  # (3, H, W)
+
+
+def pair_images(pair: PreferencePair, root: str | Path, *, rejected: bool = False) -> list[Any]:
+    """The images of one side of ``pair`` (the corrupted ones for the rejected side of a corrupt pair)."""
+    import torch
+
+    from rl.corrupt import corrupt
+
+    paths = [str(Path(root) / p) for p in pair.images]
+    if not (rejected and pair.corruption):
+        return paths
+    stacked = torch.stack([load_pixels(p) for p in paths])  # (N, 3, H, W)
+    return list(corrupt(stacked, **pair.corruption))
+
+
+def corrupt_pairs(
+    notes: Sequence[Any],
+    *,
+    prompt: str,
+    corruption: str = "crop",
+    seed: int = 0,
+    **corrupt_kwargs: Any,
+) -> list[PreferencePair]:
+    """One mDPO conditional pair per note with a caption: same answer, corrupted images rejected."""
+    from rl.corrupt import KINDS
+
+    if corruption not in KINDS:
+        raise UserError(f"unknown corruption {corruption!r}; expected one of {', '.join(KINDS)}")
+    out = []
+    for i, note in enumerate(notes):
+        caption = note.text.strip()
+        if not caption:
+            continue
+        spec = {"kind": corruption, "seed": seed * 1_000_003 + i, **corrupt_kwargs}
+        out.append(
+            PreferencePair(
+                id=f"{note.id}-corrupt-0",
+                kind="corrupt",
+                note_id=note.id,
+                images=list(note.images),
+                prompt=prompt,
+                chosen=caption,
+                rejected=caption,
+                objects=sorted(note.categories),
+                corruption=spec,
+            )
+        )
+    return out
+
+
+# ---- policy log-probs --------------------------------------------------------------------------
+def _response_sample(
+    processor: Any, images: Sequence[Any], prompt: str, response: str | Sequence[int]
+) -> dict:
+    """Processor sample whose labels mark exactly the response tokens (text + eos, or raw ids)."""
+    import torch
+
+    from mm.model.processing import IGNORE_INDEX
+
+    if isinstance(response, str):
+        return processor.encode(list(images), prompt, response)
+    s = processor.encode(list(images), prompt)
+    n_prompt = len(s["input_ids"])
+    resp = torch.as_tensor(list(response), dtype=torch.long)[
+        : max(0, processor.max_length - n_prompt)
+    ]  # (R,)
+    s["input_ids"] = torch.cat([s["input_ids"], resp])  # (T,)
+    s["attention_mask"] = torch.ones_like(s["input_ids"])
+    s["labels"] = torch.full_like(s["input_ids"], IGNORE_INDEX)
+    s["labels"][n_prompt:] = resp
+    return s
+
+
+def policy_logps(
+    model: Any,
+    processor: Any,
+    images: Sequence[Sequence[Any]],
+    prompts: Sequence[str],
+    responses: Sequence[str | Sequence[int]],
+    *,
+    batch_size: int = 16,
+) -> list[float]:
+    """Mean log-prob per response token of ``responses[i]`` (text, tokenised + eos, or raw ids)."""
+    import torch
+
+    from rl.logprobs import causal_token_logprobs, sequence_logprob
+
+    if not len(images) == len(prompts) == len(responses):
+        raise ValueError(
+            f"need one image list and prompt per response, got {len(images)}, {len(prompts)}, "
+            f"{len(responses)}"
+        )
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out: list[float] = []
+    try:
+        with torch.no_grad():
+            for start in range(0, len(responses), batch_size):
+                idx = range(start, min(len(responses), start + batch_size))
+                batch = processor.collate(
+                    [_response_sample(processor, images[i], prompts[i], responses[i]) for i in idx]
+                )
+                batch = {k: v.to(device) for k, v in batch.items()}
+                labels = batch.pop("labels")  # (B, T)
+                logits = model(**batch).logits.float()  # (B, T, V)
+                mask = (labels != -100).long()  # (B, T)
+                logps, m = causal_token_logprobs(logits, batch["input_ids"], mask)  # (B, T-1)
+                out.extend(sequence_logprob(logps, m, reduce="mean").tolist())
+    finally:
+        model.train(was_training)
+    return out
+
+
+def add_logps(
+    model: Any, processor: Any, pairs: Sequence[PreferencePair], root: str | Path, *, batch_size: int = 16
+) -> None:
+    """Fill ``chosen_logp`` / ``rejected_logp`` of ``pairs`` in place (corrupted images where recorded)."""
+    chosen = policy_logps(
+        model, processor, [pair_images(p, root) for p in pairs], [p.prompt for p in pairs],
+        [p.chosen_ids if p.chosen_ids is not None else p.chosen for p in pairs], batch_size=batch_size,
+    )  # fmt: skip
+    rejected = policy_logps(
+        model, processor, [pair_images(p, root, rejected=True) for p in pairs], [p.prompt for p in pairs],
+        [p.rejected_ids if p.rejected_ids is not None else p.rejected for p in pairs], batch_size=batch_size,
+    )  # fmt: skip
+    for p, c, r in zip(pairs, chosen, rejected):
+        p.chosen_logp, p.rejected_logp = float(c), float(r)
+
+
+# ---- (b) on-policy ranking ---------------------------------------------------------------------
+def _trim(ids: list[int], eos: int, pad: int | None) -> list[int]:
+    if eos in ids:
+        return ids[: ids.index(eos) + 1]
+    while ids and pad is not None and pad != eos and ids[-1] == pad:
+        ids = ids[:-1]
+    return ids
+
+
+def sample_responses(
+    model: Any,
+    processor: Any,
+    notes: Sequence[Any],
+    root: str | Path,
+    *,
+    prompt: str,
+    num_samples: int = 4,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 96,
+    batch_size: int = 16,
+    seed: int = 0,
+) -> list[list[tuple[str, list[int]]]]:
+    """``num_samples`` sampled ``(text, raw token ids)`` per note (batched, KV cache, seeded)."""
+    import torch
+
+    from mm.eval.generate import note_images
+
+    if num_samples < 2:
+        raise UserError(f"on-policy pairs need num_samples >= 2 to rank, got {num_samples}")
+    torch.manual_seed(seed)
+    device = next(model.parameters()).device
+    tok = processor.tokenizer
+    was_training = model.training
+    model.eval()
+    out: list[list[tuple[str, list[int]]]] = []
+    try:
+        with torch.no_grad():
+            for start in range(0, len(notes), batch_size):
+                chunk = notes[start : start + batch_size]
+                batch = processor(
+                    [note_images(n, root) for n in chunk], [prompt] * len(chunk), padding_side="left"
+                )
+                batch = {k: v.to(device) for k, v in batch.items()}
+                ids = model.generate(
+                    **batch,
+                    do_sample=True,
+                    temperature=temperature,
+                    top_p=top_p,
+                    top_k=0,
+                    num_return_sequences=num_samples,
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=tok.pad_token_id,
+                    eos_token_id=tok.eos_token_id,
+                )  # (b * num_samples, T + new), note-major
+                new = ids[:, batch["input_ids"].shape[1] :].tolist()
+                for j in range(len(chunk)):
+                    rows = [
+                        _trim(r, tok.eos_token_id, tok.pad_token_id)
+                        for r in new[j * num_samples : (j + 1) * num_samples]
+                    ]
+                    out.append([(tok.decode(r, skip_special_tokens=True).strip(), r) for r in rows])
+    finally:
+        model.train(was_training)
+    return out
+
+
+def rank_pair(texts: Sequence[str], rewards: Sequence[float]) -> tuple[int, int] | None:
+    """``(best, worst)`` indices by reward (first of equals), or None when all rewards tie."""
+    if len(texts) != len(rewards) or len(texts) < 2:
+        raise ValueError(
+            f"need >= 2 texts with one reward each, got {len(texts)} texts, {len(rewards)} rewards"
+        )
+    best = max(range(len(rewards)), key=lambda i: (rewards[i], -i))
+    worst = min(range(len(rewards)), key=lambda i: (rewards[i], i))
+    if rewards[best] == rewards[worst]:
+        return None
+    return best, worst
+
+
+def onpolicy_pairs(
+    model: Any,
+    processor: Any,
+    notes: Sequence[Any],
+    root: str | Path,
+    *,
+    prompt: str,
+    num_samples: int = 4,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 96,
+    batch_size: int = 16,
+    seed: int = 0,
+    reward_cfg: Any = None,
+) -> list[PreferencePair]:
+    """RLAIF-V-style pairs: per note, the best vs the worst of ``num_samples`` sampled captions by reward."""
+    from rl.rewards import score
+
+    samples = sample_responses(
+        model, processor, notes, root, prompt=prompt, num_samples=num_samples, temperature=temperature,
+        top_p=top_p, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
+    )  # fmt: skip
+    out = []
+    for note, group in zip(notes, samples):
+        objs = sorted(note.categories)
+        rewards = [score(t, objs, cfg=reward_cfg).total for t, _ in group]
+        ranked = rank_pair([t for t, _ in group], rewards)
+        if ranked is None:
+            continue
+        b, w = ranked
+        out.append(
+            PreferencePair(
+                id=f"{note.id}-onpolicy-0",
+                kind="onpolicy",
+                note_id=note.id,
+                images=list(note.images),
+                prompt=prompt,
+                chosen=group[b][0],
+                rejected=group[w][0],
+                objects=objs,
+                chosen_ids=group[b][1],
+                rejected_ids=group[w][1],
+                chosen_reward=rewards[b],
+                rejected_reward=rewards[w],
+                meta={"num_samples": num_samples, "temperature": temperature, "rewards": rewards},
+            )
+        )
+    return out

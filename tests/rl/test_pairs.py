@@ -1,0 +1,251 @@
+"""Preference pairs: injection properties, on-policy ranking, corrupt pairs, logps, JSONL I/O, `rl pairs`."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mm"))
+
+from test_eval_model_fixtures import make_data_dir, make_model_dir  # noqa: E402
+
+from mm.data.format import Note, ObjectAnnotation, read_notes  # noqa: E402
+from mm.world import text as wtext  # noqa: E402
+from mm.world import vocab  # noqa: E402
+from rl.pairs import (  # noqa: E402
+    PreferencePair,
+    add_logps,
+    choose_injected,
+    corrupt_pairs,
+    injection_pairs,
+    onpolicy_pairs,
+    pair_images,
+    policy_logps,
+    rank_pair,
+    read_pairs,
+    write_pairs,
+)
+from rl.rewards import score, vocabulary  # noqa: E402
+
+
+def _world_notes(n: int, seed: int = 0) -> list[Note]:
+    rng = np.random.default_rng(seed)
+    notes = []
+    for i in range(n):
+        theme = vocab.THEMES[i % len(vocab.THEMES)]
+        pool = list(vocab.categories_of_theme(theme))
+        k_img = int(rng.integers(1, 3))
+        objs = []
+        for _ in range(k_img):
+            cats = rng.choice(pool, size=int(rng.integers(1, 4)), replace=False)
+            objs.append(
+                [
+                    ObjectAnnotation(category=str(c), bbox=(0, 0, 8, 8), color="red", size="small")
+                    for c in cats
+                ]
+            )
+        text = wtext.note_caption(theme, objs, size=64, rng=rng, synonym_prob=0.3)
+        notes.append(
+            Note(id=f"w{i}", images=[f"images/w{i}_{k}.png" for k in range(k_img)], text=text, objects=objs)
+        )
+    return notes
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pairs")
+    return make_model_dir(root), make_data_dir(root, split="train")
+
+
+@pytest.fixture(scope="module")
+def loaded(dirs):
+    from mm.eval.runners import load_model
+
+    return load_model(dirs[0], device="cpu")
+
+
+# ---- injection ---------------------------------------------------------------------------------
+def test_injected_object_is_absent_mentioned_and_lowers_the_reward():
+    notes = _world_notes(60)
+    pairs = injection_pairs(notes, prompt="Describe the note.", seed=1)
+    assert len(pairs) >= 55
+    v = vocabulary("world")
+    by_id = {n.id: n for n in notes}
+    modes = set()
+    for p in pairs:
+        present = by_id[p.note_id].categories
+        inj = p.meta["injected"]
+        assert inj not in present
+        assert inj in {c for _, c in v.mentions(p.rejected)}
+        assert inj not in {c for _, c in v.mentions(p.chosen)}
+        assert p.chosen == by_id[p.note_id].text
+        assert p.chosen_reward > p.rejected_reward
+        assert p.rejected_reward == score(p.rejected, sorted(present)).total
+        for name in vocab.CATEGORY_NAMES:  # articles stay right
+            assert f" a {name}" not in p.rejected or name[0] not in "aeiou"
+        modes.add(p.meta["mode"])
+    assert modes == {"add", "swap"}
+
+
+def test_partners_are_preferred():
+    rng = np.random.default_rng(0)
+    picks = [choose_injected({"fork", "cup"}, rng)[0] for _ in range(50)]
+    assert set(picks) == {"knife", "saucer"}
+    picks = [choose_injected({"fork", "knife"}, rng)[0] for _ in range(50)]  # no absent partner left
+    assert "fork" not in picks and "knife" not in picks and len(set(picks)) > 5
+    never = [choose_injected({"fork", "cup"}, rng, partner_prob=0.0)[1] for _ in range(30)]
+    assert never == [None] * 30
+    notes = _world_notes(60, seed=2)
+    pairs = injection_pairs(notes, prompt="p", seed=0)
+    with_partner = [p for p in pairs if any(q not in p.objects for c in p.objects for q in vocab.partners(c))]
+    assert with_partner and all(p.meta["partner_of"] in p.objects for p in with_partner)
+    assert all(p.meta["injected"] in vocab.partners(p.meta["partner_of"]) for p in with_partner)
+
+
+def test_injection_swap_golden():
+    note = Note(
+        id="g",
+        images=["a.png"],
+        text="A photo from a kitchen. It shows a fork and an umbrella.",
+        objects=[[ObjectAnnotation(category=c, bbox=(0, 0, 1, 1)) for c in ("fork", "umbrella")]],
+    )
+    (p,) = injection_pairs([note], prompt="p", seed=0, swap_prob=1.0)
+    assert p.meta == {"injected": "knife", "mode": "swap", "replaced": "fork", "partner_of": "fork"}
+    noun = p.rejected.split("It shows a ")[1].split(" and")[0]
+    assert noun in ("knife", "table knife", "blade")
+    (q,) = injection_pairs([note], prompt="p", seed=0, swap_prob=0.0)
+    assert q.rejected.startswith("A photo from a kitchen. It shows a fork and an umbrella. ")
+    assert q.meta["mode"] == "add"
+
+
+# ---- ranking and on-policy ---------------------------------------------------------------------
+def test_rank_pair():
+    assert rank_pair(["a", "b", "c"], [0.5, 1.0, -1.0]) == (1, 2)
+    assert rank_pair(["a", "b", "c"], [1.0, 1.0, 0.0]) == (0, 2)  # first of equals
+    assert rank_pair(["a", "b"], [0.25, 0.25]) is None  # ties are skipped
+    with pytest.raises(ValueError):
+        rank_pair(["a"], [1.0])
+
+
+def test_onpolicy_pairs_rank_by_reward_and_keep_ids(dirs, loaded):
+    model, proc = loaded
+    notes = read_notes(dirs[1])
+    pairs = onpolicy_pairs(
+        model, proc, notes, dirs[1], prompt="describe", num_samples=6, max_new_tokens=8, seed=0
+    )
+    assert pairs, "random tiny model should produce untied samples"
+    for p in pairs:
+        assert p.chosen_reward > p.rejected_reward
+        assert p.chosen_reward == max(p.meta["rewards"]) and p.rejected_reward == min(p.meta["rewards"])
+        assert p.chosen_ids and p.rejected_ids and len(p.chosen_ids) <= 8
+        assert proc.tokenizer.decode(p.chosen_ids, skip_special_tokens=True).strip() == p.chosen
+    again = onpolicy_pairs(
+        model, proc, notes, dirs[1], prompt="describe", num_samples=6, max_new_tokens=8, seed=0
+    )
+    assert [p.to_json() for p in again] == [p.to_json() for p in pairs]  # seeded
+
+
+# ---- log-probs ---------------------------------------------------------------------------------
+def test_policy_logps_text_equals_raw_ids_and_manual(dirs, loaded):
+    model, proc = loaded
+    img = [str(Path(dirs[1]) / "images/n0_0.png")]
+    text = "a fork and a cup"
+    ids = proc.tokenizer(text, add_special_tokens=False)["input_ids"] + [proc.tokenizer.eos_token_id]
+    a, b = policy_logps(model, proc, [img, img], ["describe", "describe"], [text, ids])
+    assert a == pytest.approx(b, abs=1e-6)
+    # manual: mean over the response tokens of log softmax at the previous position
+    s = proc.collate([proc.encode(img, "describe", text)])
+    with torch.no_grad():
+        logits = model(**{k: v for k, v in s.items() if k != "labels"}).logits[0].double()  # (T, V)
+    lp = torch.log_softmax(logits, -1)
+    n = len(ids)
+    T = s["input_ids"].shape[1]
+    manual = sum(float(lp[t - 1, s["input_ids"][0, t]]) for t in range(T - n, T)) / n
+    assert a == pytest.approx(manual, abs=1e-5)
+    # batching does not change the numbers
+    c = policy_logps(
+        model, proc, [img, img, img], ["describe", "describe", "a"], [text, ids, "cup"], batch_size=1
+    )
+    assert c[:2] == pytest.approx([a, b], abs=1e-5)
+
+
+def test_corrupt_pairs_differ_in_images_and_record_logps(dirs, loaded):
+    model, proc = loaded
+    notes = read_notes(dirs[1])
+    pairs = corrupt_pairs(notes, prompt="describe", corruption="noise", seed=0)
+    assert [p.kind for p in pairs] == ["corrupt", "corrupt"] and all(p.chosen == p.rejected for p in pairs)
+    p = pairs[1]
+    clean = pair_images(p, dirs[1])
+    bad = pair_images(p, dirs[1], rejected=True)
+    assert len(clean) == len(bad) == 2
+    from rl.pairs import load_pixels
+
+    assert all((load_pixels(c) - b).abs().mean() > 0.05 for c, b in zip(clean, bad))
+    assert torch.equal(torch.stack(bad), torch.stack(pair_images(p, dirs[1], rejected=True)))  # seeded
+    add_logps(model, proc, pairs, dirs[1])
+    for q in pairs:
+        assert math.isfinite(q.chosen_logp) and math.isfinite(q.rejected_logp)
+        assert q.chosen_logp != q.rejected_logp  # same text, different images
+
+
+def test_injection_logps_recorded(dirs, loaded):
+    model, proc = loaded
+    pairs = injection_pairs(read_notes(dirs[1]), prompt="describe", seed=0)
+    add_logps(model, proc, pairs, dirs[1])
+    assert pairs and all(p.chosen_logp < 0 and p.rejected_logp < 0 for p in pairs)
+
+
+# ---- I/O and CLI -------------------------------------------------------------------------------
+def test_jsonl_round_trip_and_errors(tmp_path):
+    pairs = injection_pairs(_world_notes(5), prompt="p", seed=0)
+    pairs[0].chosen_logp, pairs[0].rejected_logp = -1.5, -2.0
+    path = write_pairs(pairs, tmp_path / "p.jsonl")
+    back = read_pairs(path)
+    assert [p.to_json() for p in back] == [p.to_json() for p in pairs]
+    lines = path.read_text().splitlines()
+    bad = json.loads(lines[1])
+    bad["extra"] = 1
+    (tmp_path / "bad.jsonl").write_text(lines[0] + "\n" + json.dumps(bad) + "\n")
+    from mm.errors import UserError
+
+    with pytest.raises(UserError, match=r"bad.jsonl:2: unknown key"):
+        read_pairs(tmp_path / "bad.jsonl")
+    (tmp_path / "bad2.jsonl").write_text("{not json\n")
+    with pytest.raises(UserError, match=r"bad2.jsonl:1"):
+        read_pairs(tmp_path / "bad2.jsonl")
+    with pytest.raises(ValueError, match="corruption spec"):
+        PreferencePair(
+            id="x", kind="corrupt", note_id="n", images=["a"], prompt="p", chosen="c", rejected="c"
+        )
+
+
+@pytest.mark.parametrize("kind", ["injection", "onpolicy", "corrupt"])
+def test_cli_writes_pairs(dirs, tmp_path, kind, capsys):
+    from rl.cli import main
+
+    out = tmp_path / "pairs.jsonl"
+    argv = ["pairs", "--model", str(dirs[0]), "--data", str(dirs[1]), "--kind", kind, "--out", str(out)]
+    assert main([*argv, "--max-new-tokens", "6", "--samples", "6"]) == 0
+    pairs = read_pairs(out)
+    assert pairs and all(p.kind == kind for p in pairs)
+    assert all(math.isfinite(p.chosen_logp) and math.isfinite(p.rejected_logp) for p in pairs)
+    assert f"{kind} pairs" in capsys.readouterr().out
+
+
+def test_cli_bad_inputs(dirs, tmp_path, capsys):
+    from rl.cli import main
+
+    out = tmp_path / "p.jsonl"
+    base = ["pairs", "--model", str(dirs[0]), "--data", str(dirs[1]), "--out", str(out)]
+    assert main([*base, "--kind", "injection", "--split", "test"]) == 2
+    assert "no 'test' notes" in capsys.readouterr().err
+    assert main([*base, "--kind", "onpolicy", "--samples", "1"]) == 2
+    assert "--samples >= 2" in capsys.readouterr().err
+    assert main([*base[:-1], str(tmp_path / "nope" / "p.jsonl"), "--kind", "corrupt"]) == 2
+    assert not out.exists()
