@@ -102,7 +102,7 @@ def test_gradient_checkpointing_reentrant_has_grads(stage):
     assert trained and all(p.grad is not None for p in trained.values())
     lm_grads = [p.grad.abs().sum() for n, p in trained.items() if "language_model" in n]
     assert (len(lm_grads) > 0) == (stage != "align")
-    assert all(g > 0 for g in lm_grads)
+    assert stage == "align" or any(g > 0 for g in lm_grads)  # (LoRA A gets zero grad while B is 0)
 
 
 def test_freeze_for_stage_counts():
