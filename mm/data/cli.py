@@ -31,6 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--workers", type=int, default=min(4, os.cpu_count() or 1), help="processes (default: cores)"
     )
     w.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
+    w.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     c = sub.add_parser(
         "coco", help="COCO captions + instances -> single-image notes", description="convert COCO"
@@ -101,7 +102,9 @@ def _world(args: argparse.Namespace) -> int:
 
     cfg = with_notes(load_config(WorldConfig, args.config, args.set), notes=args.notes, seed=args.seed)
     t0 = time.perf_counter()
-    notes = write_world(cfg, args.out, workers=args.workers, overwrite=args.overwrite)
+    notes = write_world(
+        cfg, args.out, workers=args.workers, overwrite=args.overwrite, progress=not args.no_progress
+    )
     n_img = sum(len(n.images) for n in notes)
     print(f"wrote {len(notes)} notes ({n_img} images) to {args.out} in {time.perf_counter() - t0:.1f}s")
     return 0

@@ -106,24 +106,37 @@ def _write_range(args: tuple[WorldConfig, int, int, str]) -> list[Note]:
 
 
 def write_world(
-    cfg: WorldConfig, out: str | Path, *, workers: int = 1, overwrite: bool = False
+    cfg: WorldConfig,
+    out: str | Path,
+    *,
+    workers: int = 1,
+    overwrite: bool = False,
+    progress: bool = False,
 ) -> list[Note]:
     """Generate ``cfg.notes`` notes into folder ``out`` (notes.jsonl + images/); returns the notes.
 
-    ``out`` must not exist or be empty unless ``overwrite``; the folder appears complete or not at all.
+    ``out`` must not exist or be empty unless ``overwrite``; the folder appears complete or not at
+    all. ``workers`` > 1 forks that many processes (same output as one); ``progress`` shows a bar.
     """
+    from tqdm import tqdm
+
     with staged_folder(out, overwrite=overwrite) as tmp:
         (tmp / IMAGE_DIR).mkdir()
-        workers = max(1, min(workers, cfg.notes // 200 or 1))
-        bounds = (
-            np.linspace(0, cfg.notes, workers * 4 + 1).round().astype(int) if workers > 1 else [0, cfg.notes]
-        )
-        chunks = [(cfg, int(a), int(b), str(tmp)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        step = 250
+        chunks = [(cfg, a, min(a + step, cfg.notes), str(tmp)) for a in range(0, cfg.notes, step)]
+        workers = max(1, min(workers, len(chunks)))
+        bar = tqdm(total=cfg.notes, unit="note", disable=not progress, desc="world")
+        parts: list[list[Note]] = []
         if workers > 1:
             with mp.get_context("fork").Pool(workers) as pool:
-                parts = pool.map(_write_range, chunks)
+                for part in pool.imap(_write_range, chunks):
+                    parts.append(part)
+                    bar.update(len(part))
         else:
-            parts = [_write_range(c) for c in chunks]
+            for c in chunks:
+                parts.append(_write_range(c))
+                bar.update(len(parts[-1]))
+        bar.close()
         notes = [n for part in parts for n in part]
         write_notes(notes, tmp)
     return notes

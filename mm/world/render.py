@@ -33,8 +33,8 @@ THEME_BACKGROUND: dict[str, tuple[int, int, int]] = {
 GLYPH_RGB = (18, 18, 18)
 """Colour of the glyph cut into each shape."""
 
-_COLOR_F32 = {k: np.asarray(v, np.float32) for k, v in vocab.COLOR_RGB.items()}
-_GLYPH_F32 = np.asarray(GLYPH_RGB, np.float32)
+_COLOR_U8 = {k: np.asarray(v, np.uint8) for k, v in vocab.COLOR_RGB.items()}
+_GLYPH_U8 = np.asarray(GLYPH_RGB, np.uint8)
 NOISE_BANK_SIZE = 128
 """Pixel noise comes from a fixed bank of this many unit-Gaussian fields (x4 flips), for speed."""
 
@@ -46,8 +46,8 @@ _ONE = 1 << _SHIFT
 
 @cache
 def _background(theme: str, size: int) -> np.ndarray:
-    """Flat ``(size, size, 3)`` float32 background of ``theme`` (copied per image: fast)."""
-    return np.tile(np.asarray(THEME_BACKGROUND[theme], np.float32), (size, size, 1))
+    """Flat ``(size, size, 3)`` uint8 background of ``theme`` (copied per image: fast)."""
+    return np.tile(np.asarray(THEME_BACKGROUND[theme], np.uint8), (size, size, 1))
 
 
 @cache
@@ -158,7 +158,7 @@ def render_scene(
     Annotations come in drawing order with exact ``occluded`` fractions and pixel bboxes of the full
     (unoccluded) shape, ``x1``/``y1`` exclusive.
     """
-    img = _background(theme, size).copy()  # (H, W, 3) float32
+    img = _background(theme, size).copy()  # (H, W, 3) uint8
     boxes = [object_box(o, size) for o in objects]
     if clutter:
         u = rng.random((clutter, 5))  # (C, 5): x0, y0, dx, dy, grey
@@ -166,22 +166,22 @@ def render_scene(
         p1 = p0 + ((u[:, 2:4] - 0.5) * 0.6 * size).astype(int)
         grey = 60.0 + 90.0 * u[:, 4]
         for a, b, g in zip(p0.tolist(), p1.tolist(), grey.tolist()):
-            cv2.line(img, a, b, (g, g, g), 1)
+            cv2.line(img, a, b, (round(g),) * 3, 1)
     masks = []  # per object: shape mask of its box crop
     for o, (x0, y0, x1, y1) in zip(objects, boxes):
         hw, shp = (y1 - y0, x1 - x0), _SHAPE_OF[o.category]
         sm = shape_mask(shp, o.cx - x0, o.cy - y0, o.r, hw)  # (h, w)
         gm = glyph_mask(_GLYPH_OF[o.category], shp, o.cx - x0, o.cy - y0, o.r, hw) & sm
         crop = img[y0:y1, x0:x1]  # (h, w, 3) view
-        crop[sm & ~gm] = _COLOR_F32[o.color]
-        crop[gm] = _GLYPH_F32
+        crop[sm & ~gm] = _COLOR_U8[o.color]
+        crop[gm] = _GLYPH_U8
         masks.append(sm)
     if noise_std > 0:
         bank = _noise_bank(size)  # (K, H, W, 3)
         k, flip = int(rng.integers(len(bank))), int(rng.integers(4))
         noise = bank[k, :: (-1 if flip & 1 else 1), :: (-1 if flip & 2 else 1)]
-        img += noise * np.float32(noise_std)
-    out = np.clip(img, 0, 255).round().astype(np.uint8)
+        img = np.clip(img + noise * np.float32(noise_std), 0, 255).round().astype(np.uint8)
+    out = img
 
     anns = []
     covered = np.zeros((size, size), bool)
