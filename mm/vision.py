@@ -15,6 +15,7 @@ stays light. Pixel values are expected already normalised for the tower.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,9 @@ class VisionConfig:
     """Attention heads (custom dims only); width must divide by heads."""
     mlp_ratio: float = 4.0
     """MLP hidden size / width (custom dims only)."""
+    arch_overrides: dict[str, Any] | None = None
+    """Extra architecture fields applied last: open_clip ``CLIPVisionCfg`` fields (e.g. pos_embed_type,
+    pool_type, ls_init_value) or transformers vision-config fields (e.g. hidden_act)."""
     pretrained: str | None = None
     """Local weights: a .safetensors/.pt/.bin state dict (open_clip: full CLIP or visual-only keys;
     hf_*: vision-model keys) or, for hf_*, a save_pretrained folder. None = random init."""
@@ -193,12 +197,18 @@ def _build_open_clip(cfg: VisionConfig):
             "mlp_ratio": cfg.mlp_ratio,
         }
         embed_dim, quick_gelu = cfg.width, False
+    vision_cfg.update(cfg.arch_overrides or {})
     if "timm_model_name" in vision_cfg:
         raise UserError(
             f"open_clip arch {cfg.arch!r} uses a timm backbone, which this toolkit does not wrap; "
             "pick a ViT or RN arch (e.g. ViT-B-32, RN50) or custom dims"
         )
-    encoder = _build_vision_tower(embed_dim, CLIPVisionCfg(**vision_cfg), quick_gelu=quick_gelu)
+    try:
+        vision_cfg_obj = CLIPVisionCfg(**vision_cfg)
+    except TypeError as e:
+        valid = sorted(f.name for f in dataclasses.fields(CLIPVisionCfg))
+        raise UserError(f"bad open_clip vision field ({e}); valid CLIPVisionCfg fields: {valid}") from e
+    encoder = _build_vision_tower(embed_dim, vision_cfg_obj, quick_gelu=quick_gelu)
     _drop_open_clip_heads(encoder)
     if cfg.pretrained is not None:
         sd = _load_state_dict(cfg.pretrained)
@@ -255,6 +265,10 @@ def _build_hf(cfg: VisionConfig):
             patch_size=cfg.patch_size,
             **extra,
         )
+        for key, value in (cfg.arch_overrides or {}).items():
+            if not hasattr(hf_cfg, key):
+                raise UserError(f"arch_overrides key {key!r} is not a field of {Config.__name__}")
+            setattr(hf_cfg, key, value)
         encoder = Model(hf_cfg)
         _drop_hf_heads(encoder, cfg.kind)
         if cfg.pretrained is not None:

@@ -153,3 +153,27 @@ def test_full_open_clip_checkpoint_with_heads_loads(tmp_path):
     full.output_tokens = True
     with torch.no_grad():
         torch.testing.assert_close(tower(x)[0], full(x[0])[1], rtol=1e-5, atol=1e-6)
+
+
+def test_arch_overrides_reach_the_backbone_and_bad_keys_fail():
+    tower = build_vision_tower(VisionConfig(arch_overrides={"pos_embed_type": "sin_cos_2d"}, **TINY))
+    assert not tower.encoder.positional_embedding.requires_grad  # fixed sin-cos positions
+    hf = build_vision_tower(VisionConfig(kind="hf_clip", arch_overrides={"hidden_act": "gelu"}, **TINY))
+    assert hf.encoder.config.hidden_act == "gelu"
+    with pytest.raises(UserError, match="valid CLIPVisionCfg fields"):
+        build_vision_tower(VisionConfig(arch_overrides={"widht": 8}, **TINY))
+    with pytest.raises(UserError, match="not a field"):
+        build_vision_tower(VisionConfig(kind="hf_siglip", arch_overrides={"widht": 8}, **TINY))
+
+
+def test_vision_config_loads_from_yaml_and_rejects_unknown_keys(tmp_path):
+    from mm.config import ConfigError, load_config
+
+    path = tmp_path / "v.yaml"
+    path.write_text(
+        "kind: hf_siglip\nimage_size: 32\npatch_size: 8\nwidth: 32\narch_overrides: {hidden_act: gelu}\n"
+    )
+    cfg = load_config(VisionConfig, path)
+    assert cfg.kind == "hf_siglip" and cfg.arch_overrides == {"hidden_act": "gelu"}
+    with pytest.raises(ConfigError, match="patch_sise"):
+        load_config(VisionConfig, path, ["patch_sise=4"])
