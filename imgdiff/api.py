@@ -4,7 +4,11 @@ Pipeline: validate + normalise the pair (:func:`imgdiff.core.normalise_pair`), h
 mismatch (diff the overlap; the non-overlapping strips of the ``max(W) x max(H)`` canvas count as
 changed with delta 255), build the coarse max-pooled grid with the chosen backend, then find the
 changed pixels with the chosen mode (exact: :mod:`imgdiff.core`; robust: :mod:`imgdiff.robust`), drop
-ignored pixels, and group them into regions (:mod:`imgdiff.regions`).
+ignored pixels, and reduce them to per-tile statistics that :mod:`imgdiff.regions` merges into regions.
+
+Backends: ``numpy`` is the vectorised reference (it builds the crop's change mask, which
+:func:`change_mask` returns); ``numba`` and ``cuda`` run fused kernels that read only the candidate
+tiles and never build a mask. All three give identical :class:`Result` objects.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from imgdiff import core
-from imgdiff.regions import find_regions
+from imgdiff.regions import TileStats, empty_stats, regions_from_tiles, tile_stats_from_mask
 from imgdiff.result import Result
 
 BACKENDS = ("auto", "numpy", "numba", "cuda")
@@ -27,22 +31,6 @@ DEFAULT_THRESHOLD = {"exact": 0.0, "robust": 2.0}
 """Per-channel delta (0-255 units) that counts as a change when ``threshold`` is None."""
 DEFAULT_MERGE_GAP = 8
 """Regions with at most this many unchanged pixels between them merge."""
-
-
-@dataclass(frozen=True)
-class Changes:
-    """Changed pixels of a pair, cropped to where they can be (internal)."""
-
-    mask: np.ndarray
-    """(h, w) bool changed pixels of the crop."""
-    delta: np.ndarray
-    """(h, w) float32 per-pixel max-channel delta in 0-255 units."""
-    origin: tuple[int, int]
-    """(oy, ox) of the crop in the full canvas."""
-    width: int
-    """Canvas width."""
-    height: int
-    """Canvas height."""
 
 
 def resolve_backend(backend: str) -> str:
@@ -74,16 +62,31 @@ def block_max(a: np.ndarray, b: np.ndarray, *, backend: str = "numpy", block: in
     return block_max_cuda(a, b, block)
 
 
-def _exact(a: np.ndarray, b: np.ndarray, scale: int, threshold: float, grid: np.ndarray):
-    thr = core.raw_threshold(threshold, scale)
-    flagged = grid > thr
-    if not flagged.any():
-        return None
-    d, origin = core.refine_blocks(a, b, flagged)  # (h', w') raw
-    return d > thr, d.astype(np.float32) / np.float32(scale), origin
+@dataclass(frozen=True)
+class _Pair:
+    """A validated, normalised pair and its resolved options (internal)."""
+
+    a: np.ndarray
+    """(h, w, C) overlap of A."""
+    b: np.ndarray
+    """(h, w, C) overlap of B."""
+    scale: int
+    """Raw units per 0-255 level."""
+    thr: int
+    """Raw threshold: a delta ``> thr`` is a change."""
+    mode: str
+    """``exact`` or ``robust``."""
+    params: object
+    """:class:`imgdiff.robust.RobustParams` in robust mode, else None."""
+    boxes: list
+    """Clipped inclusive ignore boxes on the canvas."""
+    width: int
+    """Canvas width (max of both)."""
+    height: int
+    """Canvas height (max of both)."""
 
 
-def _changes(a, b, *, mode, threshold, ignore, backend, allow_size_mismatch, mode_params) -> Changes:
+def _prepare(a, b, *, mode, threshold, ignore, allow_size_mismatch, mode_params) -> _Pair:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
     a, b, scale = core.normalise_pair(a, b)
@@ -99,7 +102,7 @@ def _changes(a, b, *, mode, threshold, ignore, backend, allow_size_mismatch, mod
     h, w = min(ha, hb), min(wa, wb)
     H, W = max(ha, hb), max(wa, wb)
     boxes = core.clip_boxes(ignore, W, H)
-    core.raw_threshold(threshold, scale)  # validates
+    thr = core.raw_threshold(threshold, scale)
     params = None
     if mode == "robust":
         from imgdiff.robust import RobustParams
@@ -110,36 +113,136 @@ def _changes(a, b, *, mode, threshold, ignore, backend, allow_size_mismatch, mod
         params = RobustParams(**mode_params)
     if (ha, wa) != (hb, wb):
         a, b = np.ascontiguousarray(a[:h, :w]), np.ascontiguousarray(b[:h, :w])
-    grid = block_max(a, b, backend=backend)
-    if mode == "exact":
-        found = _exact(a, b, scale, threshold, grid)
-    else:
-        from imgdiff.robust import robust_changes
+    return _Pair(a, b, scale, thr, mode, params, boxes, W, H)
 
-        found = robust_changes(a, b, scale=scale, grid=grid, threshold=threshold, params=params)
-    if (h, w) == (H, W):
+
+def _drop_ignored(mask: np.ndarray, origin: tuple[int, int], boxes) -> np.ndarray:
+    if not boxes:
+        return mask
+    mask = mask.copy()
+    oy, ox = origin
+    for x0, y0, x1, y1 in boxes:
+        y0c, y1c = max(y0 - oy, 0), max(y1 + 1 - oy, 0)
+        x0c, x1c = max(x0 - ox, 0), max(x1 + 1 - ox, 0)
+        mask[y0c:y1c, x0c:x1c] = False
+    return mask
+
+
+def _robust_area(p: _Pair, grid: np.ndarray, backend: str):
+    """Robust pass 1 + pyramid: ``(crop, area (Hb, Wb) bool, strong tiles (Ht, Wt) bool)`` or None.
+
+    ``grid`` None (numba: pass 1 skips equal rows itself) means the crop is the whole image."""
+    from imgdiff import robust
+
+    a, b, prm = p.a, p.b, p.params
+    h, w, _ = a.shape
+    crop = (0, h, 0, w) if grid is None else robust.crop_box(grid, core.BLOCK, h, w)
+    if crop is None:
+        return None
+    m = robust.margin_raw(prm, p.scale)
+    if backend == "numba":
+        from imgdiff.kernels_cpu import robust_sums_numba
+
+        S, N, stiles = robust_sums_numba(a, b, crop, block=prm.block, window=prm.window, margin=m)
+    elif backend == "cuda":
+        from imgdiff.kernels_cuda import robust_sums_cuda
+
+        S, N, stiles = robust_sums_cuda(a, b, crop, block=prm.block, window=prm.window, margin=m)
+    else:
+        S, N, stiles = robust.block_sums_numpy(a, b, crop, prm, m)
+    tops = robust.needed_tops(S, N, prm, p.scale)
+    if tops.any():
+        sums = None
+        if backend == "numba":
+            from imgdiff.kernels_cpu import texture_block_sums_numba as sums
+        R1, R2 = robust.texture_sums(a, b, tops, stiles, prm, m, block_sums=sums)
+        area = robust.flag_area(S, N, R1, R2, prm, p.scale)
+    else:
+        area = np.zeros(N.shape, bool)
+    return crop, area, stiles
+
+
+def _overlap_mask(p: _Pair, backend: str):
+    """NumPy reference changed pixels of the overlap: ``None`` or ``(mask, raw delta, (oy, ox))``."""
+    grid = block_max(p.a, p.b, backend=backend)
+    if p.mode == "exact":
+        flagged = grid > p.thr
+        if not flagged.any():
+            return None
+        d, origin = core.refine_blocks(p.a, p.b, flagged)  # (h', w') raw
+        return d > p.thr, d, origin
+    from imgdiff.robust import robust_mask_numpy
+
+    found = _robust_area(p, grid, backend)
+    if found is None:
+        return None
+    crop, area, _ = found
+    mask, d = robust_mask_numpy(p.a, p.b, crop, area, p.params, p.scale, p.thr)
+    return mask, d, (crop[0], crop[2])
+
+
+def _canvas_mask(p: _Pair, backend: str):
+    """``(mask, raw delta, origin)`` on the canvas (crop), ignored pixels removed; mask may be empty."""
+    h, w, _ = p.a.shape
+    found = _overlap_mask(p, backend)
+    if (h, w) == (p.height, p.width):
         if found is None:
-            mask = np.zeros((0, 0), dtype=bool)
-            return Changes(mask, np.zeros((0, 0), np.float32), (0, 0), W, H)
-        mask, delta, origin = found
-    else:  # paste the overlap's result into the canvas; the strips are changed (delta 255)
-        mask = np.ones((H, W), dtype=bool)
-        delta = np.full((H, W), 255.0, dtype=np.float32)
+            return np.zeros((0, 0), bool), np.zeros((0, 0), np.int64), (0, 0)
+        mask, d, origin = found
+    else:  # the overlap's result in the canvas; the strips are changed with delta 255 levels
+        mask = np.ones((p.height, p.width), bool)
+        d = np.full((p.height, p.width), 255 * p.scale, np.int64)
         mask[:h, :w] = False
-        delta[:h, :w] = 0.0
+        d[:h, :w] = 0
         if found is not None:
-            m, d, (oy, ox) = found
+            m, dd, (oy, ox) = found
             mask[oy : oy + m.shape[0], ox : ox + m.shape[1]] = m
-            delta[oy : oy + m.shape[0], ox : ox + m.shape[1]] = d
+            d[oy : oy + m.shape[0], ox : ox + m.shape[1]] = dd
         origin = (0, 0)
-    if boxes:
-        mask = mask.copy()
-        oy, ox = origin
-        for x0, y0, x1, y1 in boxes:
-            y0c, y1c = max(y0 - oy, 0), max(y1 + 1 - oy, 0)
-            x0c, x1c = max(x0 - ox, 0), max(x1 + 1 - ox, 0)
-            mask[y0c:y1c, x0c:x1c] = False
-    return Changes(mask, delta, origin, W, H)
+    return _drop_ignored(mask, origin, p.boxes), d, origin
+
+
+def _tile_stats(p: _Pair, backend: str) -> TileStats:
+    """Per-tile statistics of the changed pixels, by ``backend`` (all give identical numbers)."""
+    h, w, _ = p.a.shape
+    if backend == "numpy" or (h, w) != (p.height, p.width):
+        mask, d, origin = _canvas_mask(p, backend)
+        return tile_stats_from_mask(mask, d, origin, p.height, p.width)
+    boxes = np.array(p.boxes, np.int64).reshape(-1, 4)
+    if backend == "numba" and p.mode == "exact":
+        from imgdiff.kernels_cpu import exact_stats_numba
+
+        return exact_stats_numba(p.a, p.b, thr=p.thr, boxes=boxes)
+    grid = None if backend == "numba" else block_max(p.a, p.b, backend=backend)
+    if p.mode == "exact":
+        tiles = grid > p.thr
+        area, area_block, margin, window = tiles, core.BLOCK, float("inf"), 3
+    else:
+        from imgdiff.robust import area_tiles, margin_raw
+
+        found = _robust_area(p, grid, backend)
+        if found is None:
+            return empty_stats(h, w)
+        _, area, stiles = found
+        tiles = area_tiles(area, p.params.block, *stiles.shape) | stiles
+        area_block, margin, window = p.params.block, margin_raw(p.params, p.scale), p.params.window
+    if not tiles.any():
+        return empty_stats(h, w)
+    if backend == "numba":
+        from imgdiff.kernels_cpu import tile_stats_numba as fn
+    else:
+        from imgdiff.kernels_cuda import tile_stats_cuda as fn
+    return fn(
+        p.a,
+        p.b,
+        tiles,
+        thr=p.thr,
+        area=area,
+        area_block=area_block,
+        margin=margin,
+        window=window,
+        boxes=boxes,
+    )
 
 
 def diff(
@@ -163,19 +266,16 @@ def diff(
     Raises ``ValueError`` on bad arrays/options and :class:`SizeMismatchError` on different sizes
     unless ``allow_size_mismatch``.
     """
-    ch = _changes(
-        a,
-        b,
-        mode=mode,
-        threshold=threshold,
-        ignore=ignore,
-        backend=backend,
-        allow_size_mismatch=allow_size_mismatch,
+    p = _prepare(
+        a, b, mode=mode, threshold=threshold, ignore=ignore, allow_size_mismatch=allow_size_mismatch,
         mode_params=mode_params,
-    )
-    regions = find_regions(ch.mask, ch.delta, merge_gap=merge_gap, origin=ch.origin) if ch.mask.size else []
+    )  # fmt: skip
+    if merge_gap < 0:
+        raise ValueError(f"merge_gap must be >= 0 pixels, got {merge_gap}")
+    st = _tile_stats(p, resolve_backend(backend))
+    regions = regions_from_tiles(st, merge_gap=merge_gap, scale=p.scale)
     if not regions:
-        return Result(bbox=None, regions=[], changed_pixels=0, width=ch.width, height=ch.height)
+        return Result(bbox=None, regions=[], changed_pixels=0, width=p.width, height=p.height)
     bbox = (
         min(r.bbox[0] for r in regions),
         min(r.bbox[1] for r in regions),
@@ -186,8 +286,8 @@ def diff(
         bbox=bbox,
         regions=regions,
         changed_pixels=sum(r.pixels for r in regions),
-        width=ch.width,
-        height=ch.height,
+        width=p.width,
+        height=p.height,
     )
 
 
@@ -203,17 +303,11 @@ def change_mask(
     **mode_params: float,
 ) -> np.ndarray:
     """(H, W) bool mask of the changed pixels :func:`diff` would report (same options)."""
-    ch = _changes(
-        a,
-        b,
-        mode=mode,
-        threshold=threshold,
-        ignore=ignore,
-        backend=backend,
-        allow_size_mismatch=allow_size_mismatch,
+    p = _prepare(
+        a, b, mode=mode, threshold=threshold, ignore=ignore, allow_size_mismatch=allow_size_mismatch,
         mode_params=mode_params,
-    )
-    out = np.zeros((ch.height, ch.width), dtype=bool)
-    oy, ox = ch.origin
-    out[oy : oy + ch.mask.shape[0], ox : ox + ch.mask.shape[1]] = ch.mask
+    )  # fmt: skip
+    mask, _, (oy, ox) = _canvas_mask(p, resolve_backend(backend))
+    out = np.zeros((p.height, p.width), dtype=bool)
+    out[oy : oy + mask.shape[0], ox : ox + mask.shape[1]] = mask
     return out

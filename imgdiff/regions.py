@@ -1,77 +1,142 @@
-"""Regions: connected components of changed pixels, merged when closer than ``merge_gap`` pixels.
+"""Regions from the tile grid: per-tile statistics of the changed pixels -> merged components.
 
-Two changed pixels belong to the same region when a chain of changed pixels joins them in which
-consecutive pixels are at most ``merge_gap`` pixels apart along each axis, i.e. at most ``merge_gap``
-unchanged pixels lie between them (Chebyshev distance ``<= merge_gap + 1``). ``merge_gap = 0`` is plain
-8-connectivity. Implementation: dilate the mask by a ``(merge_gap+1)``-square anchored at its top-left
-(each pixel reaches ``merge_gap`` pixels right and down), take 8-connected components of the dilated
-mask with OpenCV, and read every region's statistics from the *original* changed pixels only.
+Every backend reduces the changed pixels of a pair to :class:`TileStats` on the ``TILE``-pixel
+grid (16 px, :data:`imgdiff.core.BLOCK`): per tile the number of changed pixels, the sum and max of
+their raw per-pixel deltas (max over channels, integer raw units, so every backend gets the very
+same numbers) and their exact inclusive pixel box. Only tiles that can hold a change are ever read
+(the max-pooled grid proves the others empty), so no full-size change mask is built.
+
+Regions are connected groups of tiles holding changes. Two such tiles belong to the same region
+when a chain of them joins the two in which consecutive tiles are at most ``1 + merge_gap // TILE``
+tiles apart along each axis (touching tiles, diagonals included, always merge; a gap of ``n`` empty
+tiles is bridged when ``n * TILE <= merge_gap``). Deviation from a pixel-level rule: two changes in
+touching tiles merge even when up to ``2 * TILE - 1`` px apart, and the gap is measured in whole
+tiles; this is what keeps an all-pixels-differ 4K pair at a 240x135 labelling problem instead of an
+8M-pixel one. Each region's bbox is the exact box of its changed pixels (union of its tiles' exact
+boxes), so the global bbox is exactly the brute-force box in exact mode.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import cv2
 import numpy as np
 
 from imgdiff.result import Region
 
+TILE = 16
+"""Side of the statistics tiles in pixels (equal to :data:`imgdiff.core.BLOCK`)."""
 
-def find_regions(
-    mask: np.ndarray, delta: np.ndarray, *, merge_gap: int, origin: tuple[int, int] = (0, 0)
-) -> list[Region]:
-    """Regions of ``mask`` (h, w) bool; ``delta`` (h, w) float is each pixel's delta in 0-255 units.
 
-    ``origin`` = ``(oy, ox)`` of the crop in the full image. Regions are sorted by
-    ``(y0, x0, y1, x1)``.
+@dataclass(frozen=True)
+class TileStats:
+    """Changed-pixel statistics per ``TILE`` tile (arrays of shape (Ht, Wt))."""
+
+    count: np.ndarray
+    """(Ht, Wt) int64 changed pixels."""
+    total: np.ndarray
+    """(Ht, Wt) int64 sum of the changed pixels' raw deltas."""
+    peak: np.ndarray
+    """(Ht, Wt) int64 largest raw delta."""
+    box: np.ndarray
+    """(Ht, Wt, 4) int64 inclusive pixel box (x0, y0, x1, y1); meaningless where count == 0."""
+
+
+def empty_stats(h: int, w: int) -> TileStats:
+    """All-zero :class:`TileStats` for an ``h x w`` image (boxes preset so min/max updates work)."""
+    ht, wt = -(-h // TILE), -(-w // TILE)
+    box = np.empty((ht, wt, 4), np.int64)
+    box[..., :2] = np.iinfo(np.int64).max
+    box[..., 2:] = -1
+    return TileStats(
+        count=np.zeros((ht, wt), np.int64),
+        total=np.zeros((ht, wt), np.int64),
+        peak=np.zeros((ht, wt), np.int64),
+        box=box,
+    )
+
+
+def tile_stats_from_mask(mask: np.ndarray, delta: np.ndarray, origin: tuple[int, int], h: int, w: int):
+    """Vectorised NumPy :class:`TileStats` of a crop: ``mask`` (h', w') bool, ``delta`` (h', w') raw ints.
+
+    ``origin`` = (oy, ox) of the crop in the ``h x w`` image; the crop may start anywhere.
+    """
+    st = empty_stats(h, w)
+    if not mask.any():
+        return st
+    oy, ox = origin
+    ty0, tx0 = oy // TILE, ox // TILE
+    py, px = oy - ty0 * TILE, ox - tx0 * TILE
+    hh, ww = mask.shape
+    nty, ntx = -(-(py + hh) // TILE), -(-(px + ww) // TILE)
+    m = np.zeros((nty * TILE, ntx * TILE), bool)
+    m[py : py + hh, px : px + ww] = mask
+    d = np.zeros(m.shape, np.int64)
+    d[py : py + hh, px : px + ww] = delta
+    d *= m
+    m4 = m.reshape(nty, TILE, ntx, TILE)  # (ty, y, tx, x)
+    d4 = d.reshape(nty, TILE, ntx, TILE)
+    count = m4.sum(axis=(1, 3))
+    sl = (slice(ty0, ty0 + nty), slice(tx0, tx0 + ntx))
+    st.count[sl] = count
+    st.total[sl] = d4.sum(axis=(1, 3))
+    st.peak[sl] = d4.max(axis=(1, 3))
+    rows = m4.any(axis=3)  # (ty, y, tx)
+    cols = m4.any(axis=1)  # (ty, tx, x)
+    base_y = (ty0 + np.arange(nty))[:, None] * TILE  # (nty, 1) first image row of each tile
+    base_x = (tx0 + np.arange(ntx))[None, :] * TILE  # (1, ntx)
+    x0 = base_x + cols.argmax(axis=2)
+    x1 = base_x + TILE - 1 - cols[:, :, ::-1].argmax(axis=2)
+    y0 = base_y + rows.argmax(axis=1)
+    y1 = base_y + TILE - 1 - rows[:, ::-1, :].argmax(axis=1)
+    on = count > 0
+    box = st.box[sl]
+    for k, v in enumerate((x0, y0, x1, y1)):
+        box[..., k] = np.where(on, v, box[..., k])
+    return st
+
+
+def regions_from_tiles(st: TileStats, *, merge_gap: int, scale: int) -> list[Region]:
+    """Merge the tiles holding changes into regions (see the module docstring); sorted by (y0, x0, y1, x1).
+
+    ``scale`` converts raw deltas to 0-255 units (1 for 8-bit, 257 for 16-bit pairs).
     """
     if merge_gap < 0:
         raise ValueError(f"merge_gap must be >= 0 pixels, got {merge_gap}")
-    if not mask.any():
+    on = st.count > 0  # (Ht, Wt)
+    if not on.any():
         return []
-    ys, xs = np.nonzero(mask)
-    y_lo, y_hi, x_lo, x_hi = ys.min(), ys.max(), xs.min(), xs.max()
-    m = mask[y_lo : y_hi + 1, x_lo : x_hi + 1]  # (h', w') tight crop
-    d = delta[y_lo : y_hi + 1, x_lo : x_hi + 1]
-    g = int(merge_gap)
-    work = np.zeros((m.shape[0] + g, m.shape[1] + g), dtype=np.uint8)  # room to dilate right/down
+    ys, xs = np.nonzero(on)
+    ty0, ty1, tx0, tx1 = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
+    m = on[ty0:ty1, tx0:tx1]
+    g = int(merge_gap) // TILE
+    work = np.zeros((m.shape[0] + g, m.shape[1] + g), np.uint8)  # room to dilate right/down
     work[: m.shape[0], : m.shape[1]] = m
     if g > 0:
-        kernel = np.ones((g + 1, g + 1), np.uint8)
-        work = cv2.dilate(work, kernel, anchor=(g, g))  # out[p] = max(in[p-g .. p])
-    n, labels, stats, _ = cv2.connectedComponentsWithStats(work, connectivity=8, ltype=cv2.CV_32S)
-    lab = labels[: m.shape[0], : m.shape[1]]
-    on = lab[m]  # (N,) labels of the changed pixels
-    dv = d[m].astype(np.float64)
-    counts = np.bincount(on, minlength=n)
-    sums = np.bincount(on, weights=dv, minlength=n)
-    maxes = np.zeros(n)
-    if n <= 256:
-        for k in range(1, n):
-            x, y, ww, hh = stats[k, :4]
-            sub = lab[y : y + hh, x : x + ww] == k
-            sub &= m[y : y + hh, x : x + ww]
-            if sub.any():
-                maxes[k] = d[y : y + hh, x : x + ww][sub].max()
-    else:
-        order = np.argsort(on, kind="stable")
-        starts = np.searchsorted(on[order], np.arange(n))
-        valid = counts > 0
-        maxes[valid] = np.maximum.reduceat(dv[order], starts[valid])
-    oy, ox = origin[0] + int(y_lo), origin[1] + int(x_lo)
-    out = []
-    for k in range(1, n):
-        if counts[k] == 0:
-            continue
-        x, y, ww, hh = (int(v) for v in stats[k, :4])
-        # The dilated component spans exactly [min, max + g] of its pixels (room was padded).
-        box = (ox + x, oy + y, ox + x + ww - 1 - g, oy + y + hh - 1 - g)
-        out.append(
-            Region(
-                bbox=box,
-                pixels=int(counts[k]),
-                max_delta=float(maxes[k]),
-                mean_delta=float(sums[k] / counts[k]),
-            )
+        work = cv2.dilate(work, np.ones((g + 1, g + 1), np.uint8), anchor=(g, g))  # out[p] = max(in[p-g..p])
+    n, labels = cv2.connectedComponents(work, connectivity=8, ltype=cv2.CV_32S)
+    lab = labels[: m.shape[0], : m.shape[1]][m]  # (K,) labels of the tiles with changes
+    sl = (slice(ty0, ty1), slice(tx0, tx1))
+    cnt, tot, pk, bx = st.count[sl][m], st.total[sl][m], st.peak[sl][m], st.box[sl][m]  # (K,), (K, 4)
+    counts = np.bincount(lab, weights=cnt, minlength=n).astype(np.int64)
+    totals = np.zeros(n, np.int64)
+    np.add.at(totals, lab, tot)
+    peaks = np.zeros(n, np.int64)
+    np.maximum.at(peaks, lab, pk)
+    lo = np.full((n, 2), np.iinfo(np.int64).max, np.int64)
+    hi = np.full((n, 2), -1, np.int64)
+    np.minimum.at(lo, lab, bx[:, :2])
+    np.maximum.at(hi, lab, bx[:, 2:])
+    out = [
+        Region(
+            bbox=(int(lo[k, 0]), int(lo[k, 1]), int(hi[k, 0]), int(hi[k, 1])),
+            pixels=int(counts[k]),
+            max_delta=float(peaks[k]) / scale,
+            mean_delta=float(totals[k]) / scale / float(counts[k]),
         )
+        for k in range(1, n)
+        if counts[k] > 0
+    ]
     out.sort(key=lambda r: (r.bbox[1], r.bbox[0], r.bbox[3], r.bbox[2]))
     return out

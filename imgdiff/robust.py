@@ -39,6 +39,24 @@ Parameters (:class:`RobustParams`): ``margin`` 32 levels, ``sigma0`` 1.0, ``text
 ``block`` 8 px, ``levels`` 5 (8..128 px). Margins below ~30 let JPEG q90 chroma ringing at strong
 colour edges through as strong changes; a one-pixel change must exceed the 3x3 range by ``margin``.
 They were chosen on the golden cases in ``tests/imgdiff/test_robust_golden.py`` (:mod:`imgdiff.cases`).
+
+How it is computed (only the work the answer needs; all sums are exact integers in raw units, so
+every backend gets bit-identical flags):
+
+- Pass 1 (per backend, over the crop of tiles the max-pooled grid says can differ, plus one tile):
+  per level-0 block and channel the signed sum ``S`` of the weak pixels' deltas and the count
+  ``N`` of weak pixels. The 3x3 range test runs only where ``max_c |d| > margin`` (a strong pixel
+  needs that), which on JPEG noise is almost nowhere.
+- A 128-px top block can only hold a flagged block at any level if one of its level-0 blocks has
+  ``|S| > min_mean * N`` in some channel (a parent's mean is a weighted mean of its children's),
+  so the texture sums ``sum R`` and ``sum R**2`` (per block, weak pixels) are computed only for
+  such top blocks (:func:`texture_sums`, OpenCV morphology on their bounding box), and
+  ``V = N*sigma0**2 + 2*sigma0*g*sum R + g**2 * sum R**2`` (``g = texture_gain``) on block sums only.
+- The pyramid runs on the (Hb, Wb) block sums (:func:`flag_area`); the changed pixels are then read
+  only in tiles that hold a flagged block or a strong pixel.
+
+Neighbourhoods (3x3 range, ``spread``) are clipped to the image. Deviation from the first version:
+blocks are aligned to the image (not to the crop) and sums are integers (not float32).
 """
 
 from __future__ import annotations
@@ -48,7 +66,7 @@ from dataclasses import dataclass, fields
 import cv2
 import numpy as np
 
-from imgdiff.core import BLOCK
+from imgdiff.regions import TILE
 
 
 @dataclass(frozen=True)
@@ -93,8 +111,26 @@ class RobustParams:
         return [f.name for f in fields(cls)]
 
 
-def _morph(x: np.ndarray, op, k: int = 3) -> np.ndarray:
+def _morph(x: np.ndarray, op, k: int) -> np.ndarray:
     return op(x, np.ones((k, k), np.uint8)).reshape(x.shape)  # OpenCV drops a trailing channel axis of 1
+
+
+def _block_sum(x: np.ndarray, s: int) -> np.ndarray:
+    """Sum ``s x s`` blocks over the first two axes (zero-padded at the far edges), int64."""
+    h, w = x.shape[:2]
+    ph, pw = -(-h // s) * s, -(-w // s) * s
+    if (ph, pw) != (h, w):
+        pad = [(0, ph - h), (0, pw - w)] + [(0, 0)] * (x.ndim - 2)
+        x = np.pad(x, pad)
+    rest = x.shape[2:]
+    rows = x.reshape(ph // s, s, -1).sum(axis=1, dtype=np.int64)  # (hb, pw * rest): contiguous inner axis
+    return rows.reshape(ph // s, pw // s, s, *rest).sum(axis=2)
+
+
+def _texture_block_sums_numpy(R: np.ndarray, bs: int) -> tuple[np.ndarray, np.ndarray]:
+    sq = R.astype(np.uint16 if R.dtype == np.uint8 else np.uint64)
+    sq *= sq  # 255**2 fits uint16
+    return _block_sum(R, bs), _block_sum(sq, bs)
 
 
 def _pool2(x: np.ndarray) -> np.ndarray:
@@ -103,61 +139,183 @@ def _pool2(x: np.ndarray) -> np.ndarray:
     return x.reshape(h // 2, 2, w // 2, 2, *x.shape[2:]).sum(axis=(1, 3))
 
 
-def robust_changes(
-    a: np.ndarray, b: np.ndarray, *, scale: int, grid: np.ndarray, threshold: float, params: RobustParams
-):
-    """Changed pixels of a normalised pair. Returns ``None`` or ``(mask, delta, (oy, ox))``.
+def margin_raw(params: RobustParams, scale: int) -> float:
+    """The strong-change margin in raw units."""
+    return float(params.margin) * scale
 
-    ``grid`` (Hb, Wb) is the max-pooled raw delta on ``BLOCK`` tiles; only the bounding box of
-    tiles with any change (plus one tile of context for the 3x3 neighbourhoods) is analysed.
+
+def strong_mask(a: np.ndarray, b: np.ndarray, box: tuple[int, int, int, int], *, window: int, margin: float):
+    """(y1-y0, x1-x0) bool strong pixels of ``box`` = (y0, y1, x0, x1); ``margin`` in raw units.
+
+    Both-sides range test with the ``window`` neighbourhood clipped to the image (OpenCV's
+    default morphology border ignores outside pixels).
     """
+    y0, y1, x0, x1 = box
+    h, w, _ = a.shape
+    r = window // 2
+    ey0, ey1, ex0, ex1 = max(y0 - r, 0), min(y1 + r, h), max(x0 - r, 0), min(x1 + r, w)
+    A, B = a[ey0:ey1, ex0:ex1], b[ey0:ey1, ex0:ex1]  # (h'', w'', C)
+    inner = (slice(y0 - ey0, y1 - ey0), slice(x0 - ex0, x1 - ex0))
+    Ai, Bi = A[inner].astype(np.int32), B[inner].astype(np.int32)  # (h', w', C)
+    if not (np.abs(Bi - Ai).max(initial=0) > margin):
+        return np.zeros((y1 - y0, x1 - x0), bool)
+    out = np.zeros((y1 - y0, x1 - x0), bool)
+    for ref, other in ((A, Bi), (B, Ai)):
+        hi = _morph(ref, cv2.dilate, window)[inner].astype(np.int32)
+        lo = _morph(ref, cv2.erode, window)[inner].astype(np.int32)
+        out |= ((other - hi > margin) | (lo - other > margin)).any(axis=2)
+    return out
+
+
+def strong_in_crop(a: np.ndarray, b: np.ndarray, crop, *, window: int, margin: float, ad=None) -> np.ndarray:
+    """(h', w') bool strong pixels of the crop (y0, y1, x0, x1), testing only tiles where
+    ``max_c |d| > margin`` somewhere (a strong pixel needs that). ``ad``: the crop's raw max-channel
+    ``|d|`` when already computed."""
+    y0, y1, x0, x1 = crop
+    if ad is None:
+        ad = np.abs(b[y0:y1, x0:x1].astype(np.int32) - a[y0:y1, x0:x1].astype(np.int32)).max(axis=2)
+    out = np.zeros(ad.shape, bool)
+    cand = _block_sum(ad > margin, TILE) > 0  # (th, tw) tiles of the crop (crop starts on a tile edge)
+    if not cand.any():
+        return out
+    ty, tx = np.nonzero(cand)
+    if ty.size > 64:  # many: one pass over their bounding box
+        ty, tx = [ty.min()], [tx.min()]
+        ty1, tx1 = [int(np.nonzero(cand)[0].max()) + 1], [int(np.nonzero(cand)[1].max()) + 1]
+    else:
+        ty1, tx1 = ty + 1, tx + 1
+    for i0, j0, i1, j1 in zip(ty, tx, ty1, tx1):
+        by0, bx0 = y0 + int(i0) * TILE, x0 + int(j0) * TILE
+        by1, bx1 = min(y0 + int(i1) * TILE, y1), min(x0 + int(j1) * TILE, x1)
+        out[by0 - y0 : by1 - y0, bx0 - x0 : bx1 - x0] = strong_mask(
+            a, b, (by0, by1, bx0, bx1), window=window, margin=margin
+        )
+    return out
+
+
+def block_sums_numpy(a: np.ndarray, b: np.ndarray, crop, params: RobustParams, margin: float):
+    """Pass 1 on the crop (y0, y1, x0, x1). Returns ``S`` (Hb, Wb, C) int64, ``N`` (Hb, Wb) int64,
+    strong-tile flags (Ht, Wt) bool. Blocks outside the crop have ``S = 0`` and full ``N``."""
+    h, w, c = a.shape
+    bs = params.block
+    S, N = init_sums(h, w, c, bs)
+    y0, y1, x0, x1 = crop
+    d = b[y0:y1, x0:x1].astype(np.int32) - a[y0:y1, x0:x1].astype(np.int32)  # (h', w', C)
+    strong = strong_in_crop(a, b, crop, window=params.window, margin=margin, ad=np.abs(d).max(axis=2))
+    d[strong] = 0
+    sl = (slice(y0 // bs, -(-y1 // bs)), slice(x0 // bs, -(-x1 // bs)))
+    S[sl] = _block_sum(d, bs)
+    N[sl] -= _block_sum(strong, bs)
+    tiles = np.zeros((-(-h // TILE), -(-w // TILE)), bool)
+    tiles[y0 // TILE : -(-y1 // TILE), x0 // TILE : -(-x1 // TILE)] = _block_sum(strong, TILE) > 0
+    return S, N, tiles
+
+
+def init_sums(h: int, w: int, c: int, bs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Zero ``S`` (Hb, Wb, C) and ``N`` (Hb, Wb) = pixels per block (edge blocks clipped)."""
+    hb, wb = -(-h // bs), -(-w // bs)
+    rows = np.minimum(bs, h - np.arange(hb) * bs)
+    cols = np.minimum(bs, w - np.arange(wb) * bs)
+    return np.zeros((hb, wb, c), np.int64), (rows[:, None] * cols[None, :]).astype(np.int64)
+
+
+def needed_tops(S: np.ndarray, N: np.ndarray, params: RobustParams, scale: int) -> np.ndarray:
+    """(Ty, Tx) bool: top blocks (``block * 2**(levels-1)`` px) in which a block can be flagged."""
+    f = 1 << (params.levels - 1)
+    passes = (np.abs(S) / scale > params.min_mean * N[:, :, None]).any(axis=2)  # (Hb, Wb)
+    return _block_sum(passes, f) > 0
+
+
+def texture_sums(a, b, tops, strong_tiles, params: RobustParams, margin: float, *, block_sums=None):
+    """``sum R`` and ``sum R**2`` (Hb, Wb, C) int64 over the weak pixels of each block.
+
+    ``R[p]`` = the largest 3x3 range (max - min) of the reference ``a`` within ``spread`` px of ``p``
+    (raw units). Computed on the bounding box of the requested ``tops`` (zero elsewhere: those
+    blocks cannot be flagged, see the module docstring); strong pixels are looked for only in
+    ``strong_tiles`` (Ht, Wt). ``block_sums(R, bs) -> (sum R, sum R**2)``: the backend's reduction
+    (default: NumPy); all give the same integers.
+    """
+    h, w, c = a.shape
+    bs, top, sp = params.block, params.block << (params.levels - 1), params.spread
+    hb, wb = -(-h // bs), -(-w // bs)
+    R1 = np.zeros((hb, wb, c), np.int64)
+    R2 = np.zeros((hb, wb, c), np.int64)
+    ty, tx = np.nonzero(tops)
+    if ty.size == 0:
+        return R1, R2
+    y0, x0 = int(ty.min()) * top, int(tx.min()) * top
+    y1, x1 = min(h, (int(ty.max()) + 1) * top), min(w, (int(tx.max()) + 1) * top)
+    e = sp + 1
+    ey0, ey1, ex0, ex1 = max(y0 - e, 0), min(y1 + e, h), max(x0 - e, 0), min(x1 + e, w)
+    A = a[ey0:ey1, ex0:ex1]  # (h'', w'', C)
+    rng = _morph(A, cv2.dilate, 3) - _morph(A, cv2.erode, 3)
+    if sp:
+        rng = _morph(rng, cv2.dilate, 2 * sp + 1)
+    R = rng[y0 - ey0 : y1 - ey0, x0 - ex0 : x1 - ex0]  # (h', w', C) raw, a view
+    sy, sx = np.nonzero(strong_tiles[y0 // TILE : -(-y1 // TILE), x0 // TILE : -(-x1 // TILE)])
+    if sy.size:
+        R = R.copy()
+        for i, j in zip(sy, sx):
+            ty0, tx0 = y0 + int(i) * TILE, x0 + int(j) * TILE
+            ty1, tx1 = min(ty0 + TILE, y1), min(tx0 + TILE, x1)
+            st = strong_mask(a, b, (ty0, ty1, tx0, tx1), window=params.window, margin=margin)
+            R[ty0 - y0 : ty1 - y0, tx0 - x0 : tx1 - x0][st] = 0
+    sl = (slice(y0 // bs, -(-y1 // bs)), slice(x0 // bs, -(-x1 // bs)))
+    R1[sl], R2[sl] = (block_sums or _texture_block_sums_numpy)(R, bs)
+    return R1, R2
+
+
+def flag_area(S, N, R1, R2, params: RobustParams, scale: int) -> np.ndarray:
+    """(Hb, Wb) bool: level-0 blocks inside a flagged block of any pyramid level (see module docstring)."""
     p = params
+    f = 1 << (p.levels - 1)
+    hb, wb = N.shape
+    ph, pw = -(-hb // f) * f, -(-wb // f) * f
+    pad3 = ((0, ph - hb), (0, pw - wb), (0, 0))
+    S, R1, R2 = np.pad(S, pad3), np.pad(R1, pad3), np.pad(R2, pad3)  # (ph, pw, C)
+    N = np.pad(N, pad3[:2])  # (ph, pw)
+    s0, g = float(p.sigma0), float(p.texture_gain) / scale
+    area = np.zeros((ph, pw), bool)
+    for lev in range(p.levels):
+        if lev:
+            S, N, R1, R2 = _pool2(S), _pool2(N), _pool2(R1), _pool2(R2)
+        V = N[:, :, None] * (s0 * s0) + (2 * s0 * g) * R1 + (g * g) * R2  # (hb_l, wb_l, C) levels**2
+        aS = np.abs(S) / scale
+        flag = ((aS > p.z * np.sqrt(V)) & (aS > p.min_mean * N[:, :, None])).any(axis=2)
+        if flag.any():
+            side = 1 << lev
+            area |= np.repeat(np.repeat(flag, side, axis=0), side, axis=1)
+            keep = ~flag
+            S, R1, R2, N = S * keep[:, :, None], R1 * keep[:, :, None], R2 * keep[:, :, None], N * keep
+    return area[:hb, :wb]
+
+
+def crop_box(grid: np.ndarray, block: int, h: int, w: int):
+    """(y0, y1, x0, x1): the tiles with any change plus one tile of context, or None."""
     nz = np.nonzero(grid > 0)
     if nz[0].size == 0:
         return None
-    h, w, c = a.shape
-    y0, y1 = max(nz[0].min() - 1, 0) * BLOCK, min((nz[0].max() + 2) * BLOCK, h)
-    x0, x1 = max(nz[1].min() - 1, 0) * BLOCK, min((nz[1].max() + 2) * BLOCK, w)
-    inv = np.float32(1.0 / scale)
-    A = a[y0:y1, x0:x1].astype(np.float32) * inv  # (h', w', C)
-    B = b[y0:y1, x0:x1].astype(np.float32) * inv
-    hh, ww = A.shape[:2]
-    k = p.window
-    amin, amax = _morph(A, cv2.erode, k), _morph(A, cv2.dilate, k)
-    bmin, bmax = _morph(B, cv2.erode, k), _morph(B, cv2.dilate, k)
-    m = np.float32(p.margin)
-    strong = ((B > amax + m) | (B < amin - m) | (A > bmax + m) | (A < bmin - m)).any(axis=2)  # (h', w')
-    d = B - A  # (h', w', C) signed
-    ad = np.abs(d).max(axis=2)  # (h', w')
-    rng = (amax - amin) if k == 3 else (_morph(A, cv2.dilate) - _morph(A, cv2.erode))  # (h', w', C)
-    if p.spread:
-        rng = _morph(rng, cv2.dilate, 2 * p.spread + 1)
-    sig = np.float32(p.sigma0) + np.float32(p.texture_gain) * rng
-    weak = ~strong
-    top = p.block << (p.levels - 1)
-    ph, pw = -(-hh // top) * top, -(-ww // top) * top
-    S = np.zeros((ph, pw, c), np.float32)
-    V = np.zeros((ph, pw, c), np.float32)
-    N = np.zeros((ph, pw), np.float32)
-    S[:hh, :ww] = d * weak[:, :, None]
-    V[:hh, :ww] = sig * sig * weak[:, :, None]
-    N[:hh, :ww] = weak
-    s = p.block
-    S = S.reshape(ph // s, s, pw // s, s, c).sum(axis=(1, 3), dtype=np.float64)  # (hb, wb, C)
-    V = V.reshape(ph // s, s, pw // s, s, c).sum(axis=(1, 3), dtype=np.float64)
-    N = N.reshape(ph // s, s, pw // s, s).sum(axis=(1, 3), dtype=np.float64)  # (hb, wb)
-    area = np.zeros((ph, pw), dtype=bool)
-    for lev in range(p.levels):
-        if lev:
-            S, V, N = _pool2(S), _pool2(V), _pool2(N)
-        aS = np.abs(S)
-        flag = ((aS > p.z * np.sqrt(V)) & (aS > p.min_mean * N[:, :, None])).any(axis=2)  # (hb, wb)
-        if flag.any():
-            side = p.block << lev
-            area |= np.repeat(np.repeat(flag, side, axis=0), side, axis=1)
-            keep = ~flag
-            S, V, N = S * keep[:, :, None], V * keep[:, :, None], N * keep
-    mask = strong | (area[:hh, :ww] & (ad > np.float32(threshold)))
-    if not mask.any():
-        return None
-    return mask, ad, (int(y0), int(x0))
+    y0, y1 = max(int(nz[0].min()) - 1, 0) * block, min((int(nz[0].max()) + 2) * block, h)
+    x0, x1 = max(int(nz[1].min()) - 1, 0) * block, min((int(nz[1].max()) + 2) * block, w)
+    return y0, y1, x0, x1
+
+
+def area_tiles(area: np.ndarray, bs: int, ht: int, wt: int) -> np.ndarray:
+    """(Ht, Wt) bool: tiles that overlap a flagged level-0 block."""
+    f = TILE // bs
+    out = _block_sum(area, f) > 0
+    return out[:ht, :wt]
+
+
+def robust_mask_numpy(a, b, crop, area: np.ndarray, params: RobustParams, scale: int, thr: int):
+    """Reference changed pixels of the crop: ``strong | (in flagged area & max_c |d| > thr)``.
+
+    Returns ``(mask, delta)`` (h', w') with ``delta`` the raw max-channel ``|d|`` (int32).
+    """
+    y0, y1, x0, x1 = crop
+    bs = params.block
+    d = np.abs(b[y0:y1, x0:x1].astype(np.int32) - a[y0:y1, x0:x1].astype(np.int32)).max(axis=2)
+    strong = strong_in_crop(a, b, crop, window=params.window, margin=margin_raw(params, scale), ad=d)
+    sub = area[y0 // bs : -(-y1 // bs), x0 // bs : -(-x1 // bs)]  # crop starts on a block edge
+    ar = np.repeat(np.repeat(sub, bs, axis=0), bs, axis=1)[: y1 - y0, : x1 - x0]  # (h', w')
+    return strong | (ar & (d > thr)), d

@@ -1,4 +1,4 @@
-"""Backend parity: NumPy reference vs Numba CPU (hypothesis) and CUDA under the simulator."""
+"""Backend parity: NumPy reference vs Numba CPU (hypothesis, golden cases) and CUDA under the simulator."""
 
 import os
 import subprocess
@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import imgdiff
 from imgdiff import core
 from imgdiff.api import resolve_backend
+from imgdiff.cases import CASE_NAMES, make_case
 
 
 @st.composite
@@ -42,6 +43,50 @@ def test_numba_diff_matches_numpy(pair, mode):
     assert imgdiff.diff(a, b, mode=mode, backend="numba") == imgdiff.diff(a, b, mode=mode, backend="numpy")
 
 
+@settings(max_examples=40, deadline=None)
+@given(pairs(), st.sampled_from([0.0, 3.0, 40.0]), st.integers(0, 40))
+def test_numba_exact_with_ignore_and_gap_matches_numpy(pair, thr, gap):
+    a, b = pair
+    kw = dict(mode="exact", threshold=thr, merge_gap=gap, ignore=[(2, 1, 9, 30)])
+    assert imgdiff.diff(a, b, backend="numba", **kw) == imgdiff.diff(a, b, backend="numpy", **kw)
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return [make_case(n, h=192, w=256, seed=3) for n in CASE_NAMES]
+
+
+@pytest.mark.parametrize("mode", ["exact", "robust"])
+def test_numba_matches_numpy_on_golden_cases(golden, mode):
+    """Photo-like pairs exercise the robust pyramid, texture sums and the strong test."""
+    for c in golden:
+        ref = imgdiff.diff(c.a, c.b, mode=mode, backend="numpy")
+        assert imgdiff.diff(c.a, c.b, mode=mode, backend="numba") == ref, c.name
+    c = golden[CASE_NAMES.index("jpeg_q90_bump")]
+    kw = dict(mode=mode, ignore=[(60, 40, 120, 70)], merge_gap=40, threshold=1.0)
+    assert imgdiff.diff(c.a, c.b, backend="numba", **kw) == imgdiff.diff(c.a, c.b, backend="numpy", **kw)
+
+
+def test_robust_sums_numba_match_numpy(golden):
+    from imgdiff import robust
+    from imgdiff.kernels_cpu import robust_sums_numba, texture_block_sums_numba
+
+    prm = robust.RobustParams()
+    for c in golden:
+        a, b, scale = core.normalise_pair(c.a, c.b)
+        h, w, _ = a.shape
+        m = robust.margin_raw(prm, scale)
+        ref = robust.block_sums_numpy(a, b, (0, h, 0, w), prm, m)
+        got = robust_sums_numba(a, b, (0, h, 0, w), block=prm.block, window=prm.window, margin=m)
+        for x, y in zip(got, ref):
+            np.testing.assert_array_equal(x, y, err_msg=c.name)
+        tops = np.ones((-(-h // 128), -(-w // 128)), bool)
+        t_ref = robust.texture_sums(a, b, tops, ref[2], prm, m)
+        t_got = robust.texture_sums(a, b, tops, ref[2], prm, m, block_sums=texture_block_sums_numba)
+        for x, y in zip(t_got, t_ref):
+            np.testing.assert_array_equal(x, y, err_msg=c.name)
+
+
 def test_auto_backend_only_uses_numba_when_loaded():
     code = "from imgdiff.api import resolve_backend; print(resolve_backend('auto'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -64,6 +109,7 @@ def test_cuda_without_gpu_is_a_clear_error():
 CUDASIM = r"""
 import numpy as np, imgdiff
 from imgdiff import core
+from imgdiff.cases import make_case
 from imgdiff.kernels_cuda import block_max_cuda
 rng = np.random.default_rng(0)
 for shape, dt in [((9, 13, 3), np.uint8), ((6, 5, 4), np.uint16), ((5, 17, 1), np.uint8)]:
@@ -71,8 +117,13 @@ for shape, dt in [((9, 13, 3), np.uint8), ((6, 5, 4), np.uint16), ((5, 17, 1), n
     b = a.copy()
     b[rng.random(shape) < 0.1] = 3
     assert (block_max_cuda(a, b, 4) == core.block_max_numpy(a, b, 4)).all(), shape
-    ref = imgdiff.diff(a, b, mode="exact", backend="numpy")
-    assert imgdiff.diff(a, b, mode="exact", backend="cuda") == ref
+    for mode in ("exact", "robust"):
+        ref = imgdiff.diff(a, b, mode=mode, backend="numpy", ignore=[(1, 1, 3, 2)])
+        assert imgdiff.diff(a, b, mode=mode, backend="cuda", ignore=[(1, 1, 3, 2)]) == ref, (shape, mode)
+c = make_case("jpeg_q90_patch", h=24, w=40)  # weak/strong mix through the robust pyramid
+for mode in ("exact", "robust"):
+    ref = imgdiff.diff(c.a, c.b, mode=mode, backend="numpy")
+    assert imgdiff.diff(c.a, c.b, mode=mode, backend="cuda") == ref, mode
 print("ok")
 """
 
