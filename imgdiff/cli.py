@@ -82,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="imgdiff",
         description=(
-            "Find where two images differ, as exact or noise-aware bounding boxes. "
-            f"Reads {', '.join(SUPPORTED_FORMATS)} (8/16-bit, gray/RGB/RGBA/palette). "
+            "Find where two images differ, as exact or noise-aware bounding boxes.\n"
+            f"Reads {', '.join(SUPPORTED_FORMATS)} (8/16-bit, gray/RGB/RGBA/palette).\n"
             "Give two folders to compare every file with the same relative name."
         ),
         epilog=EPILOG,

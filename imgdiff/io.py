@@ -31,7 +31,6 @@ import json
 import os
 import stat
 import struct
-import tempfile
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -330,6 +329,8 @@ def check_writable(path: str | os.PathLike) -> None:
 
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file in the same folder and :func:`os.replace`."""
+    import tempfile  # only writers pay for it (it pulls in shutil and random)
+
     path = os.fspath(path)
     check_writable(path)
     folder = os.path.dirname(os.path.abspath(path))
