@@ -334,6 +334,17 @@ def find_last_checkpoint(ckpt_dir: str | Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
+def read_checkpoint_meta(path: str | Path) -> dict[str, Any]:
+    """``{"step", "config"}`` of a checkpoint folder, without loading any tensor."""
+    p = Path(path)
+    if not (p / "state.json").is_file():
+        raise FileNotFoundError(
+            f"{p} is not a checkpoint folder (no state.json); pass a {CHECKPOINT_PREFIX}* folder"
+        )
+    meta = json.loads((p / "state.json").read_text())
+    return {"step": meta["step"], "config": meta["config"]}
+
+
 def load_checkpoint(
     path: str | Path,
     *,

@@ -1,0 +1,193 @@
+"""mm pretrain: model invariants, config errors, CLI smoke, kill + resume equality, torchrun (DDP)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mm.cli import main as mm_main
+from mm.config import ConfigError, load_config
+from mm.train import common
+from mm.train import pretrain as P
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST_CFG = ROOT / "configs/mm/pretrain_test.yaml"
+TINY_CFG = ROOT / "configs/mm/pretrain_tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("world") / "notes"
+    assert mm_main(["data", "world", "--out", str(folder), "--notes", "80", "--seed", "0"]) == 0
+    return folder
+
+
+@pytest.fixture(scope="module")
+def splits(world):
+    from mm.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    kw = {"tokenizer": tok, "max_images": 4, "max_len": 128}
+    return P.load_split(world, "train", **kw), P.load_split(world, "test", **kw), len(tok)
+
+
+def test_configs_load_and_unknown_key_fails():
+    cfg = load_config(P.PretrainConfig, TINY_CFG)
+    assert cfg.loss.kind == "clip" and cfg.data.eval_notes == 1000
+    with pytest.raises(ConfigError, match="valid keys"):
+        load_config(P.PretrainConfig, TEST_CFG, ["train.stepz=3"])
+    with pytest.raises(ConfigError, match="loss.kind"):
+        load_config(P.PretrainConfig, TEST_CFG, ["loss.kind=triplet"])
+    with pytest.raises(ConfigError, match="fusion kind"):
+        load_config(P.PretrainConfig, TEST_CFG, ["model.fusion.kind=linear"])
+
+
+def test_cli_unknown_key_exits_2_and_writes_nothing(tmp_path, capsys):
+    rc = mm_main(
+        ["pretrain", "--config", str(TEST_CFG), "--out", str(tmp_path / "o"), "--set", "optim.lrr=1"]
+    )
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "lrr" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_model_ignores_padded_slots(splits):
+    train, _, vocab = splits
+    cfg = load_config(P.PretrainConfig, TEST_CFG)
+    torch.manual_seed(0)
+    model = P.NoteTextModel(cfg=cfg.model, loss=cfg.loss, vocab_size=vocab).eval()
+    batch = train.batch(list(range(8)))
+    out = model(batch)
+    noisy = dict(
+        batch, pixel_values=batch["pixel_values"] + 5.0 * (~batch["image_mask"])[..., None, None, None]
+    )
+    torch.testing.assert_close(model(noisy)["note"], out["note"])
+    assert out["note"].shape == (8, cfg.model.embed_dim) and out["text"].shape == (8, cfg.model.embed_dim)
+    loss = P.contrastive_loss(
+        out, batch["image_mask"], log_scale=model.log_scale, logit_bias=None, cfg=cfg.loss
+    )
+    assert torch.isfinite(loss) and loss.item() > 0
+
+
+@pytest.mark.parametrize(
+    "overrides", [["loss.kind=siglip"], ["loss.multi_positive=true", "loss.label_smoothing=0.1"]]
+)
+def test_loss_variants_train_one_step(splits, tmp_path, overrides):
+    train, test, vocab = splits
+    cfg = load_config(P.PretrainConfig, TEST_CFG, ["train.steps=1", *overrides])
+    res = P.train(
+        cfg, out_dir=tmp_path, train_data=train, eval_data=test, vocab_size=vocab, show_progress=False
+    )
+    rec = common.read_metrics(tmp_path / "metrics.jsonl")[-1]
+    assert res.step == 1 and torch.isfinite(torch.tensor(rec["loss"]))
+
+
+def test_fixed_temperature_stays_fixed(splits, tmp_path):
+    train, test, vocab = splits
+    cfg = load_config(
+        P.PretrainConfig, TEST_CFG, ["loss.learn_temperature=false", "loss.init_temperature=0.05"]
+    )
+    P.train(cfg, out_dir=tmp_path, train_data=train, eval_data=test, vocab_size=vocab, show_progress=False)
+    temps = [r["temperature"] for r in common.read_metrics(tmp_path / "metrics.jsonl")]
+    assert temps == [pytest.approx(0.05, abs=1e-7)] * 2
+
+
+def test_cli_smoke_two_steps(world, tmp_path):
+    out = tmp_path / "run"
+    rc = mm_main(
+        ["pretrain", "--config", str(TEST_CFG), "--out", str(out), "--data", str(world), "--no-progress"]
+    )
+    assert rc == 0
+    recs = common.read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in recs] == [1, 2]
+    assert "eval/text2note_R@1" in recs[-1] and 0.0 <= recs[-1]["eval/text2note_R@1"] <= 1.0
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert [p.name for p in common.list_checkpoints(out / "checkpoints")] == [
+        "step-00000001",
+        "step-00000002",
+    ]
+    result = json.loads((out / "result.json").read_text())
+    assert result["step"] == 2 and result["eval_notes"] >= 1 and 0.0 <= result["text2note_R@1"] <= 1.0
+    # a second run with the same --out resumes at step 2 and does nothing more
+    assert (
+        mm_main(
+            ["pretrain", "--config", str(TEST_CFG), "--out", str(out), "--data", str(world), "--no-progress"]
+        )
+        == 0
+    )
+    assert [r["step"] for r in common.read_metrics(out / "metrics.jsonl")] == [1, 2]
+    # resuming with a different model is refused
+    rc = mm_main(
+        [
+            "pretrain",
+            "--config",
+            str(TEST_CFG),
+            "--out",
+            str(out),
+            "--data",
+            str(world),
+            "--set",
+            "model.embed_dim=8",
+        ]
+    )
+    assert rc == 2
+
+
+def test_cli_missing_data_folder(tmp_path, capsys):
+    rc = mm_main(
+        ["pretrain", "--config", str(TEST_CFG), "--out", str(tmp_path / "o"), "--data", str(tmp_path / "no")]
+    )
+    assert rc == 2 and "does not exist" in capsys.readouterr().err
+
+
+def _strip_time(recs):
+    return [{k: v for k, v in r.items() if k != "time_s"} for r in recs]
+
+
+def test_kill_and_resume_gives_identical_run(splits, tmp_path):
+    train, test, vocab = splits
+    cfg = load_config(
+        P.PretrainConfig, TEST_CFG, ["train.steps=4", "train.eval_every=2", "train.checkpoint_every=2"]
+    )
+    kw = {"train_data": train, "eval_data": test, "vocab_size": vocab, "show_progress": False}
+    straight = P.train(cfg, out_dir=tmp_path / "a", **kw)
+    P.train(cfg, out_dir=tmp_path / "b", stop_after=3, **kw)  # killed after step 3 (last checkpoint: 2)
+    assert common.find_last_checkpoint(tmp_path / "b/checkpoints").name == "step-00000002"
+    torch.manual_seed(123)  # a fresh process has other RNG state
+    resumed = P.train(cfg, out_dir=tmp_path / "b", **kw)
+    assert resumed.metrics == straight.metrics
+    wa = load_file(tmp_path / "a/checkpoints/step-00000004/model.safetensors")
+    wb = load_file(tmp_path / "b/checkpoints/step-00000004/model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    ma = _strip_time(common.read_metrics(tmp_path / "a/metrics.jsonl"))
+    mb = _strip_time(common.read_metrics(tmp_path / "b/metrics.jsonl"))
+    assert ma == mb
+
+
+def test_torchrun_two_processes_matches_single_process(world, tmp_path):
+    """DDP (gloo): step-1 loss on 2 ranks x 4 notes equals the single-process loss on 8 notes."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    common_args = ["--config", str(TEST_CFG), "--data", str(world), "--no-progress", "--set", "train.steps=1"]
+    single = subprocess.run(
+        [sys.executable, "-m", "mm", "pretrain", "--out", str(tmp_path / "single"), *common_args],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert single.returncode == 0, single.stderr[-2000:]
+    ddp = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "mm", "pretrain", "--out", str(tmp_path / "ddp"), *common_args],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    a = common.read_metrics(tmp_path / "single/metrics.jsonl")[0]
+    b = common.read_metrics(tmp_path / "ddp/metrics.jsonl")[0]
+    assert abs(a["loss"] - b["loss"]) < 1e-5
+    assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-4 * max(1.0, a["grad_norm"])
