@@ -108,7 +108,10 @@ def pixel_delta(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """(h, w) per-pixel max-channel absolute delta in raw units, same dtype as the inputs."""
     h, w, c = a.shape
     d = cv2.absdiff(a.reshape(h, w * c), b.reshape(h, w * c)).reshape(h, w, c)  # (h, w, C)
-    return d.max(axis=2) if c > 1 else d[:, :, 0]
+    out = d[:, :, 0].copy()
+    for k in range(1, c):  # elementwise maximum: much faster than a reduction over a length-3 axis
+        np.maximum(out, d[:, :, k], out=out)
+    return out
 
 
 def block_max_numpy(a: np.ndarray, b: np.ndarray, block: int = BLOCK) -> np.ndarray:

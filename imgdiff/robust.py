@@ -66,6 +66,7 @@ from dataclasses import dataclass, fields
 import cv2
 import numpy as np
 
+from imgdiff.core import pixel_delta
 from imgdiff.regions import TILE
 
 
@@ -173,7 +174,7 @@ def strong_in_crop(a: np.ndarray, b: np.ndarray, crop, *, window: int, margin: f
     ``|d|`` when already computed."""
     y0, y1, x0, x1 = crop
     if ad is None:
-        ad = np.abs(b[y0:y1, x0:x1].astype(np.int32) - a[y0:y1, x0:x1].astype(np.int32)).max(axis=2)
+        ad = pixel_delta(a[y0:y1, x0:x1], b[y0:y1, x0:x1])
     out = np.zeros(ad.shape, bool)
     cand = _block_sum(ad > margin, TILE) > 0  # (th, tw) tiles of the crop (crop starts on a tile edge)
     if not cand.any():
@@ -200,11 +201,15 @@ def block_sums_numpy(a: np.ndarray, b: np.ndarray, crop, params: RobustParams, m
     bs = params.block
     S, N = init_sums(h, w, c, bs)
     y0, y1, x0, x1 = crop
-    d = b[y0:y1, x0:x1].astype(np.int32) - a[y0:y1, x0:x1].astype(np.int32)  # (h', w', C)
-    strong = strong_in_crop(a, b, crop, window=params.window, margin=margin, ad=np.abs(d).max(axis=2))
-    d[strong] = 0
+    A, B = a[y0:y1, x0:x1], b[y0:y1, x0:x1]  # (h', w', C)
+    strong = strong_in_crop(a, b, crop, window=params.window, margin=margin, ad=pixel_delta(A, B))
+    d = _block_sum(B, bs) - _block_sum(A, bs)  # (hb', wb', C) signed sums of all pixels
+    if strong.any():
+        ds = B.astype(np.int32) - A.astype(np.int32)
+        ds[~strong] = 0
+        d -= _block_sum(ds, bs)
     sl = (slice(y0 // bs, -(-y1 // bs)), slice(x0 // bs, -(-x1 // bs)))
-    S[sl] = _block_sum(d, bs)
+    S[sl] = d
     N[sl] -= _block_sum(strong, bs)
     tiles = np.zeros((-(-h // TILE), -(-w // TILE)), bool)
     tiles[y0 // TILE : -(-y1 // TILE), x0 // TILE : -(-x1 // TILE)] = _block_sum(strong, TILE) > 0
@@ -314,7 +319,7 @@ def robust_mask_numpy(a, b, crop, area: np.ndarray, params: RobustParams, scale:
     """
     y0, y1, x0, x1 = crop
     bs = params.block
-    d = np.abs(b[y0:y1, x0:x1].astype(np.int32) - a[y0:y1, x0:x1].astype(np.int32)).max(axis=2)
+    d = pixel_delta(a[y0:y1, x0:x1], b[y0:y1, x0:x1])
     strong = strong_in_crop(a, b, crop, window=params.window, margin=margin_raw(params, scale), ad=d)
     sub = area[y0 // bs : -(-y1 // bs), x0 // bs : -(-x1 // bs)]  # crop starts on a block edge
     ar = np.repeat(np.repeat(sub, bs, axis=0), bs, axis=1)[: y1 - y0, : x1 - x0]  # (h', w')
