@@ -1,0 +1,130 @@
+"""Batched rollouts: ``G`` sampled responses per prompt with the KV cache, raw token ids kept.
+
+One ``generate`` call per prompt batch with ``num_return_sequences=G`` (rows note-major: rows
+``g*G .. g*G+G-1`` belong to prompt ``g``, the layout of :mod:`rl.advantages`). Prompts are left
+padded so every response starts at the same column ``P``. The sampled ids are never decoded and
+re-tokenised: the trainer scores exactly ``input_ids[:, P:]``. The response mask is 1 on the
+generated tokens up to and including the first ``<eos>`` and 0 on the prompt, images and the padding
+after ``<eos>``; a response without ``<eos>`` was cut at ``max_new_tokens`` (``truncated``).
+
+Sampling follows the model's generation config (NoteVLM suppresses ``<image>``), with ``top_k=0``
+so only ``temperature`` / ``top_p`` shape the distribution. Deviation: the trainers' log-probs come
+from the unprocessed logits (as TRL and verl), so a suppressed token's mass is not renormalised away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(kw_only=True)
+class Rollout:
+    """``G`` responses for each of ``B`` prompts, as one ``(B*G, P + R)`` batch."""
+
+    input_ids: torch.Tensor
+    """``(B*G, P+R)`` left-padded prompt ids then the raw sampled ids (pad after ``<eos>``)."""
+    attention_mask: torch.Tensor
+    """``(B*G, P+R)`` 1 on real prompt tokens and on response tokens up to ``<eos>``."""
+    response_mask: torch.Tensor
+    """``(B*G, P+R)`` 1 on the tokens the policy generated (through the first ``<eos>``), else 0."""
+    prompt_length: int
+    """``P``: the padded prompt length; responses start at this column."""
+    group_size: int
+    """``G``: responses per prompt."""
+    lengths: torch.Tensor
+    """``(B*G,)`` response lengths in tokens (``<eos>`` included)."""
+    truncated: torch.Tensor
+    """``(B*G,)`` bool: no ``<eos>`` within ``max_new_tokens``."""
+    images: dict[str, torch.Tensor]
+    """``pixel_values`` ``(B*G, N, 3, S, S)`` and ``image_mask`` ``(B*G, N)`` (empty for a text LM)."""
+
+    def response_ids(self) -> list[list[int]]:
+        """Each row's raw response ids (masked tokens only)."""
+        resp = self.input_ids[:, self.prompt_length :]
+        mask = self.response_mask[:, self.prompt_length :].bool()
+        return [r[m].tolist() for r, m in zip(resp, mask)]
+
+    def batch(self, rows: slice | torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The training batch (all rows, or ``rows``) for :func:`rl.trainers.common.batch_token_logps`."""
+        out = {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "response_mask": self.response_mask,
+            **self.images,
+        }
+        if rows is None:
+            return out
+        return {k: v[rows] for k, v in out.items()}
+
+
+def response_mask_from_ids(response: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(mask, truncated)`` for sampled ids ``(B, R)``: 1 through the first ``eos_id``, 0 after it."""
+    is_eos = response == eos_id  # (B, R)
+    seen_before = (is_eos.long().cumsum(-1) - is_eos.long()) > 0  # (B, R) an eos strictly earlier
+    mask = (~seen_before).long()  # (B, R)
+    return mask, ~is_eos.any(-1)
+
+
+@torch.no_grad()
+def generate_rollout(
+    model: Any,
+    prompts: dict[str, torch.Tensor],
+    *,
+    group_size: int,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+) -> Rollout:
+    """Sample ``group_size`` responses per left-padded prompt of ``prompts`` (one batched ``generate``).
+
+    ``prompts``: ``input_ids``/``attention_mask`` ``(B, P)`` left padded, plus ``pixel_values`` /
+    ``image_mask`` for a NoteVLM. The model is put in eval mode for sampling and restored after.
+    """
+    if group_size < 1 or max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1:
+        raise ValueError(
+            f"need group_size >= 1, max_new_tokens >= 1, temperature > 0, 0 < top_p <= 1; got {group_size}, "
+            f"{max_new_tokens}, {temperature}, {top_p}"
+        )
+    ids, attn = prompts["input_ids"], prompts["attention_mask"]  # (B, P)
+    if bool((attn[:, -1] == 0).any()):
+        raise ValueError("prompts must be left padded (the last column is padding in some row)")
+    images = {k: prompts[k] for k in ("pixel_values", "image_mask") if k in prompts}
+    was_training = model.training
+    model.eval()
+    try:
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=attn,
+            **images,
+            do_sample=True,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=0,
+            num_return_sequences=group_size,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad_id,
+            eos_token_id=eos_id,
+        )  # (B*G, P + R), prompt-major
+    finally:
+        model.train(was_training)
+    P = ids.shape[1]
+    response = out[:, P:]  # (B*G, R)
+    resp_mask, truncated = response_mask_from_ids(response, eos_id)  # (B*G, R)
+    response = response.masked_fill(resp_mask == 0, pad_id)
+    prompt_attn = attn.repeat_interleave(group_size, dim=0)  # (B*G, P)
+    zeros = torch.zeros_like(prompt_attn)
+    return Rollout(
+        input_ids=torch.cat([ids.repeat_interleave(group_size, dim=0), response], dim=1),
+        attention_mask=torch.cat([prompt_attn, resp_mask], dim=1),
+        response_mask=torch.cat([zeros, resp_mask], dim=1),
+        prompt_length=P,
+        group_size=group_size,
+        lengths=resp_mask.sum(-1),
+        truncated=truncated,
+        images={k: v.repeat_interleave(group_size, dim=0) for k, v in images.items()},
+    )

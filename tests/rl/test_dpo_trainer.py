@@ -1,0 +1,121 @@
+"""`rl dpo`: two-step smoke runs (full + LoRA, mDPO terms), resume equality, metric keys, config errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mm"))
+
+from test_eval_model_fixtures import make_data_dir, make_model_dir  # noqa: E402
+
+from rl.cli import main  # noqa: E402
+
+DPO_KEYS = (
+    "loss", "grad_norm", "lr", "reward_mean", "reward_std", "reward_margin", "reward_accuracy", "kl",
+    "entropy", "response_len", "logp_chosen", "logp_rejected",
+)  # fmt: skip
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "rl" / "dpo_tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dpo")
+    return make_model_dir(root), make_data_dir(root, split="train")
+
+
+def _run(dirs, out, *sets):
+    model, data = dirs
+    base = [f"init.model={model}", "data.batch_size=2", "train.steps=2", "train.checkpoint_every=1"]
+    args = ["dpo", "--config", str(CONFIG), "--out", str(out), "--data", str(data), "--no-progress"]
+    return main(args + [x for s in (*base, *sets) for x in ("--set", s)])
+
+
+def _records(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("extra", [(), ("lora.enabled=true", "lora.r=2")])
+def test_two_steps_full_and_lora(tmp_path, dirs, extra):
+    out = tmp_path / "run"
+    assert _run(dirs, out, *extra) == 0
+    recs = _records(out)
+    assert [r["step"] for r in recs] == [1, 2]
+    for k in DPO_KEYS:
+        assert k in recs[-1] and recs[-1][k] == recs[-1][k], k
+    # step 1: policy == reference, so the implicit rewards and the KL are 0 and loss = log 2
+    assert abs(recs[0]["reward_margin"]) < 1e-5 and abs(recs[0]["loss"] - 0.6931471805599453) < 1e-5
+    assert abs(recs[0]["kl"]) < 1e-5 and abs(recs[1]["reward_margin"]) > 1e-5
+    assert (out / "curves.png").stat().st_size > 1000
+    assert (out / "model" / "config.json").is_file() and (out / "model" / "note_processor.json").is_file()
+    res = json.loads((out / "result.json").read_text())
+    assert res["reference"] == ("adapter" if extra else "copy")
+    if extra:
+        assert (out / "adapter" / "adapter_config.json").is_file()
+    from mm.model import NoteVLMForConditionalGeneration
+
+    a = NoteVLMForConditionalGeneration.from_pretrained(str(dirs[0]))
+    b = NoteVLMForConditionalGeneration.from_pretrained(str(out / "model"))
+    assert not any("lora" in n for n, _ in b.named_parameters())
+    moved = [n for (n, p), q in zip(a.named_parameters(), b.parameters()) if not torch.equal(p, q)]
+    assert moved and not any(n.startswith("vision_tower") for n in moved)
+
+
+def test_mdpo_terms_and_corrupt_pairs(tmp_path, dirs):
+    out = tmp_path / "mdpo"
+    sets = (
+        "loss.conditional_weight=1.0",
+        "loss.anchor_weight=1.0",
+        "loss.corruption=blank",
+        "data.build=corrupt",
+    )
+    assert _run(dirs, out, *sets) == 0
+    r = _records(out)[0]
+    # conditional term at step 1: log pi - log pi_ref is 0 on both rows -> -log s(0) = log 2
+    assert abs(r["conditional_loss"] - 0.6931471805599453) < 1e-5
+    assert abs(r["anchor_loss"] - 0.6931471805599453) < 1e-5
+    assert abs(r["loss"] - 3 * 0.6931471805599453) < 1e-5
+
+
+def test_resume_gives_the_same_weights(tmp_path, dirs):
+    from safetensors.torch import load_file
+
+    from mm.config import load_config
+    from rl.trainers import dpo
+
+    sets = ["train.steps=3", "lora.enabled=true", "lora.r=2", "optim.lr=0.01"]
+    assert _run(dirs, tmp_path / "straight", *sets) == 0
+    model, data = dirs
+    cfg = load_config(
+        dpo.DPOConfig, CONFIG,
+        [f"init.model={model}", f"data.folder={data}", "data.batch_size=2", "train.checkpoint_every=1"]
+        + sets,
+    )  # fmt: skip
+    dpo.train(cfg, out_dir=tmp_path / "killed", show_progress=False, stop_after=1)
+    assert _run(dirs, tmp_path / "killed", *sets) == 0
+    a = load_file(str(tmp_path / "straight" / "checkpoints" / "step-00000003" / "model.safetensors"))
+    b = load_file(str(tmp_path / "killed" / "checkpoints" / "step-00000003" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["loss"] for r in _records(tmp_path / "straight")] == [
+        r["loss"] for r in _records(tmp_path / "killed")
+    ]
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("loss.beta=0", "loss.beta must be > 0"),
+        ("loss.loss_type=dpo", "loss.loss_type must be one of"),
+        ("train.stpes=3", "unknown key"),
+        ("init.model=/nonexistent", "is not a saved NoteVLM"),
+    ],
+)
+def test_config_errors_exit_2_with_one_line(tmp_path, dirs, capsys, override, message):
+    assert _run(dirs, tmp_path / "out", override) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+    assert not (tmp_path / "out" / "model").exists()
