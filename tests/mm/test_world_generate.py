@@ -149,3 +149,11 @@ def test_partner_is_mentioned_right_after_its_anchor():
                     assert said.index(p) == said.index(a) + 1, cap
                     pairs += 1
     assert pairs > 20
+
+
+@pytest.mark.parametrize("sub", ["world", "coco", "llava", "pope", "stats"])
+def test_every_data_command_has_help(sub, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["data", sub, "--help"])
+    assert e.value.code == 0
+    assert len(capsys.readouterr().out) > 100
