@@ -172,18 +172,23 @@ def test_kill_and_resume_gives_identical_run(splits, tmp_path):
     assert ma == mb
 
 
-def test_torchrun_two_processes_matches_single_process(world, tmp_path):
+def test_torchrun_two_processes_matches_single_process(world, splits, tmp_path):
     """DDP (gloo): step-1 loss on 2 ranks x 4 notes equals the single-process loss on 8 notes."""
+    train, test, vocab = splits
+    cfg = load_config(P.PretrainConfig, TEST_CFG, ["train.steps=1"])
+    P.train(
+        cfg,
+        out_dir=tmp_path / "single",
+        train_data=train,
+        eval_data=test,
+        vocab_size=vocab,
+        show_progress=False,
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    common_args = ["--config", str(TEST_CFG), "--data", str(world), "--no-progress", "--set", "train.steps=1"]
-    single = subprocess.run(
-        [sys.executable, "-m", "mm", "pretrain", "--out", str(tmp_path / "single"), *common_args],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert single.returncode == 0, single.stderr[-2000:]
     ddp = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "mm", "pretrain", "--out", str(tmp_path / "ddp"), *common_args],
+         "-m", "mm", "pretrain", "--config", str(TEST_CFG), "--data", str(world), "--no-progress",
+         "--set", "train.steps=1", "--out", str(tmp_path / "ddp")],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert ddp.returncode == 0, ddp.stderr[-2000:]
@@ -191,3 +196,4 @@ def test_torchrun_two_processes_matches_single_process(world, tmp_path):
     b = common.read_metrics(tmp_path / "ddp/metrics.jsonl")[0]
     assert abs(a["loss"] - b["loss"]) < 1e-5
     assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-4 * max(1.0, a["grad_norm"])
+    assert a["eval/text2note_R@1"] == b["eval/text2note_R@1"]
