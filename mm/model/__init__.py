@@ -12,7 +12,7 @@ from __future__ import annotations
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from mm.model.configuration import NoteVLMConfig
-from mm.model.modeling import NoteVLMForConditionalGeneration, NoteVLMPreTrainedModel
+from mm.model.modeling import NoteVLMForConditionalGeneration, NoteVLMModel, NoteVLMPreTrainedModel
 from mm.model.processing import IGNORE_INDEX, NoteProcessor
 
 AutoConfig.register(NoteVLMConfig.model_type, NoteVLMConfig, exist_ok=True)
@@ -24,5 +24,6 @@ __all__ = [
     "NoteProcessor",
     "NoteVLMConfig",
     "NoteVLMForConditionalGeneration",
+    "NoteVLMModel",
     "NoteVLMPreTrainedModel",
 ]

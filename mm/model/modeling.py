@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers import AutoModel, GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from mm.model.configuration import NoteVLMConfig
 
@@ -67,20 +67,29 @@ class NoteVLMPreTrainedModel(PreTrainedModel):
         leaves non-persistent buffers (e.g. the resampler's 2D sin-cos positions) uninitialised; they are
         recomputed here from a fresh CPU build of the same part.
         """
-        if not module._non_persistent_buffers_set:
+        owned = self._vision_fusion_modules()
+        if id(module) not in owned:
+            super()._init_weights(module)  # e.g. lm_head
             return
-        name = next((n for n, m in self.named_modules() if m is module), "")
-        part = name.split(".", 1)[0]
-        if part not in ("vision_tower", "fusion"):
+        part, name = owned[id(module)]
+        if not module._non_persistent_buffers_set:
             return
         from transformers import initialization as init
 
-        fresh = _fresh_parts(self.config)[part]
-        source = fresh.get_submodule(name.split(".", 1)[1]) if "." in name else fresh
+        source = _fresh_parts(self.config)[part].get_submodule(name)
         for b in module._non_persistent_buffers_set:
             target = getattr(module, b)
             if target is not None:
                 init.copy_(target, getattr(source, b).to(target.device, target.dtype))
+
+    def _vision_fusion_modules(self) -> dict[int, tuple[str, str]]:
+        """id(module) -> (part, name inside the part) for every module of the vision tower and fusion."""
+        table = {
+            id(m): (part, name)
+            for part in ("vision_tower", "fusion")
+            for name, m in getattr(self, part).named_modules()
+        }
+        return table
 
 
 def _fresh_parts(config: NoteVLMConfig) -> dict[str, nn.Module]:
@@ -100,33 +109,24 @@ def _fresh_parts(config: NoteVLMConfig) -> dict[str, nn.Module]:
 _FRESH_CACHE: dict[str, Any] = {}
 
 
-class NoteVLMForConditionalGeneration(NoteVLMPreTrainedModel, GenerationMixin):
-    """A note-understanding VLM with the transformers API (`from_pretrained`, `generate`, PEFT, TRL).
+class NoteVLMModel(NoteVLMPreTrainedModel):
+    """The backbone: vision tower + fusion + the LM's decoder (no output head); returns hidden states.
 
-    Submodules: ``vision_tower`` (B, N, 3, H, W) -> (B, N, P, Dv); ``fusion`` (B, N, P, Dv) ->
-    (B, N, K, D); ``language_model`` a causal LM (`AutoModelForCausalLM.from_config(text_config)`).
+    Submodules: ``vision_tower`` (B, N, 3, H, W) -> (B, N, P, Dv); ``fusion`` (B, N, P, Dv) -> (B, N, K, D);
+    ``language_model`` the decoder (`AutoModel.from_config(text_config)`, e.g. `Qwen2Model`).
     """
 
     def __init__(self, config: NoteVLMConfig) -> None:
         super().__init__(config)
         self.vision_tower, self.fusion = build_vision_and_fusion(config)
-        self.language_model = AutoModelForCausalLM.from_config(config.text_config)
+        self.language_model = AutoModel.from_config(config.text_config)
         self.post_init()
-        # A generated `<image>` would need image features (uncached decoding would fail): never emit it.
-        self.generation_config.suppress_tokens = [config.image_token_id]
 
-    # --- embeddings (delegated to the LM, as LLaVA does) ---
     def get_input_embeddings(self) -> nn.Module:
         return self.language_model.get_input_embeddings()
 
     def set_input_embeddings(self, value: nn.Module) -> None:
         self.language_model.set_input_embeddings(value)
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.language_model.get_output_embeddings()
-
-    def set_output_embeddings(self, value: nn.Module) -> None:
-        self.language_model.set_output_embeddings(value)
 
     # --- images ---
     def get_image_features(
@@ -183,19 +183,16 @@ class NoteVLMForConditionalGeneration(NoteVLMPreTrainedModel, GenerationMixin):
         attention_mask: torch.Tensor | None = None,
         pixel_values: torch.Tensor | None = None,
         image_mask: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
         cache: Any = None,
         past_key_values: Any = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Any,
-    ) -> CausalLMOutputWithPast:
-        """LM forward with image placeholders filled; the KV cache comes as ``cache`` or ``past_key_values``.
+    ) -> BaseModelOutputWithPast:
+        """Decoder hidden states (B, T, D) with the `<image>` placeholders filled by fusion tokens.
 
-        Shapes: input_ids (B, T); attention_mask (B, T); pixel_values (B, N, 3, H, W); image_mask (B, N);
-        labels (B, T) with -100 on ignored positions (shifted inside, as in transformers).
+        The KV cache may come as ``cache`` (transformers >= 5.24) or ``past_key_values``.
         """
         if cache is not None and past_key_values is not None and cache is not past_key_values:
             raise ValueError("pass the KV cache as `cache` or as `past_key_values`, not both")
@@ -216,19 +213,108 @@ class NoteVLMForConditionalGeneration(NoteVLMPreTrainedModel, GenerationMixin):
                 "input_ids contain `<image>` placeholders but no pixel_values were given; "
                 "pass the note's images"
             )
-        out = self.language_model(
+        return self.language_model(
             attention_mask=attention_mask,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            labels=labels,
             use_cache=use_cache,
-            logits_to_keep=logits_to_keep,
             **{_CACHE_FIELD: cache},
             **kwargs,
         )
+
+
+class NoteVLMForConditionalGeneration(NoteVLMPreTrainedModel, GenerationMixin):
+    """A note-understanding VLM with the transformers API (`from_pretrained`, `generate`, PEFT, TRL).
+
+    Layout as `LlavaForConditionalGeneration`: ``model`` (:class:`NoteVLMModel`, also `base_model`) and
+    ``lm_head``; ``vision_tower``, ``fusion`` and ``language_model`` are shortcuts into ``model``.
+    """
+
+    base_model_prefix = "model"
+    _tied_weights_keys = {"lm_head.weight": "model.language_model.embed_tokens.weight"}
+
+    def __init__(self, config: NoteVLMConfig) -> None:
+        super().__init__(config)
+        self.model = NoteVLMModel(config)
+        text = config.text_config
+        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.post_init()
+        # A generated `<image>` would need image features (uncached decoding would fail): never emit it.
+        self.generation_config.suppress_tokens = [config.image_token_id]
+
+    @property
+    def vision_tower(self) -> nn.Module:
+        return self.model.vision_tower
+
+    @property
+    def fusion(self) -> nn.Module:
+        return self.model.fusion
+
+    @property
+    def language_model(self) -> nn.Module:
+        return self.model.language_model
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Module) -> None:
+        self.lm_head = value
+
+    def get_image_features(
+        self, pixel_values: torch.Tensor, image_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """See :meth:`NoteVLMModel.get_image_features`."""
+        return self.model.get_image_features(pixel_values, image_mask)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        pixel_values: torch.Tensor | None = None,
+        image_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Any = None,
+        past_key_values: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast:
+        """Logits (B, T, V) and, with ``labels`` (B, T; -100 = ignored; shifted inside), the LM loss.
+
+        Shapes: input_ids (B, T); attention_mask (B, T); pixel_values (B, N, 3, H, W); image_mask (B, N).
+        The KV cache may come as ``cache`` (transformers >= 5.24) or ``past_key_values``.
+        """
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            pixel_values=pixel_values,
+            image_mask=image_mask,
+            position_ids=position_ids,
+            cache=cache,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        hidden = out.last_hidden_state  # (B, T, D)
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(hidden[:, keep, :])  # (B, T', V)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(
+                logits=logits, labels=labels, vocab_size=self.config.text_config.vocab_size, **kwargs
+            )
         return CausalLMOutputWithPast(
-            loss=out.loss,
-            logits=out.logits,
+            loss=loss,
+            logits=logits,
             hidden_states=out.hidden_states,
             attentions=out.attentions,
             **{_CACHE_FIELD: getattr(out, _CACHE_FIELD)},

@@ -55,11 +55,15 @@ def _check_model(model: nn.Module) -> None:
             )
 
 
+def _qualified_name(model: nn.Module, module: nn.Module) -> str:
+    return next(n for n, m in model.named_modules() if m is module)
+
+
 def lm_linear_names(model: nn.Module) -> list[str]:
-    """Leaf names of the LM's ``nn.Linear`` layers inside its decoder blocks (the output head excluded)."""
+    """Leaf names of the LM decoder's ``nn.Linear`` layers (the output head is outside the decoder)."""
     _check_model(model)
     lm = getattr(model, LM_MODULE)
-    head = lm.get_output_embeddings()
+    head = model.get_output_embeddings()
     names = {
         n.rsplit(".", 1)[-1] for n, m in lm.named_modules() if isinstance(m, nn.Linear) and m is not head
     }
@@ -69,9 +73,10 @@ def lm_linear_names(model: nn.Module) -> list[str]:
 
 
 def lm_target_regex(model: nn.Module) -> str:
-    """A PEFT ``target_modules`` regex (full match) hitting the LM's linear layers and nothing else."""
+    """A PEFT ``target_modules`` regex (full match) hitting the LM decoder's linear layers, nothing else."""
     alternatives = "|".join(re.escape(n) for n in lm_linear_names(model))
-    return rf"{LM_MODULE}\..*\.({alternatives})"
+    prefix = re.escape(_qualified_name(model, getattr(model, LM_MODULE)))
+    return rf"{prefix}\..*\.({alternatives})"
 
 
 def lora_config(model: nn.Module, preset: LoraPreset | None = None) -> Any:
@@ -82,7 +87,8 @@ def lora_config(model: nn.Module, preset: LoraPreset | None = None) -> Any:
     regex = lm_target_regex(model)
     names = [n for n, _ in model.named_modules()]
     hits = [n for n in names if re.fullmatch(regex, n)]
-    stray = [n for n in hits if not n.startswith(LM_MODULE + ".")]
+    lm_prefix = _qualified_name(model, getattr(model, LM_MODULE)) + "."
+    stray = [n for n in hits if not n.startswith(lm_prefix)]
     if stray or not hits:
         raise ValueError(
             f"LoRA target regex {regex!r} matched outside the LM or nothing: {stray[:3] or hits}"
@@ -90,7 +96,7 @@ def lora_config(model: nn.Module, preset: LoraPreset | None = None) -> Any:
     modules_to_save = None
     if preset.save_fusion:
         suffix_hits = [n for n in names if n.endswith(FUSION_MODULE)]
-        if suffix_hits != [FUSION_MODULE]:
+        if len(suffix_hits) != 1:
             raise ValueError(
                 f"modules_to_save={FUSION_MODULE!r} would match {suffix_hits} (PEFT matches by suffix); "
                 "rename the clashing modules"
@@ -151,17 +157,23 @@ def freeze_for_stage(model: nn.Module, stage: str) -> dict[str, int]:
     for part, flag in trains.items():
         for p in getattr(model, part).parameters():
             p.requires_grad_(flag)
+    for p in model.get_output_embeddings().parameters():  # the LM head goes with the LM
+        p.requires_grad_(stage == "sft")
     return trainable_counts(model)
 
 
 def trainable_counts(model: nn.Module) -> dict[str, int]:
-    """Trainable parameters of ``model`` (a NoteVLM or a PeftModel of one) by part, plus ``total``."""
+    """Trainable parameters of ``model`` (a NoteVLM or a PeftModel of one) by part, plus ``total``.
+
+    ``language_model`` includes the output head (``lm_head``).
+    """
     counts = {VISION_MODULE: 0, FUSION_MODULE: 0, LM_MODULE: 0, "other": 0}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         parts = name.split(".")
         part = next((x for x in (VISION_MODULE, FUSION_MODULE, LM_MODULE) if x in parts), "other")
+        part = LM_MODULE if "lm_head" in parts else part
         counts[part] += p.numel()
     counts["total"] = sum(counts.values())
     return counts

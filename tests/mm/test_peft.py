@@ -34,7 +34,7 @@ def test_lora_targets_only_lm_linears(kind):
     regex = lm_target_regex(model)
     names = [n for n, _ in model.named_modules()]
     hits = [n for n in names if re.fullmatch(regex, n)]
-    assert hits and all(n.startswith("language_model.model.layers.") for n in hits)
+    assert hits and all(n.startswith("model.language_model.layers.") for n in hits)
     leafs = {n.rsplit(".", 1)[-1] for n in hits}
     assert leafs == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     assert len(hits) == 7 * model.config.text_config.num_hidden_layers
@@ -111,6 +111,7 @@ def test_freeze_for_stage_counts():
         part: sum(p.numel() for p in getattr(model, part).parameters())
         for part in ("fusion", "language_model")
     }
+    n["language_model"] += model.lm_head.weight.numel()  # the head trains with the LM
     align = freeze_for_stage(model, "align")
     assert align == {
         "vision_tower": 0,
