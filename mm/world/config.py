@@ -25,16 +25,18 @@ class WorldConfig:
     """Most objects in an image (before partners are added)."""
     off_theme: float = 0.1
     """Probability that a sampled object comes from another theme than the note's."""
-    anchor_prob: float = 0.6
+    anchor_prob: float = 0.75
     """Probability that an image's first object is an anchor of a partner pair (from the note's theme)."""
     cooccurrence: float = 0.8
     """P(partner in the image | anchor in the image): the language prior that drives hallucination."""
     partner_small: float = 0.7
     """Probability that a partner, when drawn next to its anchor, is small."""
-    partner_occluded: float = 0.6
+    partner_occluded: float = 0.8
     """Probability that a partner, when drawn next to its anchor, is placed partly behind it."""
-    partner_overlap: float = 0.45
-    """How far an occluded partner slides under its anchor (0 = touching, 1 = centred on it)."""
+    partner_overlap: float = 0.6
+    """Least a hidden partner slides under its anchor (0 = touching, 1 = centred on it)."""
+    partner_overlap_max: float = 1.0
+    """Most a hidden partner slides under its anchor; drawn uniformly in [partner_overlap, this]."""
     duplicate_prob: float = 0.15
     """Probability that a sampled object repeats a category already in the image (for counts)."""
     object_scale: float = 1.0
@@ -75,11 +77,16 @@ class WorldConfig:
         )
         for name in (
             "off_theme", "anchor_prob", "cooccurrence", "partner_small", "partner_occluded",
-            "partner_overlap", "duplicate_prob", "synonym_prob", "partner_negatives",
+            "partner_overlap", "partner_overlap_max", "duplicate_prob", "synonym_prob", "partner_negatives",
             "val_fraction", "test_fraction",
         ):  # fmt: skip
             v = getattr(self, name)
             need(0.0 <= v <= 1.0, f"{name} must be a probability in [0, 1], got {v}")
+        need(
+            self.partner_overlap <= self.partner_overlap_max,
+            "need partner_overlap <= partner_overlap_max, got "
+            f"{self.partner_overlap}, {self.partner_overlap_max}",
+        )
         need(self.val_fraction + self.test_fraction < 1.0, "val_fraction + test_fraction must be < 1")
         need(0.3 <= self.object_scale <= 2.0, f"object_scale must be in [0.3, 2.0], got {self.object_scale}")
         need(self.clutter >= 0 and self.noise_std >= 0, "clutter and noise_std must be >= 0")

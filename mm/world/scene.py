@@ -9,7 +9,10 @@ ones). Sampling, for one image of a note with theme ``T``:
 2. Co-occurrence: for every anchor in the image, with ``cooccurrence`` its partner is added (if not
    already there), otherwise the partner is removed — so P(partner | anchor) is the knob itself.
    A partner added this way is small with ``partner_small`` and, with ``partner_occluded``, slid
-   ``partner_overlap`` of the way under its anchor and drawn before it, so it is partly hidden.
+   between ``partner_overlap`` and ``partner_overlap_max`` of the way under its anchor and drawn
+   before it, so it is partly or (for small partners under large anchors) wholly hidden. A
+   captioner cannot always see it, so it learns to name it from the anchor: the prior that makes it
+   also name the partner in the images where it is absent (issue 4's main hallucination cause).
 3. Positions: other objects are placed by rejection sampling to keep them apart.
 """
 
@@ -130,7 +133,8 @@ def sample_scene(cfg: WorldConfig, theme: str, rng: np.random.Generator) -> list
         size = "small" if rng.random() < cfg.partner_small else vocab.SIZES[int(rng.integers(1, 3))]
         r = radius(size)
         hidden = rng.random() < cfg.partner_occluded
-        dist = (anchor.r + r) * ((1.0 - cfg.partner_overlap) if hidden else 1.1)
+        overlap = rng.uniform(cfg.partner_overlap, cfg.partner_overlap_max)
+        dist = (anchor.r + r) * ((1.0 - overlap) if hidden else 1.1)
         spot = None
         for _ in range(16):
             ang = rng.uniform(0, 2 * np.pi)

@@ -15,15 +15,21 @@ from mm.data.format import Note
 from mm.world import vocab
 
 
-def cooccurrence_stats(notes: list[Note], *, occluded_threshold: float = 0.1) -> dict[str, Any]:
+def cooccurrence_stats(
+    notes: list[Note], *, occluded_threshold: float = 0.1, hidden_threshold: float = 0.7
+) -> dict[str, Any]:
     """Per-image co-occurrence statistics.
 
     Returns ``{"images": N, "pairs": {"fork->knife": {...}, ...}, "overall": {...},
     "category_frequency": {name: fraction of images}}``. Per pair: ``anchor_images``,
     ``p_partner_given_anchor``, ``p_partner_given_no_anchor``, ``partner_small_with_anchor``
     (fraction of partner instances in anchor images that are small), ``partner_occluded_with_anchor``
-    (fraction hidden more than ``occluded_threshold``), ``partner_mean_occlusion_with_anchor``.
-    ``overall`` pools all pairs. Ratios with an empty denominator are ``None``.
+    (fraction hidden more than ``occluded_threshold``), ``partner_hidden_with_anchor`` (more than
+    ``hidden_threshold``: hard to see at all), ``partner_mean_occlusion_with_anchor``, and
+    ``absent_partner_images`` (fraction of all images that show the anchor without the partner: the
+    chances a prior-following captioner has to hallucinate the partner). ``overall`` pools all pairs
+    (an image counts once per pair) and adds ``objects_per_image`` and ``categories_per_image``.
+    Ratios with an empty denominator are ``None``.
     """
     images = [objs for n in notes for objs in n.objects]
     freq: Counter[str] = Counter()
@@ -50,13 +56,21 @@ def cooccurrence_stats(notes: list[Note], *, occluded_threshold: float = 0.1) ->
                         c["inst"] += 1
                         c["small"] += o.size == "small"
                         c["occ"] += o.occluded > occluded_threshold
+                        c["hidden"] += o.occluded > hidden_threshold
                         c["occ_sum"] += o.occluded
+        c["images"] = len(images)
         tot.update(c)
         pairs[f"{anchor}->{partner}"] = _summary(c, ratio)
+    tot["images"] = len(images)
+    overall = _summary(tot, ratio)
+    overall["objects_per_image"] = ratio(sum(len(objs) for objs in images), len(images))
+    overall["categories_per_image"] = ratio(
+        sum(len({o.category for o in objs}) for objs in images), len(images)
+    )
     return {
         "images": len(images),
         "pairs": pairs,
-        "overall": _summary(tot, ratio),
+        "overall": overall,
         "category_frequency": {k: freq[k] / len(images) if images else 0.0 for k in vocab.CATEGORY_NAMES},
     }
 
@@ -68,5 +82,7 @@ def _summary(c: Counter, ratio) -> dict[str, Any]:
         "p_partner_given_no_anchor": ratio(c["nap"], c["na"]),
         "partner_small_with_anchor": ratio(c["small"], c["inst"]),
         "partner_occluded_with_anchor": ratio(c["occ"], c["inst"]),
+        "partner_hidden_with_anchor": ratio(c["hidden"], c["inst"]),
         "partner_mean_occlusion_with_anchor": ratio(c["occ_sum"], c["inst"]),
+        "absent_partner_images": ratio(c["a"] - c["ap"], c["images"]),
     }

@@ -58,7 +58,9 @@ def test_default_world_has_the_cooccurrence_prior():
     assert 0.72 <= o["p_partner_given_anchor"] <= 0.88  # the knob is 0.8
     assert o["p_partner_given_no_anchor"] < 0.1
     assert o["partner_small_with_anchor"] > 0.5
-    assert o["partner_occluded_with_anchor"] > 0.3
+    assert o["partner_occluded_with_anchor"] > 0.4
+    assert o["partner_hidden_with_anchor"] > 0.2  # hard to see at all: named from context
+    assert 0.1 < o["absent_partner_images"] < 0.3  # chances to hallucinate a partner
     off = cooccurrence_stats(generate_notes(WorldConfig(notes=200, cooccurrence=0.0)))
     assert off["overall"]["p_partner_given_anchor"] == 0.0
 
@@ -157,3 +159,32 @@ def test_every_data_command_has_help(sub, capsys):
         main(["data", sub, "--help"])
     assert e.value.code == 0
     assert len(capsys.readouterr().out) > 100
+
+
+def test_cooccurrence_stats_golden():
+    from mm.data.format import Note, ObjectAnnotation
+
+    def obj(cat, size="medium", occ=0.0):
+        return ObjectAnnotation(category=cat, bbox=(0, 0, 4, 4), color="red", size=size, occluded=occ)
+
+    note = Note(
+        id="n",
+        images=["a", "b", "c", "d"],
+        objects=[
+            [obj("fork"), obj("knife", "small", 0.8)],  # anchor + hidden small partner
+            [obj("fork"), obj("knife", "large", 0.0)],  # anchor + visible partner
+            [obj("fork"), obj("plate")],  # anchor alone: a chance to hallucinate "knife"
+            [obj("knife")],  # partner without anchor
+        ],
+    )
+    s = cooccurrence_stats([note])
+    p = s["pairs"]["fork->knife"]
+    assert p["anchor_images"] == 3
+    assert p["p_partner_given_anchor"] == 2 / 3
+    assert p["p_partner_given_no_anchor"] == 1.0
+    assert p["partner_small_with_anchor"] == 0.5
+    assert p["partner_occluded_with_anchor"] == 0.5 and p["partner_hidden_with_anchor"] == 0.5
+    assert p["partner_mean_occlusion_with_anchor"] == 0.4
+    assert p["absent_partner_images"] == 0.25
+    assert s["pairs"]["cup->saucer"]["p_partner_given_anchor"] is None
+    assert s["overall"]["objects_per_image"] == 7 / 4 and s["category_frequency"]["fork"] == 0.75
