@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from test_sft_helpers import make_world, tiny_train_config
+from test_sft_helpers import TINY_VISION, make_world, tiny_train_config
 
 from mm.cli import main
 
@@ -117,3 +117,48 @@ def test_pretrain_mismatch_is_a_clear_error(tmp_path, world, capsys):
     cfg = tiny_train_config(tmp_path / "c.yaml")
     assert _run(cfg, tmp_path / "out", world, "--set", f"init.pretrain={tmp_path}") == 2
     assert "neither a checkpoint folder nor a run folder" in capsys.readouterr().err
+
+
+def test_align_starts_from_an_infonce_checkpoint(tmp_path, world, capsys):
+    import yaml
+    from safetensors.torch import load_file
+
+    from mm.model import NoteVLMForConditionalGeneration
+
+    pre_cfg = tmp_path / "pre.yaml"
+    pre_cfg.write_text(
+        yaml.safe_dump(
+            {
+                "model": {
+                    "vision": {**TINY_VISION, "image_size": 64, "patch_size": 16},
+                    "fusion": {"kind": "qformer", "budget": 4, "layers": 1, "heads": 2},
+                    "text": {"width": 32, "layers": 1, "heads": 2, "max_len": 128},
+                    "d_model": 32,
+                    "embed_dim": 16,
+                },
+                "optim": {"warmup_steps": 1},
+                "train": {"steps": 2, "batch_size": 8, "eval_every": 2, "checkpoint_every": 2},
+            }
+        )
+    )  # fmt: skip
+    pre = tmp_path / "pre"
+    assert (
+        main(["pretrain", "--config", str(pre_cfg), "--out", str(pre), "--data", str(world), "--no-progress"])
+        == 0
+    )
+    cfg = tiny_train_config(tmp_path / "a.yaml", train={"stage": "align", "steps": 1})
+    align = tmp_path / "align"
+    assert _run(cfg, align, world, "--set", f"init.pretrain={pre}", "--set", "optim.lr=0.0") == 0
+    res = json.loads((align / "result.json").read_text())
+    assert res["origin"]["init"] == "pretrain" and res["origin"]["tensors"]["fusion"] > 0
+    model = NoteVLMForConditionalGeneration.from_pretrained(str(align / "model"))
+    assert model.config.fusion_kind == "qformer" and model.config.vision_config["image_size"] == 64
+    state = load_file(str(pre / "checkpoints" / "step-00000002" / "model.safetensors"))
+    for prefix, part in (("vision.", model.vision_tower), ("fusion.", model.fusion)):
+        for k, v in part.state_dict().items():
+            assert torch.equal(state[prefix + k], v), prefix + k  # lr 0: weights are the pretrained ones
+    # an LM whose width differs from the pretraining d_model cannot take the fusion: one clear line
+    bad = _run(
+        cfg, tmp_path / "bad", world, "--set", f"init.pretrain={pre}", "--set", "model.text.hidden_size=64"
+    )
+    assert bad == 2 and "set model.text.hidden_size=32" in capsys.readouterr().err
