@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -107,4 +108,7 @@ def _world(args: argparse.Namespace) -> int:
     )
     n_img = sum(len(n.images) for n in notes)
     print(f"wrote {len(notes)} notes ({n_img} images) to {args.out} in {time.perf_counter() - t0:.1f}s")
+    stats = json.loads((Path(args.out) / "stats.json").read_text())["overall"]
+    keys = ("p_partner_given_anchor", "partner_hidden_with_anchor", "absent_partner_images")
+    print("co-occurrence: " + ", ".join(f"{k}={stats[k]:.3f}" for k in keys if stats[k] is not None))
     return 0

@@ -10,6 +10,7 @@ interrupted or failed run leaves nothing half-written.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 from dataclasses import replace
@@ -17,15 +18,22 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import yaml
 
+from mm.config import to_dict
 from mm.data.format import Note, staged_folder, write_notes
 from mm.world import text, vocab
 from mm.world.config import WorldConfig
 from mm.world.render import render_scene
 from mm.world.scene import sample_scene
+from mm.world.stats import cooccurrence_stats
 
 IMAGE_DIR = "images"
 """Sub-folder of the output folder that holds the PNGs."""
+CONFIG_FILE = "world.yaml"
+"""The ``WorldConfig`` a folder was generated with (``mm data world --config`` reproduces it)."""
+STATS_FILE = "stats.json"
+"""``cooccurrence_stats`` of the folder's notes."""
 
 
 # Huffman-only deflate: noisy tiny images barely compress with LZ77; this is ~30% faster and smaller.
@@ -113,7 +121,7 @@ def write_world(
     overwrite: bool = False,
     progress: bool = False,
 ) -> list[Note]:
-    """Generate ``cfg.notes`` notes into folder ``out`` (notes.jsonl + images/); returns the notes.
+    """Generate ``cfg.notes`` notes into ``out`` (notes.jsonl, images/, world.yaml, stats.json).
 
     ``out`` must not exist or be empty unless ``overwrite``; the folder appears complete or not at
     all. ``workers`` > 1 forks that many processes (same output as one); ``progress`` shows a bar.
@@ -139,6 +147,8 @@ def write_world(
         bar.close()
         notes = [n for part in parts for n in part]
         write_notes(notes, tmp)
+        (tmp / CONFIG_FILE).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        (tmp / STATS_FILE).write_text(json.dumps(cooccurrence_stats(notes), indent=1) + "\n")
     return notes
 
 

@@ -102,6 +102,8 @@ def test_write_world_round_trip_and_refuses_nonempty(tmp_path):
     notes = write_world(WorldConfig(notes=12), out)
     back = read_notes(out)
     assert back == notes
+    assert load_config(WorldConfig, out / "world.yaml") == WorldConfig(notes=12)  # reproducible
+    assert json.loads((out / "stats.json").read_text())["images"] == sum(len(n.images) for n in notes)
     img = cv2.imread(str(out / back[0].images[0]))[:, :, ::-1]
     assert np.array_equal(img, generate_note(WorldConfig(), 0)[1][0])
     with pytest.raises(Exception, match="not empty"):
