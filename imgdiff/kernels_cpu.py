@@ -208,27 +208,39 @@ def exact_stats_numba(a: np.ndarray, b: np.ndarray, *, thr: int, boxes: np.ndarr
 def _robust_sums(a2, b2, a64, b64, c, y0, y1, x0, x1, bs, r, margin, S, N, strong_tiles):  # noqa: PLR0913
     h = a2.shape[0]
     w = a2.shape[1] // c
-    d = np.zeros(4, np.int64)
     skip_rows = a64.shape[1] > 0
     for y in range(y0, y1):
         if skip_rows and not _row_differs(a64, b64, y):
             continue
         by = y // bs
-        for x in range(x0, x1):
-            ad = np.int64(0)
-            for ch in range(c):
-                v = np.int64(b2[y, x * c + ch]) - np.int64(a2[y, x * c + ch])
-                d[ch] = v
-                ad = max(ad, abs(v))
-            if ad == 0:
-                continue
-            bx = x // bs
-            if ad > margin and _strong(a2, b2, c, h, w, y, x, r, margin):
-                N[by, bx] -= 1
-                strong_tiles[y // TILE, x // TILE] = True
-                continue
-            for ch in range(c):
-                S[by, bx, ch] += d[ch]
+        for bx in range(x0 // bs, (x1 + bs - 1) // bs):
+            s0 = s1 = s2 = s3 = np.int64(0)  # per-channel sums of this block-row segment
+            for x in range(max(bx * bs, x0), min(bx * bs + bs, x1)):
+                e = x * c
+                v0 = np.int64(b2[y, e]) - np.int64(a2[y, e])
+                v1 = v2 = v3 = np.int64(0)
+                if c > 1:
+                    v1 = np.int64(b2[y, e + 1]) - np.int64(a2[y, e + 1])
+                if c > 2:
+                    v2 = np.int64(b2[y, e + 2]) - np.int64(a2[y, e + 2])
+                if c > 3:
+                    v3 = np.int64(b2[y, e + 3]) - np.int64(a2[y, e + 3])
+                ad = max(max(abs(v0), abs(v1)), max(abs(v2), abs(v3)))
+                if ad > margin and _strong(a2, b2, c, h, w, y, x, r, margin):
+                    N[by, bx] -= 1
+                    strong_tiles[y // TILE, x // TILE] = True
+                    continue
+                s0 += v0
+                s1 += v1
+                s2 += v2
+                s3 += v3
+            S[by, bx, 0] += s0
+            if c > 1:
+                S[by, bx, 1] += s1
+            if c > 2:
+                S[by, bx, 2] += s2
+            if c > 3:
+                S[by, bx, 3] += s3
 
 
 def robust_sums_numba(a, b, crop, *, block, window, margin):
@@ -248,16 +260,24 @@ def robust_sums_numba(a, b, crop, *, block, window, margin):
 
 
 @numba.njit(cache=True, nogil=True)
-def _texture_block_sums(R, bs, R1, R2):  # pragma: no cover - compiled
-    h, w, c = R.shape
-    for y in range(h):
-        by = y // bs
-        for x in range(w):
-            bx = x // bs
-            for ch in range(c):
-                v = np.int64(R[y, x, ch])
-                R1[by, bx, ch] += v
-                R2[by, bx, ch] += v * v
+def _texture_block_sums(R, c, bs, R1, R2):  # pragma: no cover - compiled
+    h, n = R.shape  # (h, w*C) elements
+    w = n // c
+    acc1 = np.zeros(n, np.int64)  # column sums over the rows of one block row (contiguous: vectorised)
+    acc2 = np.zeros(n, np.int64)
+    for by in range(R1.shape[0]):
+        acc1[:] = 0
+        acc2[:] = 0
+        for y in range(by * bs, min(h, by * bs + bs)):
+            for e in range(n):
+                v = np.int64(R[y, e])
+                acc1[e] += v
+                acc2[e] += v * v
+        for bx in range(R1.shape[1]):
+            for x in range(bx * bs, min(w, bx * bs + bs)):
+                for ch in range(c):
+                    R1[by, bx, ch] += acc1[x * c + ch]
+                    R2[by, bx, ch] += acc2[x * c + ch]
 
 
 def texture_block_sums_numba(R: np.ndarray, bs: int) -> tuple[np.ndarray, np.ndarray]:
@@ -265,5 +285,5 @@ def texture_block_sums_numba(R: np.ndarray, bs: int) -> tuple[np.ndarray, np.nda
     h, w, c = R.shape
     R1 = np.zeros((-(-h // bs), -(-w // bs), c), np.int64)
     R2 = np.zeros_like(R1)
-    _texture_block_sums(np.ascontiguousarray(R), bs, R1, R2)
+    _texture_block_sums(np.ascontiguousarray(R).reshape(h, w * c), c, bs, R1, R2)
     return R1, R2

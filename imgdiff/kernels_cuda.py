@@ -25,7 +25,9 @@ from numba import cuda, int64, uint32  # module-level: the simulator swaps these
 from imgdiff.regions import TILE, TileStats, empty_stats
 
 T = 16
-"""Threads per side of a CUDA thread block (T*T = 256 threads)."""
+"""Threads per side of a CUDA thread block."""
+NT = 256
+"""Threads per CUDA thread block (T*T; a literal: shared-array shapes must be compile-time constants)."""
 
 
 def _require_gpu() -> None:
@@ -59,7 +61,10 @@ def _strong(a2, b2, c, h, w, y, x, r, margin):  # pragma: no cover - device code
                 pa, pb = int(a2[yy, xx * c + ch]), int(b2[yy, xx * c + ch])
                 amin, amax = min(amin, pa), max(amax, pa)
                 bmin, bmax = min(bmin, pb), max(bmax, pb)
-        if vb - amax > margin or amin - vb > margin or va - bmax > margin or bmin - va > margin:
+        # Compare before subtracting: the pixel values may be unsigned on the device (no wrap-around).
+        if (vb > amax and vb - amax > margin) or (amin > vb and amin - vb > margin):
+            return True
+        if (va > bmax and va - bmax > margin) or (bmin > va and bmin - va > margin):
             return True
     return False
 
@@ -71,7 +76,7 @@ def _block_max_kernel(a2, b2, c, block, grid):  # pragma: no cover - device code
     gy, gx = cuda.blockIdx.y, cuda.blockIdx.x
     ty, tx = cuda.threadIdx.y, cuda.threadIdx.x
     tid = ty * T + tx
-    buf = cuda.shared.array(T * T, uint32)
+    buf = cuda.shared.array(NT, uint32)
     m = 0
     for yy in range(ty, block, T):
         for xx in range(tx, block, T):
@@ -80,7 +85,7 @@ def _block_max_kernel(a2, b2, c, block, grid):  # pragma: no cover - device code
                 m = max(m, _pixel_absmax(a2, b2, c, y, x))
     buf[tid] = m
     cuda.syncthreads()
-    s = T * T // 2
+    s = NT // 2
     while s > 0:
         if tid < s:
             buf[tid] = max(buf[tid], buf[tid + s])
@@ -108,8 +113,8 @@ def _robust_sums_kernel(a2, b2, c, y0, x0, bs, r, margin, S, nstrong, strong_til
     by, bx = y0 // bs + cuda.blockIdx.y, x0 // bs + cuda.blockIdx.x
     ty, tx = cuda.threadIdx.y, cuda.threadIdx.x
     tid = ty * T + tx
-    sums = cuda.shared.array((4, T * T), int64)
-    cnt = cuda.shared.array(T * T, int64)
+    sums = cuda.shared.array((4, NT), int64)
+    cnt = cuda.shared.array(NT, int64)
     for ch in range(4):
         sums[ch, tid] = 0
     cnt[tid] = 0
@@ -123,9 +128,13 @@ def _robust_sums_kernel(a2, b2, c, y0, x0, bs, r, margin, S, nstrong, strong_til
                     strong_tiles[y // TILE, x // TILE] = True
                 elif ad > 0:
                     for ch in range(c):
-                        sums[ch, tid] += int(b2[y, x * c + ch]) - int(a2[y, x * c + ch])
+                        p, q = int(a2[y, x * c + ch]), int(b2[y, x * c + ch])
+                        if q >= p:  # signed delta without unsigned wrap-around
+                            sums[ch, tid] += q - p
+                        else:
+                            sums[ch, tid] -= p - q
     cuda.syncthreads()
-    s = T * T // 2
+    s = NT // 2
     while s > 0:
         if tid < s:
             for ch in range(4):
@@ -162,10 +171,10 @@ def _tile_stats_kernel(a2, b2, c, tys, txs, thr, area, ab, margin, r, boxes, cou
     ty_, tx_ = tys[cuda.blockIdx.x], txs[cuda.blockIdx.x]
     ty, tx = cuda.threadIdx.y, cuda.threadIdx.x
     tid = ty * T + tx
-    s_cnt = cuda.shared.array(T * T, int64)
-    s_tot = cuda.shared.array(T * T, int64)
-    s_pk = cuda.shared.array(T * T, int64)
-    s_box = cuda.shared.array((4, T * T), int64)
+    s_cnt = cuda.shared.array(NT, int64)
+    s_tot = cuda.shared.array(NT, int64)
+    s_pk = cuda.shared.array(NT, int64)
+    s_box = cuda.shared.array((4, NT), int64)
     y, x = ty_ * TILE + ty, tx_ * TILE + tx
     hit = False
     ad = 0
@@ -188,7 +197,7 @@ def _tile_stats_kernel(a2, b2, c, tys, txs, thr, area, ab, margin, r, boxes, cou
     s_box[2, tid] = x if hit else -1
     s_box[3, tid] = y if hit else -1
     cuda.syncthreads()
-    s = T * T // 2
+    s = NT // 2
     while s > 0:
         if tid < s:
             s_cnt[tid] += s_cnt[tid + s]

@@ -253,7 +253,7 @@ def texture_sums(a, b, tops, strong_tiles, params: RobustParams, margin: float, 
     e = sp + 1
     ey0, ey1, ex0, ex1 = max(y0 - e, 0), min(y1 + e, h), max(x0 - e, 0), min(x1 + e, w)
     A = a[ey0:ey1, ex0:ex1]  # (h'', w'', C)
-    rng = _morph(A, cv2.dilate, 3) - _morph(A, cv2.erode, 3)
+    rng = cv2.morphologyEx(A, cv2.MORPH_GRADIENT, np.ones((3, 3), np.uint8)).reshape(A.shape)  # 3x3 max-min
     if sp:
         rng = _morph(rng, cv2.dilate, 2 * sp + 1)
     R = rng[y0 - ey0 : y1 - ey0, x0 - ex0 : x1 - ex0]  # (h', w', C) raw, a view
@@ -284,9 +284,14 @@ def flag_area(S, N, R1, R2, params: RobustParams, scale: int) -> np.ndarray:
     for lev in range(p.levels):
         if lev:
             S, N, R1, R2 = _pool2(S), _pool2(N), _pool2(R1), _pool2(R2)
-        V = N[:, :, None] * (s0 * s0) + (2 * s0 * g) * R1 + (g * g) * R2  # (hb_l, wb_l, C) levels**2
-        aS = np.abs(S) / scale
-        flag = ((aS > p.z * np.sqrt(V)) & (aS > p.min_mean * N[:, :, None])).any(axis=2)
+        aS = np.abs(S) / scale  # (hb_l, wb_l, C) levels
+        cand = aS > p.min_mean * N[:, :, None]  # cheap test first; V only where it passes
+        flag = np.zeros(N.shape, bool)
+        if cand.any():
+            i, j, k = np.nonzero(cand)
+            V = N[i, j] * (s0 * s0) + (2 * s0 * g) * R1[i, j, k] + (g * g) * R2[i, j, k]  # levels**2
+            hit = aS[i, j, k] > p.z * np.sqrt(V)
+            flag[i[hit], j[hit]] = True
         if flag.any():
             side = 1 << lev
             area |= np.repeat(np.repeat(flag, side, axis=0), side, axis=1)
