@@ -74,6 +74,12 @@ class FormatError(UserError):
     """A record does not follow the note format; the message names the file and line."""
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _expect(cond: bool, what: str) -> None:
     if not cond:
         raise ValueError(what)
@@ -329,6 +335,7 @@ def write_notes(notes: list[Note], folder: str | Path) -> Path:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for n in notes:
                 f.write(json.dumps(n.to_json(), ensure_ascii=False) + "\n")
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -350,6 +357,7 @@ def staged_folder(out: str | Path, *, overwrite: bool = False) -> Iterator[Path]
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; give the usual folder mode
     try:
         yield tmp
         if out.exists():

@@ -39,6 +39,16 @@ def test_round_trip(tmp_path):
     }  # fmt: skip
 
 
+def test_written_file_has_the_usual_mode(tmp_path):
+    import os
+    import stat
+
+    path = write_notes([_note(0)], tmp_path)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask
+
+
 def test_defaults_fill_per_image_lists():
     n = Note(id="x", images=["a.png", "b.png"])
     assert n.image_captions == ["", ""] and n.objects == [[], []]

@@ -131,8 +131,9 @@ def test_cli_world_and_stats(tmp_path, capsys):
         == 0
     )
     assert len(read_notes(out)) == 20
+    assert "p_partner_given_anchor=" in capsys.readouterr().out
     assert main(["data", "stats", str(out)]) == 0
-    stats = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    stats = json.loads(capsys.readouterr().out)
     assert stats["images"] == sum(len(n.images) for n in read_notes(out))
     assert main(["data", "world", "--out", str(out), "--notes", "5"]) == 2
     assert "not empty" in capsys.readouterr().err
