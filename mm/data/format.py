@@ -70,6 +70,12 @@ _NOTE_KEYS = (
 )
 
 
+_NOTE_KEY_SET = frozenset(_NOTE_KEYS)
+_OBJECT_KEYS = frozenset({"category", "bbox", "color", "size", "occluded"})
+_QUESTION_KEYS = frozenset({"question_id", "question", "answer", "image", "object"})
+_NUM = (int, float)  # exact types: bool is not a number here
+
+
 class FormatError(UserError):
     """A record does not follow the note format; the message names the file and line."""
 
@@ -78,11 +84,6 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-def _expect(cond: bool, what: str) -> None:
-    if not cond:
-        raise ValueError(what)
 
 
 @dataclass
@@ -102,21 +103,19 @@ class ObjectAnnotation:
 
     @classmethod
     def from_json(cls, d: Any) -> ObjectAnnotation:
-        _expect(isinstance(d, dict), f"object must be a mapping, got {type(d).__name__}")
-        _expect(isinstance(d.get("category"), str), f"object needs a string 'category', got {d!r}")
+        # messages are built only on failure: this runs for every object of every note
+        if not isinstance(d, dict):
+            raise ValueError(f"object must be a mapping, got {type(d).__name__}")
+        if not isinstance(d.get("category"), str):
+            raise ValueError(f"object needs a string 'category', got {d!r}")
         bbox = d.get("bbox")
-        _expect(
-            isinstance(bbox, list | tuple)
-            and len(bbox) == 4
-            and all(isinstance(v, int | float) for v in bbox),
-            f"object bbox must be 4 numbers [x0, y0, x1, y1], got {bbox!r}",
-        )
+        if not (isinstance(bbox, list | tuple) and len(bbox) == 4 and all(type(v) in _NUM for v in bbox)):
+            raise ValueError(f"object bbox must be 4 numbers [x0, y0, x1, y1], got {bbox!r}")
         occ = d.get("occluded", 0.0)
-        _expect(
-            isinstance(occ, int | float) and 0.0 <= occ <= 1.0, f"'occluded' must be in [0, 1], got {occ!r}"
-        )
-        unknown = set(d) - {"category", "bbox", "color", "size", "occluded"}
-        _expect(not unknown, f"object has unknown key(s) {sorted(unknown)}")
+        if not (type(occ) in _NUM and 0.0 <= occ <= 1.0):
+            raise ValueError(f"'occluded' must be in [0, 1], got {occ!r}")
+        if not d.keys() <= _OBJECT_KEYS:
+            raise ValueError(f"object has unknown key(s) {sorted(set(d) - _OBJECT_KEYS)}")
         return cls(
             category=d["category"],
             bbox=tuple(bbox),  # type: ignore[arg-type]
@@ -152,17 +151,18 @@ class Question:
 
     @classmethod
     def from_json(cls, d: Any) -> Question:
-        _expect(isinstance(d, dict), f"question must be a mapping, got {type(d).__name__}")
+        if not isinstance(d, dict):
+            raise ValueError(f"question must be a mapping, got {type(d).__name__}")
         for k in ("question_id", "question", "answer"):
-            _expect(isinstance(d.get(k), str), f"question needs a string {k!r}, got {d.get(k)!r}")
-        _expect(d["answer"] in ("yes", "no"), f"question answer must be 'yes' or 'no', got {d['answer']!r}")
+            if not isinstance(d.get(k), str):
+                raise ValueError(f"question needs a string {k!r}, got {d.get(k)!r}")
+        if d["answer"] not in ("yes", "no"):
+            raise ValueError(f"question answer must be 'yes' or 'no', got {d['answer']!r}")
         img = d.get("image")
-        _expect(
-            img is None or (isinstance(img, int) and img >= 0),
-            f"question image must be >= 0 or null, got {img!r}",
-        )
-        unknown = set(d) - {"question_id", "question", "answer", "image", "object"}
-        _expect(not unknown, f"question has unknown key(s) {sorted(unknown)}")
+        if not (img is None or (type(img) is int and img >= 0)):
+            raise ValueError(f"question image must be >= 0 or null, got {img!r}")
+        if not d.keys() <= _QUESTION_KEYS:
+            raise ValueError(f"question has unknown key(s) {sorted(set(d) - _QUESTION_KEYS)}")
         return cls(d["question_id"], d["question"], d["answer"], img, d.get("object"))
 
     def to_json(self) -> dict[str, Any]:
@@ -226,42 +226,36 @@ class Note:
     @classmethod
     def from_json(cls, d: Any) -> Note:
         """Parse one JSON record; ``ValueError`` saying which field is wrong."""
-        _expect(isinstance(d, dict), f"note must be a JSON object, got {type(d).__name__}")
-        unknown = set(d) - set(_NOTE_KEYS)
-        _expect(not unknown, f"note has unknown key(s) {sorted(unknown)}")
-        _expect(
-            isinstance(d.get("id"), str) and d["id"] != "",
-            f"note needs a non-empty string 'id', got {d.get('id')!r}",
-        )
+        if not isinstance(d, dict):
+            raise ValueError(f"note must be a JSON object, got {type(d).__name__}")
+        if not d.keys() <= _NOTE_KEY_SET:
+            raise ValueError(f"note has unknown key(s) {sorted(set(d) - _NOTE_KEY_SET)}")
+        if not (isinstance(d.get("id"), str) and d["id"] != ""):
+            raise ValueError(f"note needs a non-empty string 'id', got {d.get('id')!r}")
         images = d.get("images")
-        _expect(
-            isinstance(images, list) and all(isinstance(p, str) for p in images),
-            f"note 'images' must be a list of paths, got {images!r}",
-        )
+        if not (isinstance(images, list) and all(isinstance(p, str) for p in images)):
+            raise ValueError(f"note 'images' must be a list of paths, got {images!r}")
         objects = d.get("objects", [])
-        _expect(
-            isinstance(objects, list) and all(isinstance(o, list) for o in objects),
-            "'objects' must be a list of lists",
-        )
+        if not (isinstance(objects, list) and all(isinstance(o, list) for o in objects)):
+            raise ValueError("'objects' must be a list of lists")
         convs = d.get("conversations")
-        if convs is not None:
-            _expect(
-                isinstance(convs, list)
-                and all(
-                    isinstance(t, dict) and isinstance(t.get("from"), str) and isinstance(t.get("value"), str)
-                    for t in convs
-                ),
-                "'conversations' must be a list of {'from': str, 'value': str}",
+        if convs is not None and not (
+            isinstance(convs, list)
+            and all(
+                isinstance(t, dict) and isinstance(t.get("from"), str) and isinstance(t.get("value"), str)
+                for t in convs
             )
+        ):
+            raise ValueError("'conversations' must be a list of {'from': str, 'value': str}")
         text = d.get("text", "")
-        _expect(isinstance(text, str), f"'text' must be a string, got {type(text).__name__}")
+        if not isinstance(text, str):
+            raise ValueError(f"'text' must be a string, got {type(text).__name__}")
         caps = d.get("image_captions", [])
-        _expect(
-            isinstance(caps, list) and all(isinstance(c, str) for c in caps),
-            "'image_captions' must be a list of strings",
-        )
+        if not (isinstance(caps, list) and all(isinstance(c, str) for c in caps)):
+            raise ValueError("'image_captions' must be a list of strings")
         qs = d.get("questions", [])
-        _expect(isinstance(qs, list), "'questions' must be a list")
+        if not isinstance(qs, list):
+            raise ValueError("'questions' must be a list")
         return cls(
             id=d["id"],
             images=list(images),
