@@ -5,8 +5,9 @@
   annotation id); objects come from instances with COCO category names, ``bbox`` converted from
   ``[x, y, w, h]`` to ``[x0, y0, x1, y1]`` and ``size`` from COCO's area rule (small < 32^2 <=
   medium < 96^2 <= large); colours are unknown (null).
-- :func:`read_llava`: LLaVA conversation JSON (a list of ``{"id", "image", "conversations"}``) ->
-  one note per record, ``text`` = the first ``gpt`` turn, conversations kept verbatim.
+- :func:`read_llava`: LLaVA conversation JSON (a list of ``{"id", "image", "conversations"}``;
+  ``image`` may also be a list of files: a multi-image note) -> one note per record, ``text`` =
+  the first ``gpt`` turn, conversations kept verbatim.
 - :func:`read_pope`: POPE question JSONL (``{"question_id", "image", "text", "label"}`` per line)
   -> one note per image holding its yes/no questions.
 
@@ -47,6 +48,8 @@ class ReadReport:
     """Skip reason -> count."""
     examples: list[str] = field(default_factory=list)
     """The first few skipped records as ``where: why``."""
+    ignored: Counter = field(default_factory=Counter)
+    """Well-formed records that do not apply (e.g. annotations of images not converted) -> count."""
 
     def skip(self, where: str, why: str, *, strict: bool) -> None:
         """Count a bad record, or raise naming it when ``strict``."""
@@ -62,6 +65,8 @@ class ReadReport:
         s = f"{self.source}: {self.notes} notes, {self.skipped} bad records skipped"
         if self.skipped:
             s += f" ({dict(self.reasons)}; first: {self.examples[0]})"
+        if self.ignored:
+            s += f"; ignored {dict(self.ignored)}"
         return s
 
 
@@ -124,7 +129,8 @@ def read_coco(
             report.skip(where, "caption annotation needs int 'image_id' and str 'caption'", strict=strict)
             continue
         if a["image_id"] not in files:
-            continue  # its image was already reported (or is not in this file): not a new error
+            report.ignored["captions of skipped or unlisted images"] += 1
+            continue
         key = (a.get("id", i) if isinstance(a.get("id", i), int) else i, a["caption"].strip())
         texts[a["image_id"]] = min(texts.get(a["image_id"], key), key)
     objects: dict[int, list[ObjectAnnotation]] = {k: [] for k in files}
@@ -145,6 +151,7 @@ def read_coco(
                 report.skip(where, f"unknown category_id: {a.get('category_id')!r}", strict=strict)
                 continue
             if a.get("image_id") not in objects:
+                report.ignored["instances of skipped or unlisted images"] += 1
                 continue
             x, y, w, h = (float(v) for v in bbox)
             if w <= 0 or h <= 0:
@@ -192,7 +199,9 @@ def read_llava(
             report.skip(where, "record needs an 'id'", strict=strict)
             continue
         where += f" (id {r['id']!r})"
-        if not isinstance(r.get("image"), str):
+        image = r.get("image")
+        names = [image] if isinstance(image, str) else image
+        if not (isinstance(names, list) and 1 <= len(names) and all(isinstance(x, str) for x in names)):
             report.skip(where, "no image (text-only records are not notes)", strict=strict)
             continue
         convs = r.get("conversations")
@@ -210,8 +219,9 @@ def read_llava(
                 strict=strict,
             )
             continue
-        if not (img_dir / r["image"]).is_file():
-            report.skip(where, f"missing image file: {img_dir / r['image']}", strict=strict)
+        missing = [x for x in names if not (img_dir / x).is_file()]
+        if missing:
+            report.skip(where, f"missing image file: {img_dir / missing[0]}", strict=strict)
             continue
         nid = f"llava_{_safe_id(r['id'])}"
         if nid in seen:
@@ -224,7 +234,7 @@ def read_llava(
                 id=nid,
                 split=split,
                 source="llava",
-                images=[f"{IMAGE_DIR}/{r['image']}"],
+                images=[f"{IMAGE_DIR}/{x}" for x in names],
                 text=answer,
                 conversations=[{"from": t["from"], "value": t["value"]} for t in convs],
             )

@@ -60,6 +60,7 @@ def test_coco_notes_objects_and_report(coco):
     assert (dog.category, dog.bbox, dog.size, dog.color) == ("dog", (10.0, 20.0, 40.0, 60.0), "small", None)
     assert notes[1].objects[0][0].size == "large"
     assert report.notes == 2 and report.skipped == 3  # missing image, unknown category, bad bbox
+    assert report.ignored == {"captions of skipped or unlisted images": 1}
     assert "missing image file" in report.summary()
     with pytest.raises(FormatError, match=r"captions.json: images\[2\]: missing image file"):
         read_coco(coco / "captions.json", coco / "instances.json", images=coco / "imgs", strict=True)
@@ -91,16 +92,19 @@ def test_coco_bad_json_names_file_and_line(tmp_path):
 
 def test_llava(tmp_path):
     _img(tmp_path / "imgs", "x.png")
+    _img(tmp_path / "imgs", "y.png")
     data = [
         {"id": "000001", "image": "x.png", "conversations": [
             {"from": "human", "value": "<image>\nWhat is this?"}, {"from": "gpt", "value": "A fork."}]},
         {"id": "2", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},
         {"id": "3", "image": "x.png", "conversations": [{"from": "robot", "value": "?"}]},
         {"id": "4", "image": "nope.png", "conversations": [{"from": "human", "value": "?"}]},
+        {"id": "5", "image": ["x.png", "y.png"], "conversations": [{"from": "gpt", "value": "Two."}]},
     ]  # fmt: skip
     (tmp_path / "l.json").write_text(json.dumps(data))
     notes, report = read_llava(tmp_path / "l.json", images=tmp_path / "imgs")
-    assert len(notes) == 1 and notes[0].id == "llava_000001" and notes[0].text == "A fork."
+    assert [n.id for n in notes] == ["llava_000001", "llava_5"] and notes[0].text == "A fork."
+    assert notes[1].images == ["images/x.png", "images/y.png"]  # a multi-image note
     assert notes[0].conversations[0]["value"].startswith("<image>")
     assert report.skipped == 3 and report.reasons["missing image file"] == 1
     with pytest.raises(FormatError, match=r"l.json: record 1 \(id '2'\): no image"):
@@ -121,7 +125,7 @@ def test_llava(tmp_path):
         )
         == 0
     )
-    assert read_notes(out)[0].conversations == notes[0].conversations
+    assert read_notes(out) == notes
 
 
 def test_pope(tmp_path):
