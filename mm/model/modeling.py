@@ -49,7 +49,7 @@ class NoteVLMPreTrainedModel(PreTrainedModel):
     """Shared transformers plumbing (config class, checkpointing and attention support flags)."""
 
     config_class = NoteVLMConfig
-    base_model_prefix = "notevlm"
+    base_model_prefix = "model"
     input_modalities = ("image", "text")
     supports_gradient_checkpointing = True
     _supports_sdpa = True
@@ -230,7 +230,6 @@ class NoteVLMForConditionalGeneration(NoteVLMPreTrainedModel, GenerationMixin):
     ``lm_head``; ``vision_tower``, ``fusion`` and ``language_model`` are shortcuts into ``model``.
     """
 
-    base_model_prefix = "model"
     _tied_weights_keys = {"lm_head.weight": "model.language_model.embed_tokens.weight"}
 
     def __init__(self, config: NoteVLMConfig) -> None:

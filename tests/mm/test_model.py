@@ -135,3 +135,26 @@ def test_config_fields_reach_the_model():
     out = model(**_batch(proc))
     assert torch.isfinite(out.loss)
     assert model.generation_config.suppress_tokens == [cfg.image_token_id]
+
+
+@pytest.mark.parametrize("family, tie", [("qwen2", True), ("llama", False)])
+def test_tied_head_and_llama_family_round_trip(tmp_path, family, tie):
+    from transformers import AutoModelForImageTextToText
+
+    text = {
+        "model_type": family,
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": tie,
+    }
+    model = tiny_model(text_config=text, tie_word_embeddings=tie)
+    assert (model.lm_head.weight is model.get_input_embeddings().weight) == tie
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForImageTextToText.from_pretrained(tmp_path).eval()
+    assert (loaded.lm_head.weight is loaded.get_input_embeddings().weight) == tie
+    batch = _batch(tiny_processor())
+    assert torch.equal(model(**batch).logits, loaded(**batch).logits)
