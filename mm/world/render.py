@@ -11,6 +11,7 @@ by objects drawn after it.
 
 from __future__ import annotations
 
+import math
 from functools import cache
 
 import cv2
@@ -60,10 +61,14 @@ def _pts(points: list[tuple[float, float]]) -> np.ndarray:
     return (np.asarray(points, dtype=np.float64) * _ONE).round().astype(np.int32)[None]  # (1, K, 2)
 
 
+_STAR_UNIT = tuple(
+    (rad * math.cos(-math.pi / 2 + k * math.pi / 5), rad * math.sin(-math.pi / 2 + k * math.pi / 5))
+    for k, rad in enumerate((1.0, 0.45) * 5)
+)  # 10 corners of a unit five-pointed star, outer and inner alternating, from the top
+
+
 def _star(cx: float, cy: float, r: float) -> list[tuple[float, float]]:
-    ang = -np.pi / 2 + np.arange(10) * np.pi / 5
-    rad = np.where(np.arange(10) % 2 == 0, r, 0.45 * r)
-    return list(zip(cx + rad * np.cos(ang), cy + rad * np.sin(ang)))
+    return [(cx + r * dx, cy + r * dy) for dx, dy in _STAR_UNIT]
 
 
 def _canvas(size: int | tuple[int, int]) -> np.ndarray:
@@ -139,8 +144,8 @@ def glyph_mask(
 
 def object_box(o: SceneObject, size: int) -> tuple[int, int, int, int]:
     """Pixel box ``(x0, y0, x1, y1)`` (exclusive ends) holding the whole shape, clipped to the image."""
-    x0, y0 = max(0, int(np.floor(o.cx - o.r))), max(0, int(np.floor(o.cy - o.r)))
-    x1, y1 = min(size, int(np.ceil(o.cx + o.r)) + 1), min(size, int(np.ceil(o.cy + o.r)) + 1)
+    x0, y0 = max(0, math.floor(o.cx - o.r)), max(0, math.floor(o.cy - o.r))
+    x1, y1 = min(size, math.ceil(o.cx + o.r) + 1), min(size, math.ceil(o.cy + o.r) + 1)
     return x0, y0, x1, y1
 
 
@@ -173,8 +178,9 @@ def render_scene(
         sm = shape_mask(shp, o.cx - x0, o.cy - y0, o.r, hw)  # (h, w)
         gm = glyph_mask(_GLYPH_OF[o.category], shp, o.cx - x0, o.cy - y0, o.r, hw) & sm
         crop = img[y0:y1, x0:x1]  # (h, w, 3) view
-        crop[sm & ~gm] = _COLOR_U8[o.color]
-        crop[gm] = _GLYPH_U8
+        crop[sm] = _COLOR_U8[o.color]
+        if _GLYPH_OF[o.category] != "solid":
+            crop[gm] = _GLYPH_U8
         masks.append(sm)
     if noise_std > 0:
         bank = _noise_bank(size)  # (K, H, W, 3)
@@ -186,8 +192,8 @@ def render_scene(
     anns = []
     covered = np.zeros((size, size), bool)
     for o, m, (x0, y0, x1, y1) in zip(reversed(objects), reversed(masks), reversed(boxes)):
-        area = int(m.sum())
-        hidden = int((m & covered[y0:y1, x0:x1]).sum())
+        area = int(np.count_nonzero(m))
+        hidden = int(np.count_nonzero(m & covered[y0:y1, x0:x1]))
         covered[y0:y1, x0:x1] |= m
         anns.append(
             ObjectAnnotation(
