@@ -28,17 +28,7 @@ TINY_TEXT_CONFIG: dict[str, Any] = {
 
 
 class NoteVLMConfig(PreTrainedConfig):
-    """Config of :class:`mm.model.modeling.NoteVLMForConditionalGeneration`.
-
-    Fields (all keyword-only):
-        vision_config: field dict of `mm.vision.VisionConfig` (empty dict = that class's defaults).
-        fusion_kind: `mm.fusion.build_fusion` kind: "mlp", "qformer" or "resampler".
-        fusion_budget: K, the number of LM tokens each image becomes (= `<image>` placeholders per image).
-        fusion_kwargs: extra keyword arguments for `build_fusion` (e.g. depth, heads).
-        text_config: the causal LM's config (dict with `model_type`, or a `PreTrainedConfig`); Qwen2 default.
-        image_token_id: id of the `<image>` placeholder token in the tokenizer.
-        max_images: most images a note may have (image slots per sample).
-    """
+    """Config of :class:`mm.model.modeling.NoteVLMForConditionalGeneration` (keyword-only fields)."""
 
     model_type: ClassVar[str] = "notevlm"
     sub_configs_defaults: ClassVar[dict[str, SubConfigSpec]] = {
@@ -48,18 +38,28 @@ class NoteVLMConfig(PreTrainedConfig):
     }
 
     vision_config: dict | None = None
+    """Field dict of `mm.vision.VisionConfig` (empty = that class's defaults)."""
     fusion_kind: str = "mlp"
+    """`mm.fusion.build_fusion` kind: "mlp", "qformer" or "resampler"."""
     fusion_budget: int = 16
+    """K: LM tokens per image = `<image>` placeholders per image."""
     fusion_kwargs: dict | None = None
+    """Extra keyword arguments of `build_fusion` (e.g. layers, heads; `FusionConfig.kind_kwargs()`)."""
     text_config: dict | PreTrainedConfig | None = None
+    """The LM decoder's config (dict with `model_type`, or a `PreTrainedConfig`); tiny Qwen2 by default."""
     image_token_id: int = 4
+    """Id of the `<image>` placeholder token in the tokenizer."""
     max_images: int = 4
+    """Most images per note (image slots per sample)."""
     tie_word_embeddings: bool = False
+    """Share the LM's input embedding with the output head (also taken from text_config)."""
 
     def __post_init__(self, **kwargs: Any) -> None:
         self.vision_config = dict(self.vision_config or {})
         self.fusion_kwargs = dict(self.fusion_kwargs or {})
         super().__post_init__(**kwargs)
+        if self.text_config.tie_word_embeddings:
+            self.tie_word_embeddings = True
         if self.fusion_budget < 1:
             raise ValueError(
                 f"NoteVLMConfig.fusion_budget must be >= 1 (tokens per image), got {self.fusion_budget}"

@@ -151,7 +151,7 @@ def test_tied_head_and_llama_family_round_trip(tmp_path, family, tie):
         "num_key_value_heads": 2,
         "tie_word_embeddings": tie,
     }
-    model = tiny_model(text_config=text, tie_word_embeddings=tie)
+    model = tiny_model(text_config=text)  # the top-level flag follows text_config
     assert (model.lm_head.weight is model.get_input_embeddings().weight) == tie
     model.save_pretrained(tmp_path)
     loaded = AutoModelForImageTextToText.from_pretrained(tmp_path).eval()
