@@ -128,3 +128,54 @@ def generate_rollout(
         truncated=truncated,
         images={k: v.repeat_interleave(group_size, dim=0) for k, v in images.items()},
     )
+
+
+def merge_rollouts(parts: list[tuple[Rollout, list[int]]], *, pad_id: int) -> Rollout:
+    """Rows ``parts[i][1]`` of rollout ``parts[i][0]``, stacked and re-padded into one :class:`Rollout`.
+
+    Prompts are re-left-padded to the longest prompt, responses right-padded to the longest response and
+    image slots padded to the most images (zero pixels, ``image_mask`` False), so every row's tokens,
+    masks and positions are unchanged. Used by DAPO dynamic sampling to keep informative groups of
+    several sampling batches. All parts must share ``group_size``.
+    """
+    if not parts:
+        raise ValueError("merge_rollouts needs at least one part")
+    G = parts[0][0].group_size
+    if any(r.group_size != G for r, _ in parts):
+        raise ValueError(
+            f"all rollouts must have the same group_size; got {[r.group_size for r, _ in parts]}"
+        )
+    P = max(r.prompt_length for r, _ in parts)
+    R = max(r.input_ids.shape[1] - r.prompt_length for r, _ in parts)
+    ids, attn, resp, lengths, trunc = [], [], [], [], []
+    pix, imask = [], []
+    N = max((r.images["pixel_values"].shape[1] for r, _ in parts if r.images), default=0)
+    for r, rows in parts:
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        left, right = P - r.prompt_length, R - (r.input_ids.shape[1] - r.prompt_length)
+
+        def pad(
+            t: torch.Tensor, value: int, idx: torch.Tensor = idx, left: int = left, right: int = right
+        ) -> torch.Tensor:
+            return torch.nn.functional.pad(t[idx], (left, right), value=value)
+
+        ids.append(pad(r.input_ids, pad_id))
+        attn.append(pad(r.attention_mask, 0))
+        resp.append(pad(r.response_mask, 0))
+        lengths.append(r.lengths[idx])
+        trunc.append(r.truncated[idx])
+        if r.images:
+            pv, im = r.images["pixel_values"][idx], r.images["image_mask"][idx]  # (b, n, 3, S, S), (b, n)
+            extra = N - pv.shape[1]
+            pix.append(torch.cat([pv, pv.new_zeros(pv.shape[0], extra, *pv.shape[2:])], dim=1))
+            imask.append(torch.cat([im, im.new_zeros(im.shape[0], extra)], dim=1))
+    return Rollout(
+        input_ids=torch.cat(ids),
+        attention_mask=torch.cat(attn),
+        response_mask=torch.cat(resp),
+        prompt_length=P,
+        group_size=G,
+        lengths=torch.cat(lengths),
+        truncated=torch.cat(trunc),
+        images={"pixel_values": torch.cat(pix), "image_mask": torch.cat(imask)} if pix else {},
+    )

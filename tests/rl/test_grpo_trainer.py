@@ -1,0 +1,174 @@
+"""`rl grpo`: two-step smoke runs (no ref / adapter ref / copy ref, DAPO/GSPO), resume, warnings, errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mm"))
+
+from test_eval_model_fixtures import make_data_dir, make_model_dir  # noqa: E402
+
+from rl.cli import main  # noqa: E402
+from rl.trainers.monitor import failure_warnings  # noqa: E402
+
+GRPO_KEYS = (
+    "loss", "grad_norm", "lr", "reward_mean", "reward_std", "zero_std_frac", "adv_std", "clip_frac_low",
+    "clip_frac_high", "clip_frac_dual", "approx_kl", "entropy", "response_len", "truncated_frac",
+)  # fmt: skip
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "rl" / "grpo_tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grpo")
+    return make_model_dir(root), make_data_dir(root, split="train")
+
+
+def _run(dirs, out, *sets):
+    model, data = dirs
+    base = [
+        f"init.model={model}", "data.prompts_per_step=2", "rollout.group_size=3", "rollout.max_new_tokens=6",
+        "train.steps=2", "train.checkpoint_every=1", "optim.lr=0.01", "data.tasks=[caption,question]",
+    ]  # fmt: skip
+    args = ["grpo", "--config", str(CONFIG), "--out", str(out), "--data", str(data), "--no-progress"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return main(args + [x for s in (*base, *sets) for x in ("--set", s)])
+
+
+def _records(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    "extra, reference",
+    [
+        (("algo.beta=0",), "none"),
+        (("lora.enabled=true", "lora.r=2", "algo.beta=0.04"), "adapter"),
+        (("algo.beta=0.04", "algo.kl_estimator=k2"), "copy"),
+    ],
+)
+def test_two_steps_and_reference_kind(tmp_path, dirs, extra, reference):
+    out = tmp_path / "run"
+    # the overlong penalty over the whole length makes rewards differ inside groups (a random model's
+    # captions name few objects), so the policy gradient is not zero
+    pen = ("algo.overlong_penalty=true", "algo.overlong_cache=6")
+    assert _run(dirs, out, *pen, *extra) == 0
+    recs = _records(out)
+    assert [r["step"] for r in recs] == [1, 2]
+    for k in GRPO_KEYS:
+        assert k in recs[-1] and recs[-1][k] == recs[-1][k], k
+    assert ("kl" in recs[-1]) == (reference != "none")
+    assert 1 <= recs[-1]["response_len"] <= 6 and recs[0]["approx_kl"] == 0.0
+    res = json.loads((out / "result.json").read_text())
+    assert res["reference"] == reference and res["prompts"] == 2  # the fixture notes have no questions
+    assert (out / "curves.png").stat().st_size > 1000 and (out / "model" / "config.json").is_file()
+    from mm.model import NoteVLMForConditionalGeneration
+
+    a = NoteVLMForConditionalGeneration.from_pretrained(str(dirs[0]))
+    b = NoteVLMForConditionalGeneration.from_pretrained(str(out / "model"))
+    moved = [n for (n, p), q in zip(a.named_parameters(), b.parameters()) if not torch.equal(p, q)]
+    assert moved and not any(n.startswith("vision_tower") for n in moved)
+
+
+def test_dapo_gspo_options_run(tmp_path, dirs):
+    sets = (
+        "algo.dynamic_sampling=true", "algo.overlong_penalty=true", "algo.overlong_cache=6",
+        "algo.dual_clip=3", "algo.level=sequence", "algo.agg=seq-mean-token-mean",
+        "algo.num_iterations=2", "algo.advantage=rloo",
+    )  # fmt: skip
+    assert _run(dirs, tmp_path / "dapo", *sets) == 0
+    r = _records(tmp_path / "dapo")[-1]
+    assert r["sample_batches"] >= 1 and r["zero_std_frac"] <= 1.0
+
+
+def test_dynamic_sampling_on_constant_reward_is_a_clear_error(tmp_path, dirs, capsys):
+    sets = (
+        "algo.dynamic_sampling=true",
+        "algo.max_sample_batches=1",
+        "reward.caption_weight=0",
+        "reward.yesno_weight=0",
+    )
+    assert _run(dirs, tmp_path / "ds", *sets) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (after transformers' loading bar)
+    assert err.startswith("rl grpo: error: dynamic sampling found")
+    assert not (tmp_path / "ds" / "model").exists() and not (tmp_path / "ds" / "checkpoints").exists()
+
+
+def test_constant_reward_warns_grpo_loss_is_zero(tmp_path, dirs):
+    from mm.config import load_config
+    from rl.trainers import grpo
+
+    model, data = dirs
+    cfg = load_config(
+        grpo.GRPOConfig, CONFIG,
+        [f"init.model={model}", f"data.folder={data}", "data.prompts_per_step=2", "rollout.group_size=2",
+         "rollout.max_new_tokens=4", "train.steps=1", "reward.caption_weight=0"],
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match="GRPO loss is 0"):
+        res = grpo.train(cfg, out_dir=tmp_path / "zero", show_progress=False)
+    assert (
+        res["last"]["zero_std_frac"] == 1.0 and res["last"]["loss"] == 0.0 and res["last"]["adv_std"] == 0.0
+    )
+
+
+def test_monitor_patterns():
+    hist = [{"entropy": 2.0, "response_len": 10.0}]
+    assert failure_warnings(hist, {"entropy": 1.5, "response_len": 12.0, "zero_std_frac": 0.5}) == []
+    kinds = [
+        w.split(":")[0]
+        for w in failure_warnings(hist, {"entropy": 0.1, "response_len": 25.0, "zero_std_frac": 1.0})
+    ]
+    assert kinds == ["zero-std", "entropy-collapse", "length-runaway"]
+    w = failure_warnings(hist, {"truncated_frac": 0.9}, max_new_tokens=64)
+    assert len(w) == 1 and "max_new_tokens=64" in w[0]
+
+
+def test_resume_gives_the_same_weights(tmp_path, dirs):
+    from safetensors.torch import load_file
+
+    from mm.config import load_config
+    from rl.trainers import grpo
+
+    sets = ["train.steps=3", "algo.overlong_penalty=true", "algo.overlong_cache=6"]
+    assert _run(dirs, tmp_path / "straight", *sets) == 0
+    model, data = dirs
+    cfg = load_config(
+        grpo.GRPOConfig, CONFIG,
+        [f"init.model={model}", f"data.folder={data}", "data.prompts_per_step=2", "rollout.group_size=3",
+         "rollout.max_new_tokens=6", "train.checkpoint_every=1", "optim.lr=0.01",
+         "data.tasks=[caption,question]"] + sets,
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        grpo.train(cfg, out_dir=tmp_path / "killed", show_progress=False, stop_after=1)
+    assert _run(dirs, tmp_path / "killed", *sets) == 0
+    a = load_file(str(tmp_path / "straight" / "checkpoints" / "step-00000003" / "model.safetensors"))
+    b = load_file(str(tmp_path / "killed" / "checkpoints" / "step-00000003" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ra, rb = _records(tmp_path / "straight"), _records(tmp_path / "killed")
+    assert [r["reward_mean"] for r in ra] == [r["reward_mean"] for r in rb]
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rollout.group_size=1", "group_size must be >= 2"),
+        ("algo.scale=std", "algo.scale must be one of"),
+        ("algo.dual_clip=0.5", "algo.dual_clip must be > 1"),
+        ("algo.overlong_penalty=true algo.overlong_cache=100", "must be <= rollout.max_new_tokens"),
+        ("data.tasks=[chat]", "data.tasks must be"),
+        ("algo.betta=0.1", "unknown key"),
+    ],
+)
+def test_config_errors_exit_2_with_one_line(tmp_path, dirs, capsys, override, message):
+    assert _run(dirs, tmp_path / "out", *override.split()) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+    assert not (tmp_path / "out" / "model").exists()
