@@ -150,3 +150,22 @@ def test_save_and_load_round_trip(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(UserError, match="not found"):
         NoteProcessor.from_pretrained(tmp_path / "missing")
+
+
+def test_encode_note_and_dataset_item(tmp_path):
+    from mm.data.format import Note
+
+    proc = tiny_processor()
+    rng = np.random.default_rng(1)
+    arrays = [(rng.random((IMAGE_SIZE, IMAGE_SIZE, 3)) * 255).astype(np.uint8) for _ in range(2)]
+    for i, a in enumerate(arrays):
+        Image.fromarray(a).save(tmp_path / f"im{i}.png")
+    note = Note(id="n0", images=["im0.png", "im1.png"], text="a red cat")
+    s = proc.encode_note(note, "describe the note", note.text, root=tmp_path)
+    ref = proc.encode(arrays, "describe the note", "a red cat")
+    assert all(torch.equal(s[k], ref[k]) for k in ref)
+    item = {"pixel_values": ref["pixel_values"]}
+    prompt = torch.tensor(proc.prompt_ids(2, "describe the note"))
+    assert torch.equal(proc.encode_item(item, "describe the note")["input_ids"], prompt)
+    with pytest.raises(ValueError, match="pixel_values must be"):
+        proc.encode_item({"pixel_values": torch.zeros(1, 3, 8, 8)}, "describe")
