@@ -191,3 +191,15 @@ def test_cooccurrence_stats_golden():
     assert p["absent_partner_images"] == 0.25
     assert s["pairs"]["cup->saucer"]["p_partner_given_anchor"] is None
     assert s["overall"]["objects_per_image"] == 7 / 4 and s["category_frequency"]["fork"] == 0.75
+
+
+@pytest.mark.parametrize("size", [32, 96])
+def test_other_image_sizes_scale(size):
+    cfg = WorldConfig(image_size=size, noise_std=3.0)
+    note, images = generate_note(cfg, 1)
+    assert images[0].shape == (size, size, 3)
+    for objs in note.objects:
+        for o in objs:
+            assert 0 <= o.bbox[0] < o.bbox[2] <= size and 0 <= o.bbox[1] < o.bbox[3] <= size
+    plain, _ = generate_note(WorldConfig(image_size=size), 1)
+    assert plain == note  # noise changes pixels only, never scenes or texts
