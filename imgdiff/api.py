@@ -37,9 +37,11 @@ def resolve_backend(backend: str) -> str:
     """Map ``auto`` to a concrete backend.
 
     ``auto`` never pays a start-up cost the caller did not already pay: it picks ``numba`` only
-    when Numba is already imported in this process (a batch run that warmed it up), else ``numpy``
-    (which is within a small factor of the memory floor thanks to the 8-byte row skipping and
-    OpenCV's SIMD absdiff). ``cuda`` is only used when asked for explicitly.
+    when Numba is already imported in this process (a batch run, or a caller that warmed it up),
+    else ``numpy``. Importing Numba and loading the cached kernels costs about 1 s, more than the
+    NumPy path needs on a single 4K pair (identical / small-change pairs cost about one read of
+    both images thanks to the 8-byte row skipping; an all-pixels-differ pair a few tenths of a
+    second). ``cuda`` is only used when asked for explicitly.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")

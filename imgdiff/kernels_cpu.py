@@ -159,39 +159,59 @@ def _word_views(a2: np.ndarray, b2: np.ndarray):
 
 @numba.njit(cache=True, nogil=True)
 def _exact_stats(a2, b2, a64, b64, c, thr, boxes, count, total, peak, box):  # pragma: no cover
-    """One fused pass: rows with equal bytes are skipped 8 bytes at a time; other rows update tile stats."""
+    """One fused pass: rows with equal bytes are skipped 8 bytes at a time; other rows update tile stats
+    once per 16-px row segment (local accumulators)."""
     h = a2.shape[0]
     w = a2.shape[1] // c
     nb = boxes.shape[0]
     skip_rows = a64.shape[1] > 0
+    rowd = np.zeros(w, np.int64)
+    rowe = np.zeros(a2.shape[1], a2.dtype)
     for y in range(h):
         if skip_rows and not _row_differs(a64, b64, y):
             continue
+        ra, rb = a2[y], b2[y]
+        for e in range(a2.shape[1]):  # contiguous |a - b| per element (vectorised)
+            rowe[e] = max(ra[e], rb[e]) - min(ra[e], rb[e])
+        if c == 1:
+            for x in range(w):
+                rowd[x] = rowe[x]
+        else:
+            for x in range(w):
+                m = rowe[x * c]
+                for ch in range(1, c):
+                    m = max(m, rowe[x * c + ch])
+                rowd[x] = m
         ty = y // TILE
-        for x in range(w):
-            ad = np.int64(0)
-            for ch in range(c):
-                p, q = np.int64(a2[y, x * c + ch]), np.int64(b2[y, x * c + ch])
-                dd = p - q if p > q else q - p
-                if dd > ad:
-                    ad = dd
-            if ad <= thr:
-                continue
-            skip = False
-            for k in range(nb):
-                if boxes[k, 0] <= x <= boxes[k, 2] and boxes[k, 1] <= y <= boxes[k, 3]:
-                    skip = True
-                    break
-            if skip:
-                continue
-            tx = x // TILE
-            count[ty, tx] += 1
-            total[ty, tx] += ad
-            peak[ty, tx] = max(peak[ty, tx], ad)
-            box[ty, tx, 0] = min(box[ty, tx, 0], x)
-            box[ty, tx, 1] = min(box[ty, tx, 1], y)
-            box[ty, tx, 2] = max(box[ty, tx, 2], x)
-            box[ty, tx, 3] = max(box[ty, tx, 3], y)
+        for tx in range(count.shape[1]):
+            cnt = np.int64(0)
+            tot = np.int64(0)
+            pk = np.int64(0)
+            xmin, xmax = w, -1
+            for x in range(tx * TILE, min(w, tx * TILE + TILE)):
+                ad = rowd[x]
+                if ad <= thr:
+                    continue
+                skip = False
+                for k in range(nb):
+                    if boxes[k, 0] <= x <= boxes[k, 2] and boxes[k, 1] <= y <= boxes[k, 3]:
+                        skip = True
+                        break
+                if skip:
+                    continue
+                cnt += 1
+                tot += ad
+                pk = max(pk, ad)
+                xmin = min(xmin, x)
+                xmax = x
+            if cnt:
+                count[ty, tx] += cnt
+                total[ty, tx] += tot
+                peak[ty, tx] = max(peak[ty, tx], pk)
+                box[ty, tx, 0] = min(box[ty, tx, 0], xmin)
+                box[ty, tx, 1] = min(box[ty, tx, 1], y)
+                box[ty, tx, 2] = max(box[ty, tx, 2], xmax)
+                box[ty, tx, 3] = max(box[ty, tx, 3], y)
 
 
 def exact_stats_numba(a: np.ndarray, b: np.ndarray, *, thr: int, boxes: np.ndarray) -> TileStats:
@@ -206,41 +226,43 @@ def exact_stats_numba(a: np.ndarray, b: np.ndarray, *, thr: int, boxes: np.ndarr
 
 @numba.njit(cache=True, nogil=True)
 def _robust_sums(a2, b2, a64, b64, c, y0, y1, x0, x1, bs, r, margin, S, N, strong_tiles):  # noqa: PLR0913
+    """Per block row: column sums of signed deltas over its image rows (a contiguous, vectorisable
+    loop), then strong pixels (only in rows whose max |d| exceeds the margin) are taken back out."""
     h = a2.shape[0]
     w = a2.shape[1] // c
+    e0, e1 = x0 * c, x1 * c
     skip_rows = a64.shape[1] > 0
-    for y in range(y0, y1):
-        if skip_rows and not _row_differs(a64, b64, y):
-            continue
-        by = y // bs
-        for bx in range(x0 // bs, (x1 + bs - 1) // bs):
-            s0 = s1 = s2 = s3 = np.int64(0)  # per-channel sums of this block-row segment
-            for x in range(max(bx * bs, x0), min(bx * bs + bs, x1)):
-                e = x * c
-                v0 = np.int64(b2[y, e]) - np.int64(a2[y, e])
-                v1 = v2 = v3 = np.int64(0)
-                if c > 1:
-                    v1 = np.int64(b2[y, e + 1]) - np.int64(a2[y, e + 1])
-                if c > 2:
-                    v2 = np.int64(b2[y, e + 2]) - np.int64(a2[y, e + 2])
-                if c > 3:
-                    v3 = np.int64(b2[y, e + 3]) - np.int64(a2[y, e + 3])
-                ad = max(max(abs(v0), abs(v1)), max(abs(v2), abs(v3)))
+    acc = np.zeros(a2.shape[1], np.int32)  # <= 16 rows of 16-bit deltas: fits
+    for by in range(y0 // bs, (y1 + bs - 1) // bs):
+        used = False
+        for y in range(max(by * bs, y0), min(by * bs + bs, y1)):
+            if skip_rows and not _row_differs(a64, b64, y):
+                continue
+            if not used:
+                acc[e0:e1] = 0
+                used = True
+            ra, rb = a2[y], b2[y]
+            for e in range(e0, e1):  # contiguous: vectorised
+                acc[e] += np.int32(rb[e]) - np.int32(ra[e])
+            mx = ra[e0] - ra[e0]
+            for e in range(e0, e1):
+                mx = max(mx, max(ra[e], rb[e]) - min(ra[e], rb[e]))
+            if mx <= margin:
+                continue
+            for x in range(x0, x1):
+                ad = np.int64(0)
+                for ch in range(c):
+                    ad = max(ad, abs(np.int64(rb[x * c + ch]) - np.int64(ra[x * c + ch])))
                 if ad > margin and _strong(a2, b2, c, h, w, y, x, r, margin):
-                    N[by, bx] -= 1
+                    for ch in range(c):
+                        acc[x * c + ch] -= np.int64(rb[x * c + ch]) - np.int64(ra[x * c + ch])
+                    N[by, x // bs] -= 1
                     strong_tiles[y // TILE, x // TILE] = True
-                    continue
-                s0 += v0
-                s1 += v1
-                s2 += v2
-                s3 += v3
-            S[by, bx, 0] += s0
-            if c > 1:
-                S[by, bx, 1] += s1
-            if c > 2:
-                S[by, bx, 2] += s2
-            if c > 3:
-                S[by, bx, 3] += s3
+        if used:
+            for bx in range(x0 // bs, (x1 + bs - 1) // bs):
+                for x in range(max(bx * bs, x0), min(bx * bs + bs, x1)):
+                    for ch in range(c):
+                        S[by, bx, ch] += acc[x * c + ch]
 
 
 def robust_sums_numba(a, b, crop, *, block, window, margin):
