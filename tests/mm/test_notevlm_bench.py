@@ -84,6 +84,7 @@ def test_table_prints_every_model(bench, capsys):
     assert "same greedy tokens: True" in out
     assert "params NoteVLM(mlp) - LLaVA = -32" in out
     assert "load average" in out and "profile: train step, llava" in out
+    assert "from the fastest run of each" in out
 
 
 def test_bad_arguments_exit_2(bench, capsys):
