@@ -136,8 +136,7 @@ def _texture_block_sums_numpy(R: np.ndarray, bs: int) -> tuple[np.ndarray, np.nd
 
 def _pool2(x: np.ndarray) -> np.ndarray:
     """Sum 2x2 neighbours over the first two axes."""
-    h, w = x.shape[:2]
-    return x.reshape(h // 2, 2, w // 2, 2, *x.shape[2:]).sum(axis=(1, 3))
+    return x[0::2, 0::2] + x[1::2, 0::2] + x[0::2, 1::2] + x[1::2, 1::2]  # elementwise: faster than a reduce
 
 
 def margin_raw(params: RobustParams, scale: int) -> float:
