@@ -172,3 +172,14 @@ def test_config_errors_exit_2_with_one_line(tmp_path, dirs, capsys, override, me
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
     assert not (tmp_path / "out" / "model").exists()
+
+
+@pytest.mark.parametrize("path", sorted(CONFIG.parent.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_load(path):
+    from mm.config import load_config
+    from rl.trainers.dpo import DPOConfig
+    from rl.trainers.grpo import GRPOConfig
+
+    if path.name.startswith(("dpo", "grpo")):
+        cfg = load_config(DPOConfig if path.name.startswith("dpo") else GRPOConfig, path)
+        assert cfg.train.steps >= 1
