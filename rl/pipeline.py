@@ -1,0 +1,416 @@
+"""``rl pipeline``: the main job, in one process, on the built-in note world.
+
+    rl pipeline --config configs/rl/pipeline.yaml --out runs/demo [--fresh | --redo dpo ...]
+
+Stages (each writes its own subfolder of OUT; every call is an in-process library function)::
+
+    data      mm.world.generate.write_world           OUT/data/world (notes.jsonl + images)
+    pretrain  mm.train.pretrain.train (InfoNCE)       OUT/pretrain  (metrics.jsonl, curves.png, checkpoints)
+    align     mm.train.sft.train (stage align)         OUT/align     (... + model/)
+    sft       mm.train.sft.train (stage sft)           OUT/sft
+    eval_sft  mm.eval.runners.evaluate_model           OUT/eval_sft/eval.json (CHAIR, POPE x3, causes)
+    dpo       rl.trainers.dpo.train (from SFT)         OUT/dpo
+    eval_dpo                                           OUT/eval_dpo/eval.json
+    grpo      rl.trainers.grpo.train (from SFT)        OUT/grpo
+    eval_grpo                                          OUT/eval_grpo/eval.json
+
+then ``OUT/report.md``, ``OUT/metrics.json`` and the report plots (:mod:`rl.report`).
+
+The pipeline config (:class:`PipelineConfig`) points at each stage's own YAML (the same files the
+stage CLIs take) plus overrides; the pipeline then forces the wiring keys (data folder, ``init`` paths)
+so the stages chain. A stage that finished writes ``OUT/<stage>/stage.json`` (its resolved config,
+metrics, wall time, peak RSS); a later run skips it when the resolved config is unchanged (resume),
+refuses when it changed, and ``--fresh`` (all) or ``--redo STAGE`` (that one and every stage after it)
+runs them again. A stage interrupted mid-way resumes from its own checkpoints.
+
+The pipeline lives on the ``rl`` side because ``rl`` may import ``mm`` but not the reverse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mm.errors import UserError
+
+POST_STAGES: dict[str, tuple[str, str]] = {
+    "dpo": ("rl.trainers.dpo", "DPOConfig"),
+    "grpo": ("rl.trainers.grpo", "GRPOConfig"),
+}
+"""Post-training stage -> (module with ``train(cfg, out_dir=, resume=, show_progress=)``, config class)."""
+
+POPE_SPLITS = ("random", "popular", "adversarial")
+
+
+@dataclass(kw_only=True)
+class StageSpec:
+    """One stage: its own YAML config (the file its CLI takes) and overrides applied on top."""
+
+    config: str
+    """Path of the stage's YAML config (relative to the working directory)."""
+    overrides: list[str] = field(default_factory=list)
+    """``dotted.key=value`` overrides, applied after the file (the pipeline's wiring keys win)."""
+
+
+@dataclass(kw_only=True)
+class WorldSpec:
+    """The synthetic note world the pipeline generates."""
+
+    config: str = "configs/mm/world_default.yaml"
+    """WorldConfig YAML (mm.world.config.WorldConfig)."""
+    overrides: list[str] = field(default_factory=list)
+    """``key=value`` overrides of the WorldConfig (e.g. ``notes=4000``)."""
+    workers: int = 2
+    """Processes that render the notes."""
+
+
+@dataclass(kw_only=True)
+class EvalSpec:
+    """Held-out evaluation of the SFT and post-trained models (mm.eval.runners.evaluate_model)."""
+
+    split: str = "test"
+    """Held-out note split."""
+    notes: int = 200
+    """First n held-out notes with objects (captions for CHAIR; POPE questions from their images)."""
+    pope_splits: list[str] = field(default_factory=lambda: list(POPE_SPLITS))
+    """POPE negative-sampling settings: random, popular, adversarial."""
+    batch_size: int = 64
+    """Generation batch size."""
+    max_new_tokens: int = 96
+    """Longest generated caption."""
+    seed: int = 0
+    """Seed of the POPE question builder."""
+
+    def __post_init__(self) -> None:
+        bad = [s for s in self.pope_splits if s not in POPE_SPLITS]
+        if bad or "adversarial" not in self.pope_splits:
+            raise ValueError(
+                f"eval.pope_splits must be a subset of {POPE_SPLITS} that includes adversarial (the report "
+                f"compares it), got {self.pope_splits}"
+            )
+        if self.notes < 1 or self.batch_size < 1 or self.max_new_tokens < 1:
+            raise ValueError(
+                f"eval.notes, batch_size and max_new_tokens must be >= 1, got {self.notes}, "
+                f"{self.batch_size}, {self.max_new_tokens}"
+            )
+
+
+@dataclass(kw_only=True)
+class PipelineConfig:
+    """Everything ``rl pipeline`` needs: the world, a config per stage, evaluation, post-training."""
+
+    world: WorldSpec = field(default_factory=WorldSpec)
+    """The note world (generated into OUT/data/world)."""
+    pretrain: StageSpec = field(default_factory=lambda: StageSpec(config="configs/mm/pretrain_tiny.yaml"))
+    """InfoNCE pretraining (mm.train.pretrain.PretrainConfig)."""
+    align: StageSpec = field(default_factory=lambda: StageSpec(config="configs/mm/align_tiny.yaml"))
+    """Align stage (mm.train.sft.TrainConfig with train.stage align); starts from the pretraining."""
+    sft: StageSpec = field(default_factory=lambda: StageSpec(config="configs/mm/sft_tiny.yaml"))
+    """SFT stage (mm.train.sft.TrainConfig with train.stage sft); starts from the align model."""
+    eval: EvalSpec = field(default_factory=EvalSpec)
+    """Held-out evaluation after SFT and after each post-training stage."""
+    post: list[str] = field(default_factory=lambda: ["dpo", "grpo"])
+    """Post-training stages to run, each from the SFT model: dpo, grpo (empty = stop after SFT)."""
+    dpo: StageSpec = field(default_factory=lambda: StageSpec(config="configs/rl/dpo_tiny.yaml"))
+    """DPO (rl.trainers.dpo.DPOConfig)."""
+    grpo: StageSpec = field(default_factory=lambda: StageSpec(config="configs/rl/grpo_tiny.yaml"))
+    """GRPO (rl.trainers.grpo.GRPOConfig)."""
+    threads: int = 0
+    """torch.set_num_threads for the whole pipeline; 0 leaves the default."""
+
+    def __post_init__(self) -> None:
+        bad = [s for s in self.post if s not in POST_STAGES]
+        if bad or len(set(self.post)) != len(self.post):
+            raise ValueError(f"post must list distinct stages from {sorted(POST_STAGES)}, got {self.post}")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0, got {self.threads}")
+
+
+def stage_names(cfg: PipelineConfig) -> list[str]:
+    """The stages this config runs, in order."""
+    names = ["data", "pretrain", "align", "sft", "eval_sft"]
+    for p in cfg.post:
+        names += [p, f"eval_{p}"]
+    return names
+
+
+# ---------------------------------------------------------------- resolving the stage configs
+
+
+def _load(cls: type, spec: StageSpec | WorldSpec, wiring: list[str], what: str) -> Any:
+    from mm.config import ConfigError, load_config
+
+    if not Path(spec.config).is_file():
+        raise UserError(
+            f"{what}.config={spec.config!r} does not exist (paths are relative to {Path.cwd()}); "
+            "point it at a YAML file, e.g. one under configs/"
+        )
+    try:
+        return load_config(cls, spec.config, [*spec.overrides, *wiring])
+    except ConfigError as e:
+        raise ConfigError(f"{what} ({spec.config}): {e}") from None
+
+
+def resolve(cfg: PipelineConfig, out: Path) -> dict[str, Any]:
+    """Every stage's typed config with the pipeline's wiring applied; errors before anything runs."""
+    import importlib
+
+    from mm.train.pretrain import PretrainConfig
+    from mm.train.sft import TrainConfig
+    from mm.world.config import WorldConfig
+
+    world_dir = out / "data" / "world"
+    data = f"data.folder={world_dir}"
+    res: dict[str, Any] = {"data": _load(WorldConfig, cfg.world, [], "world")}
+    res["pretrain"] = _load(PretrainConfig, cfg.pretrain, [data], "pretrain")
+    res["align"] = _load(
+        TrainConfig, cfg.align, [data, f"init.pretrain={out / 'pretrain'}", "init.model=null"], "align"
+    )
+    res["sft"] = _load(
+        TrainConfig, cfg.sft, [data, "init.pretrain=null", f"init.model={out / 'align' / 'model'}"], "sft"
+    )
+    for name, want in (("align", "align"), ("sft", "sft")):
+        if res[name].train.stage != want:
+            raise UserError(
+                f"{name}.config {getattr(cfg, name).config} has train.stage={res[name].train.stage!r}"
+            )
+    d, h = res["pretrain"].model.d_model, res["align"].model.text.get("hidden_size")
+    if d != h:
+        raise UserError(
+            f"align model.text.hidden_size={h} must equal pretrain model.d_model={d} (align starts from the "
+            "pretrained fusion); change one of the two configs"
+        )
+    for name in cfg.post:
+        module, cls_name = POST_STAGES[name]
+        cls = getattr(importlib.import_module(module), cls_name)
+        res[name] = _load(cls, getattr(cfg, name), [data, f"init.model={out / 'sft' / 'model'}"], name)
+    return res
+
+
+# ---------------------------------------------------------------- stages
+
+
+def _rss_mb() -> dict[str, float]:
+    """Peak resident memory (MiB) of this process and of its finished children (ru_maxrss is KiB on Linux)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return {"peak_rss_mb": round(own, 1), "peak_rss_children_mb": round(kids, 1)}
+
+
+def _stage_data(c: Any, out: Path, show: bool, spec: WorldSpec) -> dict[str, Any]:
+    from mm.world.generate import write_world
+
+    notes = write_world(c, out / "world", workers=spec.workers, overwrite=True, progress=show)
+    splits: dict[str, int] = {}
+    for n in notes:
+        splits[n.split] = splits.get(n.split, 0) + 1
+    return {"notes": len(notes), "images": sum(len(n.images) for n in notes), "splits": splits}
+
+
+def _stage_pretrain(c: Any, out: Path, show: bool, resume: bool) -> dict[str, Any]:
+    from mm.data.tokenizer import load_tokenizer
+    from mm.train import pretrain
+
+    tok = load_tokenizer()
+    folder, mi, ml = Path(c.data.folder), c.model.max_images, c.model.text.max_len
+    train = pretrain.load_split(folder, c.data.train_split, tokenizer=tok, max_images=mi, max_len=ml)
+    held = pretrain.load_split(
+        folder, c.data.eval_split, tokenizer=tok, max_images=mi, max_len=ml, limit=c.data.eval_notes
+    )
+    r = pretrain.train(
+        c,
+        out_dir=out,
+        train_data=train,
+        eval_data=held,
+        vocab_size=len(tok),
+        resume=resume,
+        show_progress=show,
+    )
+    return {"step": r.step, "train_seconds": round(r.seconds, 2), **r.metrics}
+
+
+def _stage_train(c: Any, out: Path, show: bool, resume: bool) -> dict[str, Any]:
+    from mm.data.format import read_notes
+    from mm.train import sft
+
+    folder = Path(c.data.folder)
+    train_notes = read_notes(folder, c.data.train_split)
+    if c.data.train_notes:
+        train_notes = train_notes[: c.data.train_notes]
+    if not train_notes:
+        raise UserError(f"{folder} has no notes in split {c.data.train_split!r}")
+    r = sft.train(
+        c, out_dir=out, train_notes=train_notes, eval_notes=read_notes(folder, c.data.eval_split),
+        root=folder, resume=resume, show_progress=show,
+    )  # fmt: skip
+    m = {k: v for k, v in r.metrics.items() if k not in ("origin", "peak_rss_mb")}
+    m["sample_captions"] = m.pop("_captions", [])
+    return {
+        "step": r.step, "train_seconds": round(r.seconds, 2), "step_seconds": round(r.step_seconds, 4),
+        "trainable": r.trainable, **m,
+    }  # fmt: skip
+
+
+def _stage_post(name: str, c: Any, out: Path, show: bool, resume: bool) -> dict[str, Any]:
+    import importlib
+
+    module = importlib.import_module(POST_STAGES[name][0])
+    return dict(module.train(c, out_dir=out, resume=resume, show_progress=show))
+
+
+def _stage_eval(model_dir: Path, data_dir: Path, spec: EvalSpec, out: Path) -> dict[str, Any]:
+    from mm.eval.runners import evaluate_model
+
+    res = evaluate_model(
+        model_dir, data_dir, split=spec.split, notes=spec.notes, pope_splits=spec.pope_splits, seed=spec.seed,
+        batch_size=spec.batch_size, max_new_tokens=spec.max_new_tokens,
+    )  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic_json(out / "eval.json", res)
+    return res
+
+
+def _atomic_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n")
+    tmp.replace(path)
+
+
+def _config_dict(c: Any) -> Any:
+    from mm.config import to_dict
+
+    return json.loads(json.dumps(to_dict(c), default=str))
+
+
+# ---------------------------------------------------------------- the run
+
+
+def run_pipeline(
+    cfg: PipelineConfig,
+    out: str | Path,
+    *,
+    fresh: bool = False,
+    redo: list[str] | None = None,
+    show_progress: bool = True,
+    log: Any = None,
+) -> dict[str, Any]:
+    """Run (or resume) every stage into ``out``, then write the report; returns the metrics dict.
+
+    ``fresh`` redoes every stage; ``redo`` names stages to redo together with every stage after them.
+    ``log(text)`` receives one line per stage (default: stderr).
+    """
+    import torch
+
+    from rl import report
+
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    out = Path(out)
+    names = stage_names(cfg)
+    bad = [r for r in redo or [] if r not in names]
+    if bad:
+        raise UserError(f"--redo {bad}: not a stage of this pipeline; stages are {names}")
+    configs = resolve(cfg, out)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    first_redo = min((names.index(r) for r in redo or []), default=len(names))
+    out.mkdir(parents=True, exist_ok=True)
+    t_all = time.perf_counter()
+    stages: dict[str, dict[str, Any]] = {}
+    rerun_rest = False
+    for i, name in enumerate(names):
+        folder = out / name
+        marker = folder / "stage.json"
+        base = name.removeprefix("eval_")
+        conf = _config_dict(configs[base]) if name == base else _config_dict(cfg.eval)
+        force = fresh or rerun_rest or i >= first_redo
+        if marker.is_file() and not force:
+            done = json.loads(marker.read_text())
+            if done.get("config") != conf:
+                raise UserError(
+                    f"stage {name} in {out} was made with a different config; pass --redo {name} (redoes it "
+                    "and the stages after it), --fresh, or choose a new --out"
+                )
+            stages[name] = {**done, "status": "skipped (done earlier)"}
+            log(f"[{i + 1}/{len(names)}] {name}: done earlier ({done['seconds']:.1f}s), skipped")
+            continue
+        rerun_rest = True  # a stage that runs again invalidates the stages after it
+        if force and folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        log(f"[{i + 1}/{len(names)}] {name} ...")
+        t0 = time.perf_counter()
+        c = configs.get(base)
+        if name == "data":
+            metrics = _stage_data(c, folder, show_progress, cfg.world)
+        elif name == "pretrain":
+            metrics = _stage_pretrain(c, folder, show_progress, resume=True)
+        elif name in ("align", "sft"):
+            metrics = _stage_train(c, folder, show_progress, resume=True)
+        elif name in POST_STAGES:
+            metrics = _stage_post(name, c, folder, show_progress, resume=True)
+        else:
+            metrics = _stage_eval(out / base / "model", out / "data" / "world", cfg.eval, folder)
+        record = {
+            "stage": name,
+            "status": "ran",
+            "seconds": round(time.perf_counter() - t0, 2),
+            **_rss_mb(),
+            "config": conf,
+            "metrics": metrics,
+        }
+        _atomic_json(marker, record)
+        stages[name] = record
+        log(
+            f"[{i + 1}/{len(names)}] {name}: {record['seconds']:.1f}s, "
+            f"peak RSS {record['peak_rss_mb']:.0f} MiB"
+        )
+    metrics = report.build_metrics(
+        stages, post=list(cfg.post), wall_seconds=time.perf_counter() - t_all, rss=_rss_mb(), load=_load_avg()
+    )
+    report.write_report(out, metrics)
+    log(f"report: {out / 'report.md'}")
+    return metrics
+
+
+def _load_avg() -> list[float] | None:
+    import os
+
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default="configs/rl/pipeline.yaml", help="PipelineConfig YAML")
+    parser.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a pipeline key, e.g. --set eval.notes=100 or --set 'dpo.overrides=[train.steps=5]'",
+    )  # fmt: skip
+    parser.add_argument("--fresh", action="store_true", help="redo every stage (ignore finished stages)")
+    parser.add_argument(
+        "--redo", nargs="+", default=[], metavar="STAGE", help="redo these stages and every stage after them"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="hide the per-stage progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    from mm.config import load_config
+
+    cfg = load_config(PipelineConfig, args.config, args.overrides)
+    metrics = run_pipeline(
+        cfg, args.out, fresh=args.fresh, redo=args.redo, show_progress=not args.no_progress
+    )
+    print(json.dumps(metrics["headline"], default=str))
+    return 0
