@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -113,6 +114,11 @@ def _write_range(args: tuple[WorldConfig, int, int, str]) -> list[Note]:
     return notes
 
 
+def _start_method() -> str:
+    """``fork`` (fast start) unless torch is loaded: forking a process with torch's thread pools can hang."""
+    return "spawn" if "torch" in sys.modules else "fork"
+
+
 def write_world(
     cfg: WorldConfig,
     out: str | Path,
@@ -136,7 +142,7 @@ def write_world(
         bar = tqdm(total=cfg.notes, unit="note", disable=not progress, desc="world")
         parts: list[list[Note]] = []
         if workers > 1:
-            with mp.get_context("fork").Pool(workers) as pool:
+            with mp.get_context(_start_method()).Pool(workers) as pool:
                 for part in pool.imap(_write_range, chunks):
                     parts.append(part)
                     bar.update(len(part))
