@@ -91,8 +91,9 @@ def collate_notes(batch: list[dict[str, Any]], max_images: int = 4) -> dict[str,
     """Pad a list of ``NoteDataset`` items to ``pixel_values`` ``(B, N_max, 3, H, W)`` + ``image_mask``.
 
     ``N_max`` is the most images of any note in the batch; a note with more than ``max_images``
-    images is an error (raise ``max_images`` or drop the note), never silently cut. Non-tensor
-    fields become lists.
+    images is an error (raise ``max_images`` or drop the note), never silently cut. Returns
+    ``pixel_values``, ``image_mask``, ``n_images`` (B,) and, as lists of length B, ``ids``, ``text``,
+    ``image_captions``, ``objects``, ``questions`` and ``note``.
     """
     if not batch:
         raise ValueError("collate_notes: empty batch")
