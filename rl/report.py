@@ -89,8 +89,8 @@ def changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _check(name: str, value: Any, goal: str, ok: bool | None) -> dict[str, Any]:
-    return {"target": name, "value": value, "goal": goal, "met": ok}
+def _check(name: str, value: Any, goal: str, ok: bool | None, fmt: str = "{:.3f}") -> dict[str, Any]:
+    return {"target": name, "value": value, "goal": goal, "met": ok, "format": fmt}
 
 
 def target_checks(
@@ -99,7 +99,7 @@ def target_checks(
     """The issue's targets, each with the measured value, the goal and whether it is met."""
     rows = [
         _check("pipeline wall time (s)", round(pipeline_seconds, 1), f"<= {TARGET_PIPELINE_SECONDS}",
-               pipeline_seconds <= TARGET_PIPELINE_SECONDS),
+               pipeline_seconds <= TARGET_PIPELINE_SECONDS, "{:.0f}"),
     ]  # fmt: skip
     sft = models.get("sft")
     if sft:
@@ -112,10 +112,16 @@ def target_checks(
     for name, d in deltas.items():
         ci, rc, lc = d["chair_i_rel_change"], d["recall_change_points"], d["length_change_pct"]
         rows += [
-            _check(f"{name}: CHAIR_i change (rel.)", ci, "<= -60%", None if ci is None else ci <= -0.6),
-            _check(f"{name}: recall change (points)", rc, ">= -2", rc >= -2.0),
             _check(
-                f"{name}: mean length change (%)", lc, "within +-10%", None if lc is None else abs(lc) <= 10
+                f"{name}: CHAIR_i change (rel.)", ci, "<= -60%", None if ci is None else ci <= -0.6, "{:+.1%}"
+            ),
+            _check(f"{name}: recall change (points)", rc, ">= -2", rc >= -2.0, "{:+.1f}"),
+            _check(
+                f"{name}: mean length change (%)",
+                lc,
+                "within +-10%",
+                None if lc is None else abs(lc) <= 10,
+                "{:+.1f}",
             ),
         ]
         f1_before = sft.get("pope_adversarial_f1") if sft else None
@@ -224,7 +230,7 @@ def render_markdown(metrics: dict[str, Any], plots: dict[str, str]) -> str:
     mark = {True: "met", False: "**missed**", None: "n/a"}
     lines += _table(
         ["target", "measured", "goal", ""],
-        [[t["target"], _fmt(t["value"], "{:.3f}"), t["goal"], mark[t["met"]]] for t in metrics["targets"]],
+        [[t["target"], _fmt(t["value"], t["format"]), t["goal"], mark[t["met"]]] for t in metrics["targets"]],
     )
     if models:
         lines += ["", "## Hallucinated mentions by cause", ""]
