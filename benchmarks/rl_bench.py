@@ -14,9 +14,10 @@ text-only Qwen2 causal LM (random init, saved to a folder first so TRL can rebui
   temperature), a length reward (a real but cheap reward, identical for both), group advantages,
   clipped loss, ``beta=0`` (no reference, TRL's default), one update per generation batch.
 
-Prints medians over the steps after the first (warm-up), the ratio ours / TRL (targets: DPO <= 1.0x,
-GRPO <= 0.5x) and our rollout tokens/s (generated tokens / generation time). Compare ratios from one
-run: the machine is shared.
+Runs ``--rounds`` alternating rounds (ours, then TRL, each from the same saved weights) so load drift
+on a shared machine hits both sides; prints the medians of all step times after each round's first
+(warm-up) step, their ratio ours / TRL (targets: DPO <= 1.0x, GRPO <= 0.5x), each round's ratio, and
+our rollout tokens/s (generated tokens / generation time). Compare ratios from one run.
 """
 
 from __future__ import annotations
@@ -235,17 +236,41 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         fresh = lambda: Qwen2ForCausalLM.from_pretrained(str(folder))  # noqa: E731 (same weights each time)
         pairs = pair_data(args.pairs * args.steps)
         prompts = texts(args.prompts * args.steps, 8, 4)
-        if "dpo" in args.only:
-            ours = median_after_warmup(ours_dpo(fresh(), tok, pairs, batch=args.pairs, steps=args.steps))
-            trl = median_after_warmup(trl_dpo(folder, tok, pairs, batch=args.pairs, steps=args.steps))
-            res["dpo"] = {"ours_s": ours, "trl_s": trl, "ratio": ours / trl, "target": 1.0}
-        if "grpo" in args.only:
-            kw = dict(n_prompts=args.prompts, group=args.group, new=args.new_tokens, steps=args.steps)
-            times, tps = ours_grpo(fresh(), tok, prompts, **kw)
-            trl = median_after_warmup(trl_grpo(folder, tok, prompts, **kw))
-            ours = median_after_warmup(times)
-            res["grpo"] = {"ours_s": ours, "trl_s": trl, "ratio": ours / trl, "target": 0.5}
-            res["rollout_tokens_per_s"] = tps
+        kw = dict(n_prompts=args.prompts, group=args.group, new=args.new_tokens, steps=args.steps)
+        sides = {
+            "dpo": (
+                lambda: ours_dpo(fresh(), tok, pairs, batch=args.pairs, steps=args.steps),
+                lambda: trl_dpo(folder, tok, pairs, batch=args.pairs, steps=args.steps),
+                1.0,
+            ),
+            "grpo": (
+                lambda: ours_grpo(fresh(), tok, prompts, **kw),
+                lambda: trl_grpo(folder, tok, prompts, **kw),
+                0.5,
+            ),
+        }
+        tps: list[float] = []
+        for name in args.only:
+            ours_fn, trl_fn, target = sides[name]
+            ours_t: list[float] = []
+            trl_t: list[float] = []
+            ratios = []
+            for _ in range(args.rounds):  # alternate sides so load drift on a shared machine hits both
+                o = ours_fn()
+                if name == "grpo":
+                    o, rate = o
+                    tps.append(rate)
+                t = trl_fn()
+                ours_t += o[1:] if len(o) > 1 else o
+                trl_t += t[1:] if len(t) > 1 else t
+                ratios.append(median_after_warmup(o) / median_after_warmup(t))
+            ours, trl = statistics.median(ours_t), statistics.median(trl_t)
+            res[name] = {
+                "ours_s": ours, "trl_s": trl, "ratio": ours / trl, "round_ratios": ratios,
+                "median_round_ratio": statistics.median(ratios), "target": target,
+            }  # fmt: skip
+        if tps:
+            res["rollout_tokens_per_s"] = statistics.median(tps)
     return res
 
 
@@ -258,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=32, help="GRPO max completion length")
     ap.add_argument("--hidden", type=int, default=128, help="LM hidden size")
     ap.add_argument("--layers", type=int, default=2, help="LM layers")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of ours then TRL")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     ap.add_argument(
         "--only", nargs="+", default=["dpo", "grpo"], choices=["dpo", "grpo"], help="which benchmarks"
@@ -265,13 +291,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     res = run(args)
-    print(f"{'bench':<6} {'ours s/step':>12} {'TRL s/step':>12} {'ratio':>7} {'target':>7}")
+    print(f"{'bench':<6} {'ours s/step':>12} {'TRL s/step':>12} {'ratio':>7} {'target':>7}  per-round ratios")
     for name in ("dpo", "grpo"):
         if name in res:
             r = res[name]
             ok = "ok" if r["ratio"] <= r["target"] else "MISS"
             times = f"{r['ours_s']:>12.4f} {r['trl_s']:>12.4f}"
-            print(f"{name:<6} {times} {r['ratio']:>6.2f}x {r['target']:>6.1f}x {ok}")
+            rounds = " ".join(f"{x:.2f}" for x in r["round_ratios"])
+            print(f"{name:<6} {times} {r['ratio']:>6.2f}x {r['target']:>6.1f}x {ok:<4}  {rounds}")
     if "rollout_tokens_per_s" in res:
         tps = res["rollout_tokens_per_s"]
         print(f"rollout tokens/s (ours, {args.prompts}x{args.group} per batch): {tps:.0f}")
