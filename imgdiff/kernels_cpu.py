@@ -77,6 +77,33 @@ def _strong(a2, b2, c, h, w, y, x, r, margin):  # pragma: no cover - compiled
                 bmin, bmax = min(bmin, pb), max(bmax, pb)
         if vb - amax > margin or amin - vb > margin or va - bmax > margin or bmin - va > margin:
             return True
+    return _in_strong_block(a2, b2, c, h, w, y, x, margin)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _absmax(a2, b2, c, y, x):  # pragma: no cover - compiled
+    ad = np.int64(0)
+    for ch in range(c):
+        ad = max(ad, abs(np.int64(a2[y, x * c + ch]) - np.int64(b2[y, x * c + ch])))
+    return ad
+
+
+@numba.njit(cache=True, nogil=True)
+def _in_strong_block(a2, b2, c, h, w, y, x, margin):  # pragma: no cover - compiled
+    """(y, x) lies in a (clipped) 3x3 window whose every pixel has ``max_c |d| > margin``: the 3x3
+    morphological opening of the strong-delta mask (a coherent block, not an edge shift)."""
+    for cy in range(max(y - 1, 0), min(y + 1, h - 1) + 1):
+        for cx in range(max(x - 1, 0), min(x + 1, w - 1) + 1):
+            full = True
+            for yy in range(max(cy - 1, 0), min(cy + 1, h - 1) + 1):
+                for xx in range(max(cx - 1, 0), min(cx + 1, w - 1) + 1):
+                    if _absmax(a2, b2, c, yy, xx) <= margin:
+                        full = False
+                        break
+                if not full:
+                    break
+            if full:
+                return True
     return False
 
 

@@ -66,6 +66,21 @@ def _strong(a2, b2, c, h, w, y, x, r, margin):  # pragma: no cover - device code
             return True
         if (va > bmax and va - bmax > margin) or (bmin > va and bmin - va > margin):
             return True
+    return _in_strong_block(a2, b2, c, h, w, y, x, margin)
+
+
+@cuda.jit(device=True)
+def _in_strong_block(a2, b2, c, h, w, y, x, margin):  # pragma: no cover - device code
+    """(y, x) lies in a clipped 3x3 window of pixels that all have ``max_c |d| > margin``."""
+    for cy in range(max(y - 1, 0), min(y + 1, h - 1) + 1):
+        for cx in range(max(x - 1, 0), min(x + 1, w - 1) + 1):
+            full = True
+            for yy in range(max(cy - 1, 0), min(cy + 1, h - 1) + 1):
+                for xx in range(max(cx - 1, 0), min(cx + 1, w - 1) + 1):
+                    if _pixel_absmax(a2, b2, c, yy, xx) <= margin:
+                        full = False
+            if full:
+                return True
     return False
 
 

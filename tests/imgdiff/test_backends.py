@@ -124,6 +124,11 @@ c = make_case("jpeg_q90_patch", h=24, w=40)  # weak/strong mix through the robus
 for mode in ("exact", "robust"):
     ref = imgdiff.diff(c.a, c.b, mode=mode, backend="numpy")
     assert imgdiff.diff(c.a, c.b, mode=mode, backend="cuda") == ref, mode
+a = rng.integers(0, 256, (16, 24, 3), dtype=np.uint8)  # coherent strong block on noise
+b = a.copy()
+b[5:10, 10:18] ^= 0x80
+assert imgdiff.diff(a, b, backend="cuda") == imgdiff.diff(a, b, backend="numpy"), "strong block"
+assert imgdiff.diff(a, b, backend="cuda").changed_pixels == 40
 print("ok")
 """
 

@@ -42,6 +42,35 @@ def test_isolated_strong_change_is_never_dropped_next_to_text(cases):
     assert res.bbox == (x, y, x, y)
 
 
+def _noise_pair(box):
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, 256, (32, 48, 3), dtype=np.uint8)  # high-texture reference: 3x3 range ~0..255
+    b = a.copy()
+    y0, y1, x0, x1 = box
+    b[y0:y1, x0:x1] ^= 0x80  # every channel changes by exactly 128
+    return a, b
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_coherent_strong_block_on_texture_is_kept_whole(backend):
+    a, b = _noise_pair((5, 10, 10, 18))
+    res = imgdiff.diff(a, b, backend=backend)
+    assert res.bbox == (10, 5, 17, 9) == imgdiff.diff(a, b, mode="exact").bbox
+    assert res.changed_pixels == 40
+    assert [(r.bbox, r.pixels, r.max_delta, r.mean_delta) for r in res.regions] == [
+        ((10, 5, 17, 9), 40, 128.0, 128.0)
+    ]
+    mask = imgdiff.change_mask(a, b, backend=backend)
+    assert mask.sum() == 40 and mask[5:10, 10:18].all()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_coherent_strong_block_at_the_image_corner(backend):
+    # Windows are clipped to the image: a 3x3 block in the corner is a full (clipped) window.
+    a, b = _noise_pair((0, 3, 45, 48))
+    assert imgdiff.diff(a, b, backend=backend).bbox == (45, 0, 47, 2)
+
+
 def test_robust_params_validation():
     a = np.zeros((8, 8), np.uint8)
     with pytest.raises(ValueError, match="window must be odd"):
