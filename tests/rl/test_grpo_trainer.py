@@ -81,7 +81,7 @@ def test_dapo_gspo_options_run(tmp_path, dirs):
     sets = (
         "algo.dynamic_sampling=true", "algo.overlong_penalty=true", "algo.overlong_cache=6",
         "algo.dual_clip=3", "algo.level=sequence", "algo.agg=seq-mean-token-mean",
-        "algo.num_iterations=2", "algo.advantage=rloo",
+        "algo.num_iterations=2", "algo.advantage=rloo", "train.steps=1",
     )  # fmt: skip
     assert _run(dirs, tmp_path / "dapo", *sets) == 0
     r = _records(tmp_path / "dapo")[-1]
