@@ -1,4 +1,5 @@
-"""Public API on decoded arrays: :func:`diff` and :func:`change_mask` (pure; no file I/O).
+"""Public API on decoded arrays: :func:`diff`, :func:`change_mask` and both at once,
+:func:`diff_and_mask` (pure; no file I/O).
 
 Pipeline: validate + normalise the pair (:func:`imgdiff.core.normalise_pair`), handle a size
 mismatch (diff the overlap; the non-overlapping strips of the ``max(W) x max(H)`` canvas count as
@@ -20,17 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from imgdiff import core
+from imgdiff.options import BACKENDS, DEFAULT_MERGE_GAP, DEFAULT_THRESHOLD, MODES  # noqa: F401 - re-exported
 from imgdiff.regions import TileStats, empty_stats, regions_from_tiles, tile_stats_from_mask
 from imgdiff.result import Result
-
-BACKENDS = ("auto", "numpy", "numba", "cuda")
-"""Accepted ``backend`` names."""
-MODES = ("exact", "robust")
-"""Accepted ``mode`` names."""
-DEFAULT_THRESHOLD = {"exact": 0.0, "robust": 2.0}
-"""Per-channel delta (0-255 units) that counts as a change when ``threshold`` is None."""
-DEFAULT_MERGE_GAP = 8
-"""Regions with at most this many unchanged pixels between them merge."""
 
 
 def resolve_backend(backend: str) -> str:
@@ -274,7 +267,10 @@ def diff(
     )  # fmt: skip
     if merge_gap < 0:
         raise ValueError(f"merge_gap must be >= 0 pixels, got {merge_gap}")
-    st = _tile_stats(p, resolve_backend(backend))
+    return _result(p, _tile_stats(p, resolve_backend(backend)), merge_gap)
+
+
+def _result(p: _Pair, st: TileStats, merge_gap: int) -> Result:
     regions = regions_from_tiles(st, merge_gap=merge_gap, scale=p.scale)
     if not regions:
         return Result(bbox=None, regions=[], changed_pixels=0, width=p.width, height=p.height)
@@ -309,7 +305,40 @@ def change_mask(
         a, b, mode=mode, threshold=threshold, ignore=ignore, allow_size_mismatch=allow_size_mismatch,
         mode_params=mode_params,
     )  # fmt: skip
-    mask, _, (oy, ox) = _canvas_mask(p, resolve_backend(backend))
+    mask, _, origin = _canvas_mask(p, resolve_backend(backend))
+    return _full_mask(p, mask, origin)
+
+
+def _full_mask(p: _Pair, mask: np.ndarray, origin: tuple[int, int]) -> np.ndarray:
+    oy, ox = origin
     out = np.zeros((p.height, p.width), dtype=bool)
     out[oy : oy + mask.shape[0], ox : ox + mask.shape[1]] = mask
     return out
+
+
+def diff_and_mask(
+    a: np.ndarray,
+    b: np.ndarray,
+    *,
+    mode: str = "robust",
+    threshold: float | None = None,
+    ignore: Sequence[tuple[int, int, int, int]] = (),
+    backend: str = "auto",
+    merge_gap: int = DEFAULT_MERGE_GAP,
+    allow_size_mismatch: bool = False,
+    **mode_params: float,
+) -> tuple[Result, np.ndarray]:
+    """``(diff(...), change_mask(...))`` with one detection pass (same options as :func:`diff`).
+
+    The changed pixels are found once, as the NumPy reference mask (pass 1 and the pyramid use
+    ``backend``), and the result is reduced from that mask: equal to :func:`diff` on every backend.
+    """
+    p = _prepare(
+        a, b, mode=mode, threshold=threshold, ignore=ignore, allow_size_mismatch=allow_size_mismatch,
+        mode_params=mode_params,
+    )  # fmt: skip
+    if merge_gap < 0:
+        raise ValueError(f"merge_gap must be >= 0 pixels, got {merge_gap}")
+    mask, d, origin = _canvas_mask(p, resolve_backend(backend))
+    st = tile_stats_from_mask(mask, d, origin, p.height, p.width)
+    return _result(p, st, merge_gap), _full_mask(p, mask, origin)

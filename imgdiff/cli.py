@@ -76,8 +76,7 @@ def _threshold(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from imgdiff.api import BACKENDS, MODES
-    from imgdiff.io import DEFAULT_MAX_PIXELS, SUPPORTED_FORMATS
+    from imgdiff.options import BACKENDS, DEFAULT_MAX_PIXELS, MODES, SUPPORTED_FORMATS
 
     p = _Parser(
         prog="imgdiff",
@@ -144,9 +143,8 @@ def _diff_options(args) -> dict:
     }
 
 
-def _encode_outputs(args, a, b, result, out: str | None, mask_out: str | None) -> list[tuple[str, bytes]]:
+def _encode_outputs(b, result, mask, out: str | None, mask_out: str | None) -> list[tuple[str, bytes]]:
     """Encode every requested output in memory first, so a failure writes nothing."""
-    from imgdiff import change_mask
     from imgdiff.io import encode_mask_png, encode_png, render_overlay
 
     files = []
@@ -154,21 +152,24 @@ def _encode_outputs(args, a, b, result, out: str | None, mask_out: str | None) -
         boxes = [r.bbox for r in result.regions] or ([result.bbox] if result.bbox is not None else [])
         files.append((out, encode_png(render_overlay(b, boxes))))
     if mask_out is not None:
-        opts = _diff_options(args)
-        mask = change_mask(a, b, **opts)  # (H, W) bool
         files.append((mask_out, encode_mask_png(mask)))
     return files
 
 
 def _diff_pair(args, path_a: str, path_b: str, out: str | None, mask_out: str | None, pair=None):
-    """Read (unless ``pair`` is given), diff, write outputs; returns the Result. Raises Trouble."""
-    from imgdiff import diff
+    """Read (unless ``pair`` is given), diff, write outputs; returns the Result. Raises Trouble.
+
+    With ``mask_out`` the detection runs once and yields both the result and the mask."""
+    from imgdiff.api import diff, diff_and_mask
     from imgdiff.io import ImageIOError, atomic_write, read_pair
 
     try:
         a, b = pair if pair is not None else read_pair(path_a, path_b, max_pixels=args.max_pixels)
-        result = diff(a, b, **_diff_options(args))
-        for path, data in _encode_outputs(args, a, b, result, out, mask_out):
+        if mask_out is not None:
+            result, mask = diff_and_mask(a, b, **_diff_options(args))  # mask: (H, W) bool
+        else:
+            result, mask = diff(a, b, **_diff_options(args)), None
+        for path, data in _encode_outputs(b, result, mask, out, mask_out):
             atomic_write(path, data)
     except (ImageIOError, ValueError) as e:  # SizeMismatchError is a ValueError
         raise Trouble(str(e).replace("\n", " ")) from None
@@ -185,10 +186,36 @@ def _human(result, label: str) -> str:
     )
 
 
+def _same_files(args):
+    """The Result for byte-identical valid files (no decode of the pixels, no NumPy), else None."""
+    from imgdiff.io import ImageIOError, identical_pair
+    from imgdiff.result import Result
+
+    try:
+        info = identical_pair(args.a, args.b, max_pixels=args.max_pixels)
+    except ImageIOError as e:
+        raise Trouble(str(e).replace("\n", " ")) from None
+    return None if info is None else Result(bbox=None, width=info.width, height=info.height)
+
+
+def _import_kernels() -> None:
+    """Import the diff modules (NumPy, OpenCV); run in a thread while the images decode."""
+    try:
+        import imgdiff.api  # noqa: F401
+    except Exception:  # noqa: BLE001 - the main thread imports it again and reports the error
+        pass
+
+
 def run_single(args) -> int:
     _check_png_target(args.out, "--out", folder=False)
     _check_png_target(args.mask_out, "--mask-out", folder=False)
-    result = _diff_pair(args, args.a, args.b, args.out, args.mask_out)
+    result = None
+    if args.out is None and args.mask_out is None:
+        result = _same_files(args)
+    if result is None:
+        with ThreadPoolExecutor(max_workers=1) as pool:  # imports overlap the decoders (they drop the GIL)
+            pool.submit(_import_kernels)
+            result = _diff_pair(args, args.a, args.b, args.out, args.mask_out)
     if args.json:
         print(json.dumps(result.to_json()))
     else:
@@ -307,6 +334,8 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "numpy" not in sys.modules:  # a fresh CLI process: imgdiff uses no BLAS, skip its thread pool
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help (0) or a bad option (2, already printed as one line)

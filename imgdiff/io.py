@@ -35,13 +35,12 @@ import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+from imgdiff.options import DEFAULT_MAX_PIXELS, SUPPORTED_FORMATS  # noqa: F401 - re-exported
 
-DEFAULT_MAX_PIXELS = 2 * 7680 * 4320
-"""Default decompression-bomb guard: twice an 8K frame (66,355,200 pixels)."""
-
-SUPPORTED_FORMATS = ("PNG", "JPEG", "WebP", "TIFF", "BMP")
+if TYPE_CHECKING:
+    import numpy as np
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _PNG_BIT_DEPTHS = {0: (1, 2, 4, 8, 16), 2: (8, 16), 3: (1, 2, 4, 8), 4: (8, 16), 6: (8, 16)}
@@ -186,6 +185,8 @@ def _from_bgr(cv2, arr: np.ndarray) -> np.ndarray:
 
 
 def _decode_cv2(path: str, data: bytes) -> np.ndarray:
+    import numpy as np
+
     cv2 = _cv2()
     try:
         arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
@@ -231,6 +232,8 @@ _PIL_TO_RGB = {"CMYK", "YCbCr", "LAB", "HSV", "RGBX"}
 def _decode_pil(path: str, data: bytes) -> np.ndarray:
     import io as _bytes_io
 
+    import numpy as np
+
     img = _pil_open(path, _bytes_io.BytesIO(data))
     bits = getattr(img, "tag_v2", {}).get(258) if img.format == "TIFF" else None
     if bits is not None and len(bits) > 1 and max(bits) > 8:
@@ -267,9 +270,13 @@ def _read_bytes(info: ImageInfo) -> bytes:
         return f.read()
 
 
-def decode(info: ImageInfo) -> np.ndarray:
-    """Decode a file that :func:`probe` accepted; raises :class:`ImageIOError` on bad pixel data."""
-    data = _read_bytes(info)
+def decode(info: ImageInfo, data: bytes | None = None) -> np.ndarray:
+    """Decode a file that :func:`probe` accepted (``data``: its bytes, when already read); raises
+    :class:`ImageIOError` on bad pixel data."""
+    import numpy as np
+
+    if data is None:
+        data = _read_bytes(info)
     if info.format == "PNG":
         if b"IEND" not in data[-1024:]:
             raise _fail(info.path, "the file is truncated (PNG ends before its IEND chunk)", "re-export it")
@@ -294,17 +301,85 @@ def read_image(path: str | os.PathLike, *, max_pixels: int = DEFAULT_MAX_PIXELS)
     return decode(probe(path, max_pixels=max_pixels))
 
 
+_PNG_CHANNELS = {0: 1, 2: 3, 4: 2, 6: 4}
+"""Samples per pixel of the PNG colour types :func:`_check_png_data` validates (palette: decoded)."""
+
+
+def _check_png_data(info: ImageInfo, data: bytes) -> bool:
+    """Validate a non-interlaced, non-palette PNG without decoding its pixels: chunk layout, CRCs
+    of critical chunks, and an inflate of the image data to exactly ``height * (1 + row bytes)``
+    bytes with valid filter types (what libpng checks). Returns False when it cannot tell (other
+    PNG kinds); raises :class:`ImageIOError` when the file is bad."""
+    import zlib
+
+    depth, colour, interlace = data[24], data[25], data[28]
+    if colour not in _PNG_CHANNELS or interlace != 0:
+        return False
+    pos, idat, end = 8, [], False
+    while pos + 12 <= len(data):
+        (n,) = struct.unpack(">I", data[pos : pos + 4])
+        kind = data[pos + 4 : pos + 8]
+        if pos + 12 + n > len(data):
+            break
+        crc = struct.unpack(">I", data[pos + 8 + n : pos + 12 + n])[0]
+        if kind[:1].isupper() and zlib.crc32(data[pos + 4 : pos + 8 + n]) != crc:
+            raise _fail(
+                info.path,
+                f"image data is corrupt ({kind.decode('latin-1')} chunk fails its CRC check)",
+                "re-export it",
+            )
+        if kind == b"IDAT":
+            idat.append(data[pos + 8 : pos + 8 + n])
+        pos += 12 + n
+        if kind == b"IEND":
+            end = True
+            break
+    if not end or not idat:
+        raise _fail(info.path, "the file is truncated (PNG ends before its IEND chunk)", "re-export it")
+    row = 1 + (info.width * _PNG_CHANNELS[colour] * depth + 7) // 8
+    inflater = zlib.decompressobj()
+    try:
+        raw = inflater.decompress(b"".join(idat), info.height * row + 1)
+    except zlib.error as e:
+        raise _fail(info.path, f"image data is corrupt ({e})", "re-export or re-download it") from None
+    if len(raw) != info.height * row or not inflater.eof or max(raw[::row]) > 4:
+        raise _fail(info.path, "image data is corrupt or truncated", "re-export or re-download it")
+    return True
+
+
+def identical_pair(
+    a: str | os.PathLike, b: str | os.PathLike, *, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> ImageInfo | None:
+    """A's :class:`ImageInfo` when both files pass :func:`probe` and hold the same bytes (so the same
+    pixels), else None. The shared data is still validated (PNG: :func:`_check_png_data`, no pixel
+    decoded and no NumPy import; other formats: decoded), so a corrupt file is an error, never "same"."""
+    infos = (probe(a, max_pixels=max_pixels), probe(b, max_pixels=max_pixels))
+    if os.path.getsize(infos[0].path) != os.path.getsize(infos[1].path):
+        return None
+    data = _read_bytes(infos[0])
+    if data != _read_bytes(infos[1]):
+        return None
+    if not (infos[0].format == "PNG" and _check_png_data(infos[0], data)):
+        decode(infos[0], data)
+    return infos[0]
+
+
 def read_pair(
     a: str | os.PathLike, b: str | os.PathLike, *, max_pixels: int = DEFAULT_MAX_PIXELS
 ) -> tuple[np.ndarray, np.ndarray]:
     """Validate both headers first (so a bad B fails before A is decoded), then decode both in two threads.
 
-    The decoders release the GIL, so on two cores the pair costs about one decode. When both fail,
-    A's error is raised.
+    The decoders release the GIL, so on two cores the pair costs about one decode. Byte-identical
+    files are decoded once (the same pixels, so one array serves as both; it is still decoded, so a
+    corrupt file is still an error). When both fail, A's error is raised.
     """
     infos = (probe(a, max_pixels=max_pixels), probe(b, max_pixels=max_pixels))
+    data = [_read_bytes(info) for info in infos]
+    if data[0] == data[1]:
+        arr = decode(infos[0], data[0])
+        return arr, arr
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = [pool.submit(decode, info) for info in infos]
+        futures = [pool.submit(decode, info, d) for info, d in zip(infos, data)]
         arrays = [fut.exception() or fut.result() for fut in futures]
     for arr in arrays:
         if isinstance(arr, BaseException):
@@ -371,6 +446,8 @@ def write_png(path: str | os.PathLike, image: np.ndarray) -> None:
 
 def encode_mask_png(mask: np.ndarray) -> bytes:
     """PNG bytes of a boolean ``(H, W)`` change mask as 8-bit gray: changed 255, unchanged 0."""
+    import numpy as np
+
     return encode_png(np.where(mask, np.uint8(255), np.uint8(0)))
 
 
@@ -394,6 +471,8 @@ def render_overlay(image: np.ndarray, boxes: Sequence[Sequence[int]]) -> np.ndar
     16-bit input is scaled to 8 bits; gray becomes RGB; alpha is dropped so boxes stay visible on
     transparent areas. The line width grows with the image (1 px up to 500 px, 4 px at 4K).
     """
+    import numpy as np
+
     cv2 = _cv2()
     img = image
     if img.dtype == np.uint16:

@@ -258,3 +258,21 @@ def test_truncated_file_stderr_is_one_line_at_fd_level(tmp_path, ext):
     proc = subprocess.run([sys.executable, "-m", "imgdiff", good, bad], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("imgdiff: error: cannot read"), proc.stderr
+
+
+def test_byte_identical_files_same_or_trouble(tmp_path, capsys):
+    pa, _ = _pair(tmp_path, change=False)
+    pb = tmp_path / "copy.png"
+    data = open(pa, "rb").read()
+    pb.write_bytes(data)
+    code, out, _ = _run(capsys, pa, pb, "--json")
+    assert code == 0 and json.loads(out) == {
+        "bbox": None, "regions": [], "changed_pixels": 0, "width": 48, "height": 32
+    }  # fmt: skip
+    code, out, _ = _run(capsys, pa, pb, "--out", tmp_path / "o.png")  # outputs: the full path, same answer
+    assert code == 0 and out.startswith("same:") and (tmp_path / "o.png").exists()
+    bad = bytearray(data)
+    bad[60:80] = b"\xff" * 20  # inside IDAT
+    for p in (pa, pb):
+        open(p, "wb").write(bytes(bad))
+    _trouble(capsys, pa, pb, words=["corrupt"])

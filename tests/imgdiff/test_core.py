@@ -148,3 +148,25 @@ def test_import_does_not_load_numba_or_torch():
     code = "import sys, imgdiff; print('numba' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("mode", ["exact", "robust"])
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_diff_and_mask_equals_diff_and_change_mask(mode, backend):
+    from imgdiff.cases import make_case
+
+    c = make_case("jpeg_q90_patch", h=96, w=128)
+    kw = dict(mode=mode, backend=backend, ignore=[(0, 0, 9, 9)])
+    result, mask = imgdiff.diff_and_mask(c.a, c.b, **kw)
+    assert result == imgdiff.diff(c.a, c.b, **kw)
+    np.testing.assert_array_equal(mask, imgdiff.change_mask(c.a, c.b, **kw))
+    assert mask.sum() == result.changed_pixels
+
+
+def test_package_import_is_lazy():
+    import subprocess
+    import sys
+
+    code = "import sys, imgdiff; print('numpy' in sys.modules, 'cv2' in sys.modules); imgdiff.diff"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

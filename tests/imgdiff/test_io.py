@@ -254,3 +254,56 @@ def test_png_decoders_agree(tmp_path, shape, dtype):
     assert fast.dtype == slow.dtype == dtype
     np.testing.assert_array_equal(fast, img)
     np.testing.assert_array_equal(slow, img)
+
+
+# ------------------------------------------------------------------------------ identical files
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def _png(width: int, height: int, raw: bytes, colour: int = 2) -> bytes:
+    """A PNG with a valid chunk layout and CRCs around ``raw`` filtered rows (zlib-compressed)."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, colour, 0, 0, 0)
+    return iio._PNG_MAGIC + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", zlib.compress(raw)) + _chunk(b"IEND", b"")
+
+
+def _copies(tmp_path, data: bytes, ext: str = "png"):
+    a, b = tmp_path / f"a.{ext}", tmp_path / f"b.{ext}"
+    a.write_bytes(data)
+    b.write_bytes(data)
+    return a, b
+
+
+@pytest.mark.parametrize("ext", ["png", "jpg", "webp"])
+def test_identical_pair_of_valid_files(tmp_path, rgb, ext):
+    a = tmp_path / f"a.{ext}"
+    Image.fromarray(rgb).save(a)
+    a, b = _copies(tmp_path, a.read_bytes(), ext)
+    info = iio.identical_pair(a, b)
+    assert (info.width, info.height) == (40, 24)
+    data = b.read_bytes()
+    b.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, other bytes
+    assert iio.identical_pair(a, b) is None
+
+
+def test_identical_pair_validates_the_shared_data(tmp_path, rgb):
+    ok = _png(2, 2, b"\x00" + b"\x01" * 6 + b"\x01" + b"\x02" * 6)
+    a, b = _copies(tmp_path, ok)
+    assert iio.identical_pair(a, b) is not None
+    np.testing.assert_array_equal(iio.read_image(a)[1], [[2, 2, 2], [4, 4, 4]])  # Sub filter: 2, 2 + 2
+    bad_cases = {
+        "filter": _png(2, 2, b"\x07" + b"\x01" * 6 + b"\x00" + b"\x02" * 6),  # filter type 7
+        "short": _png(2, 2, b"\x00" + b"\x01" * 6),  # one row of two
+        "zlib": ok.replace(zlib.compress(b"\x00" + b"\x01" * 6 + b"\x01" + b"\x02" * 6), b"\x78\x9c\xff\xff"),
+        "crc": ok[:-20] + bytes([ok[-20] ^ 1]) + ok[-19:],  # a byte of the IDAT CRC
+        "iend": ok[:-12],
+    }
+    for name, data in bad_cases.items():
+        a, b = _copies(tmp_path, data)
+        with pytest.raises(iio.ImageIOError) as info:
+            iio.identical_pair(a, b)
+        assert "\n" not in str(info.value) and str(a) in str(info.value), name
+        with pytest.raises(iio.ImageIOError):  # the full decoder agrees that the file is bad
+            iio.read_image(a)
