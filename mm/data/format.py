@@ -315,20 +315,32 @@ def read_notes(folder: str | Path, split: str | None = None) -> list[Note]:
     return notes
 
 
-def write_notes(notes: list[Note], folder: str | Path) -> Path:
-    """Write ``folder/notes.jsonl`` atomically (temp file in the folder, then rename); returns its path."""
+def note_line(note: Note) -> str:
+    """The ``notes.jsonl`` line of ``note`` (no newline)."""
+    return json.dumps(note.to_json(), ensure_ascii=False)
+
+
+def write_notes(notes: list[Note], folder: str | Path, *, lines: list[str] | None = None) -> Path:
+    """Write ``folder/notes.jsonl`` atomically (temp file in the folder, then rename); returns its path.
+
+    ``lines``: ``[note_line(n) for n in notes]`` when the caller already has them (e.g. serialised
+    in worker processes); must be one per note, in the same order.
+    """
     folder = Path(folder)
+    if lines is not None and len(lines) != len(notes):
+        raise ValueError(f"lines must be one per note: got {len(lines)} lines for {len(notes)} notes")
     folder.mkdir(parents=True, exist_ok=True)
     ids = [n.id for n in notes]
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
         raise FormatError(f"duplicate note ids {dup}; every note needs a unique id")
+    if lines is None:
+        lines = [note_line(n) for n in notes]
     path = folder / NOTES_FILE
     fd, tmp = tempfile.mkstemp(prefix=".notes-", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for n in notes:
-                f.write(json.dumps(n.to_json(), ensure_ascii=False) + "\n")
+            f.write("".join(line + "\n" for line in lines))
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
         os.replace(tmp, path)
     except BaseException:

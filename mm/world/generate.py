@@ -17,14 +17,14 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import cv2
 import numpy as np
 import yaml
 
 from mm.config import to_dict
-from mm.data.format import Note, staged_folder, write_notes
+from mm.data.format import Note, note_line, staged_folder, write_notes
 from mm.world import text, vocab
 from mm.world.config import WorldConfig
+from mm.world.png import encode_png
 from mm.world.render import render_scene
 from mm.world.scene import sample_scene
 from mm.world.stats import cooccurrence_stats
@@ -37,13 +37,7 @@ STATS_FILE = "stats.json"
 """``cooccurrence_stats`` of the folder's notes."""
 
 
-# Huffman-only deflate: noisy tiny images barely compress with LZ77; this is ~30% faster and smaller.
-_PNG_PARAMS = [
-    cv2.IMWRITE_PNG_COMPRESSION,
-    1,
-    cv2.IMWRITE_PNG_STRATEGY,
-    cv2.IMWRITE_PNG_STRATEGY_HUFFMAN_ONLY,
-]
+_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
 
 def note_id(cfg: WorldConfig, index: int) -> str:
@@ -102,16 +96,32 @@ def generate_notes(cfg: WorldConfig, start: int = 0, stop: int | None = None) ->
     return [generate_note(cfg, i)[0] for i in range(start, stop)]
 
 
-def _write_range(args: tuple[WorldConfig, int, int, str]) -> list[Note]:
+def _write_range(args: tuple[WorldConfig, int, int, str]) -> tuple[list[Note], list[str]]:
+    """Write the images of notes ``start..stop`` into ``folder``; returns the notes and their JSON lines.
+
+    One ``open``/``write``/``close`` per PNG relative to the folder's descriptor (no fsync: the
+    whole folder is staged and renamed into place, see :func:`write_world`).
+    """
     cfg, start, stop, folder = args
-    notes = []
-    for i in range(start, stop):
-        note, images = generate_note(cfg, i)
-        for rel, img in zip(note.images, images):
-            if not cv2.imwrite(os.path.join(folder, rel), img[:, :, ::-1], _PNG_PARAMS):  # RGB -> BGR
-                raise OSError(f"could not write {os.path.join(folder, rel)}")
-        notes.append(note)
-    return notes
+    noisy = cfg.noise_std > 0
+    notes, lines = [], []
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        for i in range(start, stop):
+            note, images = generate_note(cfg, i)
+            for rel, img in zip(note.images, images):
+                fd = os.open(rel, _FILE_FLAGS, 0o666, dir_fd=dir_fd)
+                try:
+                    data = encode_png(img, noisy=noisy)
+                    if os.write(fd, data) != len(data):
+                        raise OSError(f"short write to {os.path.join(folder, rel)}")
+                finally:
+                    os.close(fd)
+            notes.append(note)
+            lines.append(note_line(note))
+    finally:
+        os.close(dir_fd)
+    return notes, lines
 
 
 def _start_method() -> str:
@@ -140,19 +150,23 @@ def write_world(
         chunks = [(cfg, a, min(a + step, cfg.notes), str(tmp)) for a in range(0, cfg.notes, step)]
         workers = max(1, min(workers, len(chunks)))
         bar = tqdm(total=cfg.notes, unit="note", disable=not progress, desc="world")
-        parts: list[list[Note]] = []
+        notes: list[Note] = []
+        lines: list[str] = []
+
+        def collect(part: tuple[list[Note], list[str]]) -> None:
+            notes.extend(part[0])
+            lines.extend(part[1])
+            bar.update(len(part[0]))
+
         if workers > 1:
             with mp.get_context(_start_method()).Pool(workers) as pool:
                 for part in pool.imap(_write_range, chunks):
-                    parts.append(part)
-                    bar.update(len(part))
+                    collect(part)
         else:
             for c in chunks:
-                parts.append(_write_range(c))
-                bar.update(len(parts[-1]))
+                collect(_write_range(c))
         bar.close()
-        notes = [n for part in parts for n in part]
-        write_notes(notes, tmp)
+        write_notes(notes, tmp, lines=lines)
         (tmp / CONFIG_FILE).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         (tmp / STATS_FILE).write_text(json.dumps(cooccurrence_stats(notes), indent=1) + "\n")
     return notes

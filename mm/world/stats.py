@@ -39,34 +39,36 @@ def cooccurrence_stats(
     def ratio(a: float, b: float) -> float | None:
         return a / b if b else None
 
+    cats_of = [{o.category for o in objs} for objs in images]  # one set per image, shared by all pairs
     pairs: dict[str, dict[str, Any]] = {}
     tot = Counter()
     for anchor, partner in vocab.PARTNER_PAIRS:
         c = Counter()
-        for objs in images:
-            cats = {o.category for o in objs}
-            has_a, has_p = anchor in cats, partner in cats
-            c["a"] += has_a
-            c["ap"] += has_a and has_p
-            c["na"] += not has_a
-            c["nap"] += (not has_a) and has_p
-            if has_a:
-                for o in objs:
-                    if o.category == partner:
-                        c["inst"] += 1
-                        c["small"] += o.size == "small"
-                        c["occ"] += o.occluded > occluded_threshold
-                        c["hidden"] += o.occluded > hidden_threshold
-                        c["occ_sum"] += o.occluded
+        n_a = n_ap = n_p = 0
+        for objs, cats in zip(images, cats_of):
+            if partner in cats:
+                n_p += 1
+            if anchor not in cats:
+                continue
+            n_a += 1
+            if partner not in cats:
+                continue
+            n_ap += 1
+            for o in objs:
+                if o.category == partner:
+                    c["inst"] += 1
+                    c["small"] += o.size == "small"
+                    c["occ"] += o.occluded > occluded_threshold
+                    c["hidden"] += o.occluded > hidden_threshold
+                    c["occ_sum"] += o.occluded
+        c["a"], c["ap"], c["na"], c["nap"] = n_a, n_ap, len(images) - n_a, n_p - n_ap
         c["images"] = len(images)
         tot.update(c)
         pairs[f"{anchor}->{partner}"] = _summary(c, ratio)
     tot["images"] = len(images)
     overall = _summary(tot, ratio)
     overall["objects_per_image"] = ratio(sum(len(objs) for objs in images), len(images))
-    overall["categories_per_image"] = ratio(
-        sum(len({o.category for o in objs}) for objs in images), len(images)
-    )
+    overall["categories_per_image"] = ratio(sum(len(cats) for cats in cats_of), len(images))
     return {
         "images": len(images),
         "pairs": pairs,

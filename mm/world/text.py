@@ -12,8 +12,6 @@ objects (the adversarial negatives of POPE) and otherwise at random.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 
 from mm.data.format import ObjectAnnotation, Question
@@ -94,7 +92,7 @@ def object_phrases(
     for name in caption_order(list(groups)):
         objs = groups[name]
         n = len(objs)
-        colors = Counter(o.color for o in objs)
+        colors = {o.color for o in objs}
         color = objs[0].color if len(colors) == 1 else None
         noun = surface(name, n > 1, rng, synonym_prob)
         words = []
