@@ -5,6 +5,11 @@ print, write. Exit codes follow ``diff(1)``: 0 same, 1 different, 2 trouble (bad
 unreadable file, size mismatch without ``--allow-size-mismatch``). Every trouble is one line on
 stderr, never a traceback (set ``IMGDIFF_DEBUG=1`` to see one for unexpected errors), and no output
 file is ever half-written.
+
+Start-up (a single pair is mostly start-up and PNG decoding): parsing imports neither NumPy nor
+OpenCV (:mod:`imgdiff.options`); byte-identical files are answered "same" after a pixel-free
+validation (:func:`imgdiff.io.identical_pair`); otherwise the diff modules are imported in a thread
+while both images decode, and ``--mask-out`` gets the result and the mask from one detection pass.
 """
 
 from __future__ import annotations
