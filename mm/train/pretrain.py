@@ -133,9 +133,9 @@ class RunConfig:
 class DataConfig:
     """Where the notes come from; the synthetic world is generated there when the folder is missing."""
 
-    folder: str = "runs/data/world_pretrain"
+    folder: str = "runs/data/world_pretrain_21k"
     """Note folder (notes.jsonl + images). Generated with `mm data world` when it does not exist."""
-    generate_notes: int = 20000
+    generate_notes: int = 21000
     """Notes to generate when the folder is missing (the world puts ~5% in the test split)."""
     generate_seed: int = 0
     """World seed used when generating."""
