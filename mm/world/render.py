@@ -58,7 +58,8 @@ def _noise_bank(size: int) -> np.ndarray:
 
 
 def _pts(points: list[tuple[float, float]]) -> np.ndarray:
-    return (np.asarray(points, dtype=np.float64) * _ONE).round().astype(np.int32)[None]  # (1, K, 2)
+    # Python's round() is exact round-half-even like NumPy's, and * 16 is exact: same ints, fewer calls
+    return np.array([[(round(x * _ONE), round(y * _ONE)) for x, y in points]], np.int32)  # (1, K, 2)
 
 
 _STAR_UNIT = tuple(
@@ -78,10 +79,15 @@ def _canvas(size: int | tuple[int, int]) -> np.ndarray:
 
 def shape_mask(shape: str, cx: float, cy: float, r: float, size: int | tuple[int, int]) -> np.ndarray:
     """Boolean mask ``(size, size)`` (or ``(h, w)``) of one filled shape centred at ``(cx, cy)``."""
+    return _shape_u8(shape, cx, cy, r, size).view(bool)
+
+
+def _shape_u8(shape: str, cx: float, cy: float, r: float, size: int | tuple[int, int]) -> np.ndarray:
+    """:func:`shape_mask` as uint8 0/1 (``.view(bool)`` of it is free, unlike ``astype``)."""
     m = _canvas(size)
     if shape == "circle":
         cv2.circle(m, (round(cx * _ONE), round(cy * _ONE)), round(r * _ONE), 1, -1, cv2.LINE_8, _SHIFT)
-        return m.astype(bool)
+        return m
     if shape == "square":
         a = 0.85 * r
         poly = [(cx - a, cy - a), (cx + a, cy - a), (cx + a, cy + a), (cx - a, cy + a)]
@@ -109,13 +115,20 @@ def shape_mask(shape: str, cx: float, cy: float, r: float, size: int | tuple[int
     else:
         raise ValueError(f"unknown shape {shape!r}; known shapes: {vocab.SHAPES}")
     cv2.fillPoly(m, _pts(poly), 1, cv2.LINE_8, _SHIFT)
-    return m.astype(bool)
+    return m
 
 
 def glyph_mask(
     glyph: str, shape: str, cx: float, cy: float, r: float, size: int | tuple[int, int]
 ) -> np.ndarray:
     """Boolean mask of the glyph (before clipping to the shape); ``size`` as in :func:`shape_mask`."""
+    return _glyph_u8(glyph, shape, cx, cy, r, size).view(bool)
+
+
+def _glyph_u8(
+    glyph: str, shape: str, cx: float, cy: float, r: float, size: int | tuple[int, int]
+) -> np.ndarray:
+    """:func:`glyph_mask` as uint8 0/1."""
     m = _canvas(size)
     gy = cy + (0.15 * r if shape == "triangle_up" else -0.15 * r if shape == "triangle_down" else 0.0)
     thick = max(1, round(0.28 * r))
@@ -139,7 +152,7 @@ def glyph_mask(
         cv2.line(m, (round(cx - a), round(gy + a)), (round(cx + a), round(gy - a)), 1, thick)
     else:
         raise ValueError(f"unknown glyph {glyph!r}; known glyphs: {vocab.GLYPHS}")
-    return m.astype(bool)
+    return m
 
 
 def object_box(o: SceneObject, size: int) -> tuple[int, int, int, int]:
@@ -174,13 +187,12 @@ def render_scene(
             cv2.line(img, a, b, (round(g),) * 3, 1)
     masks = []  # per object: shape mask of its box crop
     for o, (x0, y0, x1, y1) in zip(objects, boxes):
-        hw, shp = (y1 - y0, x1 - x0), _SHAPE_OF[o.category]
-        sm = shape_mask(shp, o.cx - x0, o.cy - y0, o.r, hw)  # (h, w)
-        gm = glyph_mask(_GLYPH_OF[o.category], shp, o.cx - x0, o.cy - y0, o.r, hw) & sm
+        hw, shp, gly = (y1 - y0, x1 - x0), _SHAPE_OF[o.category], _GLYPH_OF[o.category]
+        sm = _shape_u8(shp, o.cx - x0, o.cy - y0, o.r, hw).view(bool)  # (h, w)
         crop = img[y0:y1, x0:x1]  # (h, w, 3) view
         crop[sm] = _COLOR_U8[o.color]
-        if _GLYPH_OF[o.category] != "solid":
-            crop[gm] = _GLYPH_U8
+        if gly != "solid":  # a solid glyph draws nothing
+            crop[_glyph_u8(gly, shp, o.cx - x0, o.cy - y0, o.r, hw).view(bool) & sm] = _GLYPH_U8
         masks.append(sm)
     if noise_std > 0:
         bank = _noise_bank(size)  # (K, H, W, 3)

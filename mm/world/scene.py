@@ -19,6 +19,7 @@ ones). Sampling, for one image of a note with theme ``T``:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -49,6 +50,7 @@ class SceneObject:
     """Half-extent in pixels."""
 
 
+@cache
 def theme_anchors(theme: str) -> tuple[str, ...]:
     """Anchors whose theme is ``theme``."""
     return tuple(a for a in vocab.ANCHORS if vocab.category(a).theme == theme)
@@ -56,7 +58,7 @@ def theme_anchors(theme: str) -> tuple[str, ...]:
 
 def sample_categories(cfg: WorldConfig, theme: str, rng: np.random.Generator) -> list[tuple[str, bool]]:
     """Categories of one image as ``(name, is_added_partner)``, before co-occurrence placement."""
-    in_theme = vocab.categories_of_theme(theme)
+    in_theme = _categories_of_theme(theme)
     anchors = theme_anchors(theme)
     n = int(rng.integers(cfg.objects_per_image_min, cfg.objects_per_image_max + 1))
     names: list[str] = []
@@ -90,6 +92,9 @@ def sample_categories(cfg: WorldConfig, theme: str, rng: np.random.Generator) ->
     return out
 
 
+_categories_of_theme = cache(vocab.categories_of_theme)
+
+
 def _fits(cx: float, cy: float, r: float, size: int) -> bool:
     return r <= cx <= size - 1 - r and r <= cy <= size - 1 - r
 
@@ -116,8 +121,8 @@ def sample_scene(cfg: WorldConfig, theme: str, rng: np.random.Generator) -> list
             cand[:, None, 0] - others[None, :, 0], cand[:, None, 1] - others[None, :, 1]
         )  # (24, M)
         gap = (dist - (r + others[None, :, 2])).min(1)  # (24,)
-        ok = np.flatnonzero(gap >= 0)
-        k = int(ok[0]) if len(ok) else int(gap.argmax())
+        free = gap >= 0  # (24,)
+        k = int(free.argmax()) if free.any() else int(gap.argmax())  # first free candidate, else widest
         return float(cand[k, 0]), float(cand[k, 1])
 
     for name, is_partner in cats:
