@@ -63,6 +63,9 @@ def _join(parts: list[str]) -> str:
     return ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
+_ANCHOR_OF = {p: a for a, p in vocab.PARTNER_PAIRS}
+
+
 def caption_order(names: list[str]) -> list[str]:
     """Category names in mention order: drawing order, but a partner right after its anchor.
 
@@ -70,7 +73,7 @@ def caption_order(names: list[str]) -> list[str]:
     is exactly the bigram a captioner's language prior picks up.
     """
     present = set(names)
-    anchor_of = {p: a for a, p in vocab.PARTNER_PAIRS}
+    anchor_of = _ANCHOR_OF
     follows = {n for n in names if anchor_of.get(n) in present}
     out: list[str] = []
     for n in names:
