@@ -77,3 +77,22 @@ def test_generate_helpers_match_model_generate(setup):
     assert len(ans) == 2
     with pytest.raises(ValueError, match="one prompt per item"):
         answer_questions(model, proc, [notes[0]], ["a", "b"], root=world)
+
+
+def test_train_vision_unfreezes_the_tower_and_rejects_lora_or_align(setup):
+    tmp, world, notes, SampleSet, load_note_images, build_samples = setup
+    cfg = load_config(sft.TrainConfig, tiny_train_config(tmp / "v.yaml", train={"train_vision": True}))
+    common.seed_everything(0)
+    model, proc, _ = sft.build_model_and_processor(cfg)
+    model, counts = sft.prepare_trainable(model, cfg)
+    n_vision = sum(p.numel() for p in model.vision_tower.parameters())
+    assert counts["vision_tower"] == n_vision > 0 and counts["language_model"] > 0
+    ss = SampleSet(
+        processor=proc, images=load_note_images(notes, world, proc.image_size), samples=build_samples(notes)
+    )
+    model(**ss.batch([0, 1])).loss.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.vision_tower.parameters())
+    for bad in ({"lora": {"enabled": True}}, {"train": {"train_vision": True, "stage": "align"}}):
+        sections = {"train": {"train_vision": True}, **bad}
+        with pytest.raises(Exception, match="train_vision needs train.stage: sft"):
+            load_config(sft.TrainConfig, tiny_train_config(tmp / "bad.yaml", **sections))
