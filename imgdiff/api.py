@@ -145,15 +145,7 @@ def _robust_area(p: _Pair, grid: np.ndarray, backend: str):
         S, N, stiles = robust_sums_cuda(a, b, crop, block=prm.block, window=prm.window, margin=m)
     else:
         S, N, stiles = robust.block_sums_numpy(a, b, crop, prm, m)
-    tops = robust.needed_tops(S, N, prm, p.scale)
-    if tops.any():
-        sums = None
-        if backend == "numba":
-            from imgdiff.kernels_cpu import texture_block_sums_numba as sums
-        R1, R2 = robust.texture_sums(a, b, tops, stiles, prm, m, block_sums=sums)
-        area = robust.flag_area(S, N, R1, R2, prm, p.scale)
-    else:
-        area = np.zeros(N.shape, bool)
+    area = robust.flag_area(a, S, N, prm, p.scale)
     return crop, area, stiles
 
 

@@ -306,33 +306,3 @@ def robust_sums_numba(a, b, crop, *, block, window, margin):
     a64, b64 = _word_views(a2, b2)
     _robust_sums(a2, b2, a64, b64, c, y0, y1, x0, x1, block, window // 2, float(margin), S, N, tiles)
     return S, N, tiles
-
-
-@numba.njit(cache=True, nogil=True)
-def _texture_block_sums(R, c, bs, R1, R2):  # pragma: no cover - compiled
-    h, n = R.shape  # (h, w*C) elements
-    w = n // c
-    acc1 = np.zeros(n, np.int64)  # column sums over the rows of one block row (contiguous: vectorised)
-    acc2 = np.zeros(n, np.int64)
-    for by in range(R1.shape[0]):
-        acc1[:] = 0
-        acc2[:] = 0
-        for y in range(by * bs, min(h, by * bs + bs)):
-            for e in range(n):
-                v = np.int64(R[y, e])
-                acc1[e] += v
-                acc2[e] += v * v
-        for bx in range(R1.shape[1]):
-            for x in range(bx * bs, min(w, bx * bs + bs)):
-                for ch in range(c):
-                    R1[by, bx, ch] += acc1[x * c + ch]
-                    R2[by, bx, ch] += acc2[x * c + ch]
-
-
-def texture_block_sums_numba(R: np.ndarray, bs: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(sum R, sum R**2)`` over ``bs``-px blocks of R (h, w, C), int64 (edge blocks clipped)."""
-    h, w, c = R.shape
-    R1 = np.zeros((-(-h // bs), -(-w // bs), c), np.int64)
-    R2 = np.zeros_like(R1)
-    _texture_block_sums(np.ascontiguousarray(R).reshape(h, w * c), c, bs, R1, R2)
-    return R1, R2

@@ -11,7 +11,7 @@ Every kernel runs one CUDA thread block of 16x16 threads per image block and red
   thread per pixel): changed count, raw delta sum and max, and the exact pixel box by shared-memory
   sum/max/min trees. Same rule as :func:`imgdiff.kernels_cpu.tile_stats_numba`.
 
-The pyramid and the texture sums of robust mode run on the host on block sums only (they are
+The pyramid and the per-block texture of robust mode run on the host (NumPy, shared by every backend; they are
 small); the results are bit-identical to the NumPy and Numba backends (integer sums). Tested on the
 CPU under ``NUMBA_ENABLE_CUDASIM=1`` (set before Numba is imported); this module is imported only
 when ``backend="cuda"`` is asked for.
