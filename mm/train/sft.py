@@ -29,7 +29,7 @@ from mm.errors import UserError
 from mm.fusion import FusionConfig
 from mm.model.configuration import TINY_TEXT_CONFIG
 from mm.train import common
-from mm.train.tasks import CAPTION_PROMPT, TASK_KINDS
+from mm.train.tasks import CAPTION_PROMPT, IMAGE_CAPTION_PROMPT, TASK_KINDS
 from mm.vision import VisionConfig
 
 STAGES = ("align", "sft")
@@ -88,9 +88,11 @@ class TaskConfig:
     """Which samples are made from each note (mm.train.tasks)."""
 
     kinds: list[str] = field(default_factory=lambda: ["caption", "question"])
-    """Task kinds: caption, question, conversation."""
+    """Task kinds: caption, image_caption, question, conversation."""
     caption_prompt: str = CAPTION_PROMPT
     """Prompt of the captioning task (training and evaluation)."""
+    image_caption_prompt: str = IMAGE_CAPTION_PROMPT
+    """Prompt of the per-image captioning task (kind image_caption)."""
     questions_per_note: int = 6
     """Most yes/no questions per note used for training."""
 
@@ -466,7 +468,7 @@ def train(
     model, trainable = prepare_trainable(model, cfg)
     samples = build_samples(
         train_notes, kinds=cfg.tasks.kinds, caption_prompt=cfg.tasks.caption_prompt,
-        questions_per_note=cfg.tasks.questions_per_note,
+        questions_per_note=cfg.tasks.questions_per_note, image_caption_prompt=cfg.tasks.image_caption_prompt,
     )  # fmt: skip
     images = load_note_images(train_notes, root, processor.image_size)
     train_data = SampleSet(processor=processor, images=images, samples=samples)

@@ -69,9 +69,21 @@ class SampleSet:
     def __len__(self) -> int:
         return len(self.samples)
 
+    def sample_images(self, s: Sample) -> torch.Tensor:
+        """uint8 images a sample shows (n, 3, S, S): the note's, or its one image ``s.image``."""
+        imgs = self.images[s.note]
+        if s.image is None:
+            return imgs
+        if not 0 <= s.image < len(imgs):
+            raise UserError(
+                f"a sample of note {s.note} shows image {s.image}, but the note has {len(imgs)} images; "
+                "build samples from the same notes as the images"
+            )
+        return imgs[s.image : s.image + 1]
+
     def _encode(self, s: Sample) -> tuple[torch.Tensor, torch.Tensor]:
         p = self.processor
-        n = len(self.images[s.note])
+        n = len(self.sample_images(s))
         key = (n, s.prompt)
         if key not in self._prompt:
             self._prompt[key] = p.prompt_ids(n, s.prompt)
@@ -79,16 +91,16 @@ class SampleSet:
             self._answer[s.answer] = p.tokenizer(s.answer, add_special_tokens=False)["input_ids"]
         prompt, answer = self._prompt[key], self._answer[s.answer]
         if len(prompt) + len(answer) + 1 > p.max_length:  # truncation rules live in the processor
-            enc = p.encode(to_unit(self.images[s.note]), s.prompt, s.answer)
+            enc = p.encode(to_unit(self.sample_images(s)), s.prompt, s.answer)
             return enc["input_ids"], enc["labels"]
         ids = torch.tensor([*prompt, *answer, p.tokenizer.eos_token_id], dtype=torch.long)  # (T,)
         labels = ids.clone()
         labels[: len(prompt)] = IGNORE_INDEX
         return ids, labels
 
-    def pixel_values(self, note: int) -> torch.Tensor:
-        """Normalised float images of one note (n, 3, S, S)."""
-        return (self.images[note].float().div(255.0) - self._mean) / self._std
+    def pixel_values(self, index: int) -> torch.Tensor:
+        """Normalised float images of sample ``index`` (n, 3, S, S)."""
+        return (self.sample_images(self.samples[index]).float().div(255.0) - self._mean) / self._std
 
     def batch(self, indices: Sequence[int]) -> dict[str, Any]:
         """Right-padded training batch of the samples ``indices`` (see ``NoteProcessor.collate``)."""
@@ -97,7 +109,7 @@ class SampleSet:
                 "input_ids": self.input_ids[i],
                 "attention_mask": torch.ones_like(self.input_ids[i]),
                 "labels": self.labels[i],
-                "pixel_values": self.pixel_values(self.samples[i].note),
+                "pixel_values": self.pixel_values(i),
             }
             for i in indices
         ]

@@ -5,6 +5,9 @@ answer and its ``<eos>`` are learned (labels -100 on images, separators and the 
 
 - ``caption``: prompt :data:`CAPTION_PROMPT`, answer = the note's text (world notes and COCO notes: the
   caption names every object, so a captioner's object recall can reach 1).
+- ``image_caption``: prompt :data:`IMAGE_CAPTION_PROMPT` over ONE image of the note, answer = that
+  image's caption (world notes). Shorter sequences (one image's tokens, one sentence) that tie each object
+  name to the pixels that show it; the note caption then only has to walk through the images in order.
 - ``question``: each of the note's yes/no questions (world / POPE files), answer ``"yes"`` / ``"no"``.
 - ``conversation``: LLaVA files: each ``human`` turn followed by a ``gpt`` turn is one sample (single
   turn; the ``<image>`` marker is removed from the prompt since the processor places the images).
@@ -21,7 +24,10 @@ from typing import Any
 CAPTION_PROMPT = "Describe the note."
 """Default prompt of the captioning task (also used by evaluation)."""
 
-TASK_KINDS = ("caption", "question", "conversation")
+IMAGE_CAPTION_PROMPT = "Describe the photo."
+"""Default prompt of the per-image captioning task."""
+
+TASK_KINDS = ("caption", "image_caption", "question", "conversation")
 """Kinds of samples :func:`build_samples` can make."""
 
 
@@ -37,12 +43,24 @@ class Sample:
     """User text after the images."""
     answer: str
     """Assistant text (learned)."""
+    image: int | None = None
+    """The one image of the note this sample shows (``image_caption``); None = all of the note's images."""
 
 
 def caption_samples(index: int, note: Any, *, prompt: str = CAPTION_PROMPT) -> list[Sample]:
     """The captioning sample of ``note`` ([] when the note has no text)."""
     text = note.text.strip()
     return [Sample(note=index, kind="caption", prompt=prompt, answer=text)] if text else []
+
+
+def image_caption_samples(index: int, note: Any, *, prompt: str = IMAGE_CAPTION_PROMPT) -> list[Sample]:
+    """One sample per image of ``note`` that has a caption (none for notes without ``image_captions``)."""
+    caps = note.image_captions or []
+    return [
+        Sample(note=index, kind="image_caption", prompt=prompt, answer=c.strip(), image=k)
+        for k, c in enumerate(caps[: len(note.images)])
+        if c.strip()
+    ]
 
 
 def question_samples(index: int, note: Any, *, limit: int | None = None) -> list[Sample]:
@@ -70,8 +88,9 @@ def build_samples(
     kinds: Sequence[str] = ("caption", "question"),
     caption_prompt: str = CAPTION_PROMPT,
     questions_per_note: int | None = None,
+    image_caption_prompt: str = IMAGE_CAPTION_PROMPT,
 ) -> list[Sample]:
-    """Every sample of ``kinds`` from ``notes``, note by note (caption, then questions, then chat)."""
+    """Every sample of ``kinds`` from ``notes``, note by note (caption, image captions, questions, chat)."""
     unknown = [k for k in kinds if k not in TASK_KINDS]
     if unknown:
         raise ValueError(f"unknown task kind(s) {unknown}; known kinds: {', '.join(TASK_KINDS)}")
@@ -79,6 +98,8 @@ def build_samples(
     for i, note in enumerate(notes):
         if "caption" in kinds:
             out.extend(caption_samples(i, note, prompt=caption_prompt))
+        if "image_caption" in kinds:
+            out.extend(image_caption_samples(i, note, prompt=image_caption_prompt))
         if "question" in kinds:
             out.extend(question_samples(i, note, limit=questions_per_note))
         if "conversation" in kinds:

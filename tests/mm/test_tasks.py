@@ -37,15 +37,42 @@ def test_build_samples_kinds_and_order():
     assert [x.answer for x in s[1:3]] == ["yes", "no"]
     assert s[1].prompt == "Is there a fork in image 1?"
     # note 1 has blank text: no caption sample; its chat turns are single-turn samples without <image>
-    assert count_kinds(s) == {"caption": 1, "question": 4, "conversation": 2}
+    assert count_kinds(s) == {"caption": 1, "image_caption": 0, "question": 4, "conversation": 2}
     chat = [x for x in s if x.kind == "conversation"]
     assert chat[0].prompt == "What is on the table?" and chat[0].answer == "A red fork."
     assert build_samples(notes, kinds=("question",), questions_per_note=1)[1].note == 1
 
 
 def test_unknown_kind_is_an_error():
-    with pytest.raises(ValueError, match="known kinds: caption, question, conversation"):
+    with pytest.raises(ValueError, match="known kinds: caption, image_caption, question, conversation"):
         build_samples([_note()], kinds=("captions",))
+
+
+def test_image_caption_samples_show_one_image_each():
+    from mm.train.sft_data import SampleSet, to_unit
+    from mm.train.tasks import IMAGE_CAPTION_PROMPT
+
+    note = _note()
+    note.image_captions = ["A red fork.", "  "]  # the blank second caption makes no sample
+    samples = build_samples([note], kinds=("caption", "image_caption"))
+    assert [(x.kind, x.image) for x in samples] == [("caption", None), ("image_caption", 0)]
+    assert samples[1] == Sample(
+        note=0, kind="image_caption", prompt=IMAGE_CAPTION_PROMPT, answer="A red fork.", image=0
+    )
+    proc = _processor()
+    images = [torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8)]
+    ss = SampleSet(processor=proc, images=images, samples=samples)
+    ref = proc.encode(to_unit(images[0][:1]), IMAGE_CAPTION_PROMPT, "A red fork.")
+    assert torch.equal(ss.input_ids[1], ref["input_ids"]) and torch.equal(ss.labels[1], ref["labels"])
+    assert int((ss.input_ids[1] == proc.image_token_id).sum()) == 3  # one image of 3 tokens
+    batch = ss.batch([1])
+    assert batch["pixel_values"].shape[1] == 1 and torch.allclose(
+        batch["pixel_values"][0, 0], ref["pixel_values"][0], atol=1e-6
+    )
+    from mm.errors import UserError
+
+    with pytest.raises(UserError, match="shows image 5, but the note has 2 images"):
+        SampleSet(processor=proc, images=images, samples=[Sample(0, "image_caption", "p", "a", image=5)])
 
 
 def _processor(max_length=200):
