@@ -252,11 +252,27 @@ def exact_stats_numba(a: np.ndarray, b: np.ndarray, *, thr: int, boxes: np.ndarr
 
 
 @numba.njit(cache=True, nogil=True)
-def _robust_sums(a2, b2, a64, b64, c, y0, y1, x0, x1, bs, r, margin, S, N, strong_tiles):  # noqa: PLR0913
-    """Per block row: column sums of signed deltas over its image rows (a contiguous, vectorisable
-    loop), then strong pixels (only in rows whose max |d| exceeds the margin) are taken back out."""
+def _take_out_strong(a2, b2, c, y, x0, x1, bs, r, margin, acc, N, strong_tiles):  # pragma: no cover
+    """Row ``y``: remove the strong pixels' deltas from ``acc`` and their count from ``N``."""
     h = a2.shape[0]
     w = a2.shape[1] // c
+    ra, rb = a2[y], b2[y]
+    for x in range(x0, x1):
+        ad = np.int64(0)
+        for ch in range(c):
+            ad = max(ad, abs(np.int64(rb[x * c + ch]) - np.int64(ra[x * c + ch])))
+        if ad > margin and _strong(a2, b2, c, h, w, y, x, r, margin):
+            for ch in range(c):
+                acc[x * c + ch] -= np.int32(rb[x * c + ch]) - np.int32(ra[x * c + ch])
+            N[y // bs, x // bs] -= 1
+            strong_tiles[y // TILE, x // TILE] = True
+
+
+@numba.njit(cache=True, nogil=True)
+def _robust_sums(a2, b2, a64, b64, c, y0, y1, x0, x1, bs, r, margin, S, N, strong_tiles):  # noqa: PLR0913
+    """Per block row: column sums of signed deltas over its image rows (a contiguous, vectorisable
+    loop), then strong pixels (only in rows whose max |d| exceeds the margin) are taken back out by
+    a separate (not inlined) function, which keeps the hot loops small enough to vectorise."""
     e0, e1 = x0 * c, x1 * c
     skip_rows = a64.shape[1] > 0
     acc = np.zeros(a2.shape[1], np.int32)  # <= 16 rows of 16-bit deltas: fits
@@ -268,23 +284,14 @@ def _robust_sums(a2, b2, a64, b64, c, y0, y1, x0, x1, bs, r, margin, S, N, stron
             if not used:
                 acc[e0:e1] = 0
                 used = True
-            ra, rb = a2[y], b2[y]
-            for e in range(e0, e1):  # contiguous: vectorised
-                acc[e] += np.int32(rb[e]) - np.int32(ra[e])
-            mx = ra[e0] - ra[e0]
-            for e in range(e0, e1):
+            ra, rb, ac = a2[y, e0:e1], b2[y, e0:e1], acc[e0:e1]
+            for e in range(e1 - e0):  # from 0: no negative-index wraparound check, so it vectorises
+                ac[e] += np.int32(rb[e]) - np.int32(ra[e])
+            mx = ra[0] - ra[0]
+            for e in range(e1 - e0):
                 mx = max(mx, max(ra[e], rb[e]) - min(ra[e], rb[e]))
-            if mx <= margin:
-                continue
-            for x in range(x0, x1):
-                ad = np.int64(0)
-                for ch in range(c):
-                    ad = max(ad, abs(np.int64(rb[x * c + ch]) - np.int64(ra[x * c + ch])))
-                if ad > margin and _strong(a2, b2, c, h, w, y, x, r, margin):
-                    for ch in range(c):
-                        acc[x * c + ch] -= np.int64(rb[x * c + ch]) - np.int64(ra[x * c + ch])
-                    N[by, x // bs] -= 1
-                    strong_tiles[y // TILE, x // TILE] = True
+            if mx > margin:
+                _take_out_strong(a2, b2, c, y, x0, x1, bs, r, margin, acc, N, strong_tiles)
         if used:
             for bx in range(x0 // bs, (x1 + bs - 1) // bs):
                 for x in range(max(bx * bs, x0), min(bx * bs + bs, x1)):

@@ -261,22 +261,30 @@ def block_texture(a: np.ndarray, blocks: np.ndarray, bs: int) -> np.ndarray:
     """(K, C) int64: ``G`` = the largest 3x3 range (max - min, clipped to the image) of ``a`` over the
     pixels of each level-0 block ``blocks`` (K, 2) = (row, col) on the ``bs``-px block grid.
 
-    The image is edge-replicated by 1 px (for a max or min that equals clipping the window; positions
-    past the far edge only see a subset of an edge pixel's window), the blocks are gathered with their
-    border as (K, bs+2, (bs+2)*C) rows, and the 3-tap max/min run as long 1-D shifts over the gathered
-    buffer (shift C along x, one patch row along y); window starts that straddle two patches are
-    computed but never read. Block maxima by halving (bs is a power of two): short-axis reductions
-    are slow in NumPy.
+    The blocks are gathered with a 1-px border as (K, bs+2, (bs+2)*C) rows (a strided view for inner
+    blocks; for blocks on the image border the indices are clipped, which for a max or min equals
+    clipping the window, and positions past the far edge only see a subset of an edge pixel's window),
+    and the 3-tap max/min run as long 1-D shifts over the gathered buffer (shift C along x, one patch
+    row along y); window starts that straddle two patches are computed but never read. Block maxima
+    by halving (bs is a power of two): short-axis reductions are slow in NumPy.
     """
+    a = np.ascontiguousarray(a)
     h, w, c = a.shape
     hb, wb = -(-h // bs), -(-w // bs)
-    P = cv2.copyMakeBorder(a, 1, hb * bs - h + 1, 1, wb * bs - w + 1, cv2.BORDER_REPLICATE)
-    P = P.reshape(hb * bs + 2, wb * bs + 2, c)  # OpenCV drops a trailing channel axis of 1
-    L = (bs + 2) * c
-    s0, s1, s2 = P.strides
-    view = as_strided(P, (hb, wb, bs + 2, L), (bs * s0, bs * s1, s0, s2), writeable=False)
-    K = len(blocks)
-    flat = view[blocks[:, 0], blocks[:, 1]].reshape(-1)  # (K*(bs+2)*L,)
+    K, L = len(blocks), (bs + 2) * c
+    buf = np.empty((K, bs + 2, L), a.dtype)  # (K, bs+2, (bs+2)*C) each block with its 1-px border
+    inner = (blocks[:, 0] >= 1) & (blocks[:, 0] <= hb - 2) & (blocks[:, 1] >= 1) & (blocks[:, 1] <= wb - 2)
+    if inner.any():  # a strided view of the image itself: patch (i, j) starts at pixel (i*bs-1, j*bs-1)
+        s0, s1, s2 = a.strides
+        view = as_strided(a[bs - 1 :, bs - 1 :], (hb - 2, wb - 2, bs + 2, L), (bs * s0, bs * s1, s0, s2))
+        buf[inner] = view[blocks[inner, 0] - 1, blocks[inner, 1] - 1]
+    if not inner.all():  # border blocks: indices clipped to the image (= a clipped window)
+        edge = blocks[~inner]
+        off = np.arange(-1, bs + 1)
+        rows = np.clip(edge[:, 0, None] * bs + off, 0, h - 1)  # (Ke, bs+2)
+        cols = np.clip(edge[:, 1, None] * bs + off, 0, w - 1)
+        buf[~inner] = a[rows[:, :, None], cols[:, None, :]].reshape(len(edge), bs + 2, L)
+    flat = buf.reshape(-1)
     m = flat.size
     x3 = (flat[: m - 2 * c], flat[c : m - c], flat[2 * c :])
     hx, lx = np.maximum(np.maximum(x3[0], x3[1]), x3[2]), np.minimum(np.minimum(x3[0], x3[1]), x3[2])
