@@ -1,0 +1,42 @@
+"""Subcommand dispatch shared by the ``mm`` and ``rl`` command lines.
+
+Each subcommand module exposes ``configure(parser)`` and ``run(args) -> int``. Only the chosen
+module is imported, so ``--help`` and light commands never pay for torch start-up. A
+:class:`~mm.errors.UserError`, :class:`~mm.config.ConfigError` or missing file becomes one line on
+stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from mm.config import ConfigError
+from mm.errors import UserError
+
+
+def build_parser(
+    prog: str, description: str, commands: dict[str, tuple[str, str]], argv: list[str]
+) -> argparse.ArgumentParser:
+    """The top-level parser; only the subcommand named in ``argv`` gets its options added."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_) in commands.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        if argv and argv[0] == name:
+            importlib.import_module(module).configure(p)
+    return parser
+
+
+def dispatch(
+    prog: str, description: str, commands: dict[str, tuple[str, str]], argv: list[str] | None = None
+) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the chosen subcommand, return its exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(prog, description, commands, argv).parse_args(argv)
+    try:
+        return int(importlib.import_module(commands[args.command][0]).run(args) or 0)
+    except (UserError, ConfigError, FileNotFoundError) as e:
+        print(f"{prog} {args.command}: error: {e}", file=sys.stderr)
+        return 2
