@@ -380,6 +380,8 @@ class TrainResult:
     """Final retrieval metrics on the held-out notes."""
     seconds: float
     """Wall time of this process's training (excluding data loading)."""
+    cpu_seconds: float = 0.0
+    """CPU time (all threads) of this process's training (excluding data loading)."""
 
 
 def train(
@@ -428,7 +430,7 @@ def train(
     logger = common.MetricsLogger(out / "metrics.jsonl", resume_step=start if start else None, enabled=main)
     bar = common.progress(cfg.train.steps, initial=start, desc="pretrain", enabled=main and show_progress)
     metrics: dict[str, float] = {}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     model.train()
     done = start
     for step in range(start, cfg.train.steps):
@@ -461,6 +463,7 @@ def train(
                 "lr": sched.get_last_lr()[0],
                 "grad_norm": float(grad_norm),
                 "time_s": round(time.perf_counter() - t0, 3),
+                "cpu_s": round(time.process_time() - c0, 3),
             }
             bar.set_postfix(loss=f"{record['loss']:.3f}", T=f"{record['temperature']:.4f}")
         if done % cfg.train.eval_every == 0 or done == cfg.train.steps:
@@ -488,10 +491,10 @@ def train(
     if start >= cfg.train.steps and main:  # a finished run was resumed: report its final metrics
         metrics = evaluate(model, eval_data)
     bar.close()
-    seconds = time.perf_counter() - t0
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     if main:
         write_plots(out)
-    return TrainResult(step=done, metrics=metrics, seconds=seconds)
+    return TrainResult(step=done, metrics=metrics, seconds=seconds, cpu_seconds=cpu_seconds)
 
 
 def write_plots(out_dir: str | Path) -> Path:

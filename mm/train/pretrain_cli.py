@@ -4,7 +4,8 @@
     torchrun --nproc_per_node 2 -m mm pretrain --config ...        # DDP (gloo on CPU), same flags
 
 Writes OUT/config.yaml (resolved), OUT/metrics.jsonl, OUT/curves.png, OUT/checkpoints/step-*/ and
-OUT/result.json. Re-running with the same OUT resumes from the last checkpoint (``--no-resume`` starts
+OUT/result.json (final metrics, wall and CPU seconds of training, data-loading seconds, machine load).
+Re-running with the same OUT resumes from the last checkpoint (``--no-resume`` starts
 over, deleting OUT/checkpoints). The world data is generated into ``data.folder`` if it is missing.
 """
 
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 
@@ -55,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from mm.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
+    t_load = time.perf_counter()
     max_len, max_images = cfg.model.text.max_len, cfg.model.max_images
     train_data = pretrain.load_split(
         folder, cfg.data.train_split, tokenizer=tok, max_images=max_images, max_len=max_len
@@ -63,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         folder, cfg.data.eval_split, tokenizer=tok, max_images=max_images, max_len=max_len,
         limit=cfg.data.eval_notes,
     )  # fmt: skip
+    load_seconds = time.perf_counter() - t_load
     result = pretrain.train(
         cfg,
         out_dir=out,
@@ -76,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
         summary = {
             "step": result.step,
             "train_seconds": round(result.seconds, 2),
+            "train_cpu_seconds": round(result.cpu_seconds, 2),
+            "load_seconds": round(load_seconds, 2),
+            "load_average_1m": round(os.getloadavg()[0], 2),
             "train_notes": len(train_data),
             "eval_notes": len(eval_data),
             **result.metrics,

@@ -25,7 +25,8 @@ TINY_CFG = ROOT / "configs/mm/pretrain_tiny.yaml"
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("world") / "notes"
-    assert mm_main(["data", "world", "--out", str(folder), "--notes", "80", "--seed", "0"]) == 0
+    argv = ["data", "world", "--out", str(folder), "--notes", "80", "--seed", "0", "--workers", "1"]
+    assert mm_main([*argv, "--no-progress"]) == 0  # in-process: no worker start-up
     return folder
 
 
@@ -45,6 +46,8 @@ def test_configs_load_and_unknown_key_fails():
         load_config(P.PretrainConfig, TEST_CFG, ["train.stepz=3"])
     with pytest.raises(ConfigError, match="loss.kind"):
         load_config(P.PretrainConfig, TEST_CFG, ["loss.kind=triplet"])
+    with pytest.raises(ConfigError, match="bag of embeddings"):
+        load_config(P.PretrainConfig, TEST_CFG, ["model.text.layers=0", "model.text.pooling=eos"])
     with pytest.raises(ConfigError, match="fusion kind"):
         load_config(P.PretrainConfig, TEST_CFG, ["model.fusion.kind=linear"])
 
@@ -78,7 +81,8 @@ def test_model_ignores_padded_slots(splits):
 
 
 @pytest.mark.parametrize(
-    "overrides", [["loss.kind=siglip"], ["loss.multi_positive=true", "loss.label_smoothing=0.1"]]
+    "overrides",
+    [["loss.kind=siglip"], ["loss.multi_positive=true", "loss.label_smoothing=0.1"], ["model.text.layers=0"]],
 )
 def test_loss_variants_train_one_step(splits, tmp_path, overrides):
     train, test, vocab = splits
@@ -149,7 +153,7 @@ def test_cli_missing_data_folder(tmp_path, capsys):
 
 
 def _strip_time(recs):
-    return [{k: v for k, v in r.items() if k != "time_s"} for r in recs]
+    return [{k: v for k, v in r.items() if k not in ("time_s", "cpu_s")} for r in recs]
 
 
 def test_kill_and_resume_gives_identical_run(splits, tmp_path):
@@ -197,3 +201,18 @@ def test_torchrun_two_processes_matches_single_process(world, splits, tmp_path):
     assert abs(a["loss"] - b["loss"]) < 1e-5
     assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-4 * max(1.0, a["grad_norm"])
     assert a["eval/text2note_R@1"] == b["eval/text2note_R@1"]
+
+
+def test_bag_of_embeddings_text_encoder_is_masked_mean():
+    from mm.train.text_encoder import TextEncoder, TextEncoderConfig
+
+    torch.manual_seed(0)
+    enc = TextEncoder(cfg=TextEncoderConfig(width=8, layers=0, heads=2, max_len=6), vocab_size=10).double()
+    ids = torch.tensor([[1, 2, 3, 0, 0], [4, 5, 0, 0, 0]])
+    am = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]])
+    x = enc.norm(enc.tok(ids) + enc.pos[:5])  # (2, 5, 8)
+    expect = torch.stack([x[0, :3].mean(0), x[1, :2].mean(0)])  # (2, 8)
+    torch.testing.assert_close(enc(ids, am), expect, rtol=0, atol=1e-12)
+    other_pad = ids.masked_fill(am == 0, 7)
+    torch.testing.assert_close(enc(other_pad, am), expect, rtol=0, atol=1e-12)
+    assert enc.blocks is None
