@@ -22,7 +22,7 @@ import numpy as np
 
 from imgdiff import core
 from imgdiff.options import BACKENDS, DEFAULT_MERGE_GAP, DEFAULT_THRESHOLD, MODES  # noqa: F401 - re-exported
-from imgdiff.regions import TileStats, empty_stats, regions_from_tiles, tile_stats_from_mask
+from imgdiff.regions import TILE, TileStats, empty_stats, regions_from_tiles, tile_stats_from_mask
 from imgdiff.result import Result
 
 
@@ -144,7 +144,7 @@ def _robust_area(p: _Pair, grid: np.ndarray, backend: str):
 
         S, N, stiles = robust_sums_cuda(a, b, crop, block=prm.block, window=prm.window, margin=m)
     else:
-        S, N, stiles = robust.block_sums_numpy(a, b, crop, prm, m)
+        S, N, stiles = robust.block_sums_numpy(a, b, crop, prm, m, grid=grid if core.BLOCK == TILE else None)
     area = robust.flag_area(a, S, N, prm, p.scale)
     return crop, area, stiles
 
@@ -158,14 +158,21 @@ def _overlap_mask(p: _Pair, backend: str):
             return None
         d, origin = core.refine_blocks(p.a, p.b, flagged)  # (h', w') raw
         return d > p.thr, d, origin
-    from imgdiff.robust import robust_mask_numpy
+    from imgdiff.robust import area_tiles, robust_mask_numpy
 
     found = _robust_area(p, grid, backend)
     if found is None:
         return None
-    crop, area, _ = found
-    mask, d = robust_mask_numpy(p.a, p.b, crop, area, p.params, p.scale, p.thr)
-    return mask, d, (crop[0], crop[2])
+    _, area, stiles = found
+    tiles = area_tiles(area, p.params.block, *stiles.shape) | stiles  # every changed pixel is in one
+    if not tiles.any():
+        return None
+    h, w, _ = p.a.shape
+    ty, tx = np.nonzero(tiles)
+    y0, x0 = int(ty.min()) * TILE, int(tx.min()) * TILE
+    sub = (y0, min(h, (int(ty.max()) + 1) * TILE), x0, min(w, (int(tx.max()) + 1) * TILE))
+    mask, d = robust_mask_numpy(p.a, p.b, sub, area, p.params, p.scale, p.thr)
+    return mask, d, (y0, x0)
 
 
 def _canvas_mask(p: _Pair, backend: str):

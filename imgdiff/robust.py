@@ -201,15 +201,21 @@ def strong_mask(a: np.ndarray, b: np.ndarray, box: tuple[int, int, int, int], *,
     return out
 
 
-def strong_in_crop(a: np.ndarray, b: np.ndarray, crop, *, window: int, margin: float, ad=None) -> np.ndarray:
+def strong_in_crop(
+    a: np.ndarray, b: np.ndarray, crop, *, window: int, margin: float, ad=None, grid=None
+) -> np.ndarray:
     """(h', w') bool strong pixels of the crop (y0, y1, x0, x1), testing only tiles where
     ``max_c |d| > margin`` somewhere (a strong pixel needs that). ``ad``: the crop's raw max-channel
-    ``|d|`` when already computed."""
+    ``|d|`` when already computed; ``grid``: the image's (Ht, Wt) max-pooled raw ``|d|`` per tile
+    (``core.block_max_numpy(a, b, TILE)``), which answers the same question without reading pixels."""
     y0, y1, x0, x1 = crop
-    if ad is None:
-        ad = pixel_delta(a[y0:y1, x0:x1], b[y0:y1, x0:x1])
-    out = np.zeros(ad.shape, bool)
-    cand = _block_sum(ad > margin, TILE) > 0  # (th, tw) tiles of the crop (crop starts on a tile edge)
+    out = np.zeros((y1 - y0, x1 - x0), bool)
+    if grid is not None:  # (th, tw) tiles of the crop (crop starts on a tile edge)
+        cand = grid[y0 // TILE : -(-y1 // TILE), x0 // TILE : -(-x1 // TILE)] > margin
+    else:
+        if ad is None:
+            ad = pixel_delta(a[y0:y1, x0:x1], b[y0:y1, x0:x1])
+        cand = _block_sum(ad > margin, TILE) > 0
     if not cand.any():
         return out
     ty, tx = np.nonzero(cand)
@@ -227,15 +233,16 @@ def strong_in_crop(a: np.ndarray, b: np.ndarray, crop, *, window: int, margin: f
     return out
 
 
-def block_sums_numpy(a: np.ndarray, b: np.ndarray, crop, params: RobustParams, margin: float):
+def block_sums_numpy(a: np.ndarray, b: np.ndarray, crop, params: RobustParams, margin: float, *, grid=None):
     """Pass 1 on the crop (y0, y1, x0, x1). Returns ``S`` (Hb, Wb, C) int64, ``N`` (Hb, Wb) int64,
-    strong-tile flags (Ht, Wt) bool. Blocks outside the crop have ``S = 0`` and full ``N``."""
+    strong-tile flags (Ht, Wt) bool. Blocks outside the crop have ``S = 0`` and full ``N``.
+    ``grid``: the (Ht, Wt) max-pooled raw ``|d|`` per tile when known (saves a pass, same result)."""
     h, w, c = a.shape
     bs = params.block
     S, N = init_sums(h, w, c, bs)
     y0, y1, x0, x1 = crop
     A, B = a[y0:y1, x0:x1], b[y0:y1, x0:x1]  # (h', w', C)
-    strong = strong_in_crop(a, b, crop, window=params.window, margin=margin, ad=pixel_delta(A, B))
+    strong = strong_in_crop(a, b, crop, window=params.window, margin=margin, grid=grid)
     d = _block_sum(B, bs) - _block_sum(A, bs)  # (hb', wb', C) signed sums of all pixels
     if strong.any():
         ds = B.astype(np.int32) - A.astype(np.int32)

@@ -170,3 +170,23 @@ def test_package_import_is_lazy():
     code = "import sys, imgdiff; print('numpy' in sys.modules, 'cv2' in sys.modules); imgdiff.diff"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 50), st.integers(1, 50), st.sampled_from([1, 3, 4]),
+    st.sampled_from([np.uint8, np.uint16]), st.sampled_from([1, 3, 4, 5, 16]), st.integers(0, 2**31),
+)  # fmt: skip
+def test_block_max_numpy_matches_brute_force(h, w, c, dtype, block, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, np.iinfo(dtype).max + 1, (h, w, c)).astype(dtype)
+    b = a.copy()
+    b[rng.random((h, w, c)) < 0.05] = 7
+    d = np.abs(a.astype(np.int64) - b.astype(np.int64)).max(axis=2)  # (h, w)
+    ref = np.zeros((-(-h // block), -(-w // block)), np.int64)
+    for y in range(h):
+        for x in range(w):
+            ref[y // block, x // block] = max(ref[y // block, x // block], d[y, x])
+    got = core.block_max_numpy(a, b, block)
+    assert got.dtype == np.uint32
+    np.testing.assert_array_equal(got, ref)
