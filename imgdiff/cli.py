@@ -164,12 +164,15 @@ def _encode_outputs(b, result, mask, out: str | None, mask_out: str | None) -> l
 def _diff_pair(args, path_a: str, path_b: str, out: str | None, mask_out: str | None, pair=None):
     """Read (unless ``pair`` is given), diff, write outputs; returns the Result. Raises Trouble.
 
-    With ``mask_out`` the detection runs once and yields both the result and the mask."""
-    from imgdiff.api import diff, diff_and_mask
+    With ``mask_out`` the detection runs once and yields both the result and the mask. The diff
+    modules are imported only after the decoders started: a single pair's import thread
+    (:func:`run_single`) loads them meanwhile, and importing them here first would wait for it."""
     from imgdiff.io import ImageIOError, atomic_write, read_pair
 
     try:
         a, b = pair if pair is not None else read_pair(path_a, path_b, max_pixels=args.max_pixels)
+        from imgdiff.api import diff, diff_and_mask
+
         if mask_out is not None:
             result, mask = diff_and_mask(a, b, **_diff_options(args))  # mask: (H, W) bool
         else:
