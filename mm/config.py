@@ -57,6 +57,12 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
             value = from_dict(tp, value, key)
         elif tp is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
+        elif tp is float and isinstance(value, str):
+            # PyYAML (YAML 1.1) reads ``1e-4`` as a string; accept any float literal for float fields.
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"{key}: expected a number, got {value!r}") from None
         elif tp is tuple or typing.get_origin(tp) is tuple:
             value = tuple(value)
         kwargs[name] = value

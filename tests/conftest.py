@@ -10,3 +10,5 @@ os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(tempfile.gettempdir(), "no
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("WANDB_DISABLED", "true")
+# Tiny models: one intra-op thread is fastest and never spin-waits on a busy machine.
+os.environ.setdefault("OMP_NUM_THREADS", "1")

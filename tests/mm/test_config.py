@@ -38,3 +38,12 @@ def test_missing_file_and_bad_override(tmp_path):
         load_config(Outer, tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="key.sub=value"):
         load_config(Outer, None, ["train.steps"])
+
+
+def test_float_fields_accept_yaml_1_1_exponent_strings(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  lr: 1e-4\n")
+    assert load_config(Outer, p).train.lr == 1e-4
+    assert load_config(Outer, None, ["train.lr=3e-3"]).train.lr == 3e-3
+    with pytest.raises(ConfigError, match="expected a number"):
+        load_config(Outer, None, ["train.lr=fast"])
