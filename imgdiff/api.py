@@ -33,8 +33,9 @@ def resolve_backend(backend: str) -> str:
     when Numba is already imported in this process (a batch run, or a caller that warmed it up),
     else ``numpy``. Importing Numba and loading the cached kernels costs about 1 s, more than the
     NumPy path needs on a single 4K pair (identical / small-change pairs cost about one read of
-    both images thanks to the 8-byte row skipping; an all-pixels-differ pair a few tenths of a
-    second). ``cuda`` is only used when asked for explicitly.
+    both images thanks to the 8-byte row skipping; the all-pixels-differ JPEG q90 pair 60-190 ms
+    in robust mode on a loaded 2-core machine, see ``benchmarks/imgdiff_bench.py``). ``cuda`` is
+    only used when asked for explicitly.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")

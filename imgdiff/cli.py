@@ -342,6 +342,18 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The console script. Called without ``argv`` (a real process), it exits right after flushing
+    stdout/stderr (``os._exit``): every output file is already written (atomically), and skipping
+    the interpreter's teardown of NumPy/OpenCV and the decoded images saves ~50-100 ms of a 4K pair."""
+    rc = _main(argv)
+    if argv is None and os.environ.get("IMGDIFF_DEBUG") is None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
+
+
+def _main(argv: list[str] | None) -> int:
     if "numpy" not in sys.modules:  # a fresh CLI process: imgdiff uses no BLAS, skip its thread pool
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
