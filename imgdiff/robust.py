@@ -58,9 +58,12 @@ every backend gets bit-identical flags):
   needs that), which on JPEG noise is almost nowhere.
 - The pyramid (:func:`flag_area`) runs on the (Hb, Wb) block sums, level by level, and tests
   ``|S| > min_mean * n`` first; only blocks that pass it (on JPEG q90 noise about 2% of level-0
-  blocks and a handful above) need ``V``, so ``G`` is computed only for the level-0 blocks under
-  them plus ``k`` blocks around (:func:`block_texture`: the blocks are gathered with a 1-px border and
-  reduced with vectorised 1-D shifts; results are memoised across levels).
+  blocks and a handful above) need ``V``. ``V`` computed with each block's own ``G`` instead of
+  ``R`` (``G <= R``) is a lower bound, so a block that fails the test with it fails it exactly; only
+  the others read ``G`` of the ``k`` blocks around (:func:`block_texture`: the blocks are gathered
+  with a 1-px border and reduced with vectorised 1-D shifts; results are memoised across levels).
+  Strong pixels are found only in tiles whose max-pooled ``|d|`` exceeds ``margin`` and are taken
+  out of the block sums one by one.
 - The changed pixels are then read only in tiles that hold a flagged block or a strong pixel.
 
 Neighbourhoods (3x3 range, ``spread``) are clipped to the image. Deviations from the first version:
@@ -201,6 +204,27 @@ def strong_mask(a: np.ndarray, b: np.ndarray, box: tuple[int, int, int, int], *,
     return out
 
 
+def _strong_boxes(a, b, crop, margin: float, ad=None, grid=None) -> list[tuple[int, int, int, int]]:
+    """Boxes (y0, y1, x0, x1) that hold every strong pixel of the crop: its tiles where
+    ``max_c |d| > margin`` somewhere (a strong pixel needs that), or their bounding box when many."""
+    y0, y1, x0, x1 = crop
+    if grid is not None:  # (th, tw) tiles of the crop (crop starts on a tile edge)
+        cand = grid[y0 // TILE : -(-y1 // TILE), x0 // TILE : -(-x1 // TILE)] > margin
+    else:
+        if ad is None:
+            ad = pixel_delta(a[y0:y1, x0:x1], b[y0:y1, x0:x1])
+        cand = _block_sum(ad > margin, TILE) > 0
+    ty, tx = np.nonzero(cand)
+    if ty.size > 64:  # many: one pass over their bounding box
+        ty, tx, ty1, tx1 = [ty.min()], [tx.min()], [ty.max() + 1], [tx.max() + 1]
+    else:
+        ty1, tx1 = ty + 1, tx + 1
+    return [
+        (y0 + int(i0) * TILE, min(y0 + int(i1) * TILE, y1), x0 + int(j0) * TILE, min(x0 + int(j1) * TILE, x1))
+        for i0, j0, i1, j1 in zip(ty, tx, ty1, tx1)
+    ]
+
+
 def strong_in_crop(
     a: np.ndarray, b: np.ndarray, crop, *, window: int, margin: float, ad=None, grid=None
 ) -> np.ndarray:
@@ -210,27 +234,21 @@ def strong_in_crop(
     (``core.block_max_numpy(a, b, TILE)``), which answers the same question without reading pixels."""
     y0, y1, x0, x1 = crop
     out = np.zeros((y1 - y0, x1 - x0), bool)
-    if grid is not None:  # (th, tw) tiles of the crop (crop starts on a tile edge)
-        cand = grid[y0 // TILE : -(-y1 // TILE), x0 // TILE : -(-x1 // TILE)] > margin
-    else:
-        if ad is None:
-            ad = pixel_delta(a[y0:y1, x0:x1], b[y0:y1, x0:x1])
-        cand = _block_sum(ad > margin, TILE) > 0
-    if not cand.any():
-        return out
-    ty, tx = np.nonzero(cand)
-    if ty.size > 64:  # many: one pass over their bounding box
-        ty, tx = [ty.min()], [tx.min()]
-        ty1, tx1 = [int(np.nonzero(cand)[0].max()) + 1], [int(np.nonzero(cand)[1].max()) + 1]
-    else:
-        ty1, tx1 = ty + 1, tx + 1
-    for i0, j0, i1, j1 in zip(ty, tx, ty1, tx1):
-        by0, bx0 = y0 + int(i0) * TILE, x0 + int(j0) * TILE
-        by1, bx1 = min(y0 + int(i1) * TILE, y1), min(x0 + int(j1) * TILE, x1)
-        out[by0 - y0 : by1 - y0, bx0 - x0 : bx1 - x0] = strong_mask(
-            a, b, (by0, by1, bx0, bx1), window=window, margin=margin
-        )
+    for by0, by1, bx0, bx1 in _strong_boxes(a, b, crop, margin, ad, grid):
+        m = strong_mask(a, b, (by0, by1, bx0, bx1), window=window, margin=margin)
+        out[by0 - y0 : by1 - y0, bx0 - x0 : bx1 - x0] = m
     return out
+
+
+def strong_points(a: np.ndarray, b: np.ndarray, crop, *, window: int, margin: float, grid=None):
+    """``(ys, xs)`` image coordinates of the crop's strong pixels (same pixels as :func:`strong_in_crop`),
+    without a crop-sized mask (a strong pixel is rare, and ``np.nonzero`` of a 4K mask costs ~L)."""
+    ys, xs = [np.zeros(0, np.intp)], [np.zeros(0, np.intp)]
+    for by0, by1, bx0, bx1 in _strong_boxes(a, b, crop, margin, None, grid):
+        yy, xx = np.nonzero(strong_mask(a, b, (by0, by1, bx0, bx1), window=window, margin=margin))
+        ys.append(yy + by0)
+        xs.append(xx + bx0)
+    return np.concatenate(ys), np.concatenate(xs)
 
 
 def block_sums_numpy(a: np.ndarray, b: np.ndarray, crop, params: RobustParams, margin: float, *, grid=None):
@@ -242,17 +260,15 @@ def block_sums_numpy(a: np.ndarray, b: np.ndarray, crop, params: RobustParams, m
     S, N = init_sums(h, w, c, bs)
     y0, y1, x0, x1 = crop
     A, B = a[y0:y1, x0:x1], b[y0:y1, x0:x1]  # (h', w', C)
-    strong = strong_in_crop(a, b, crop, window=params.window, margin=margin, grid=grid)
-    d = _block_sum(B, bs) - _block_sum(A, bs)  # (hb', wb', C) signed sums of all pixels
-    if strong.any():
-        ds = B.astype(np.int32) - A.astype(np.int32)
-        ds[~strong] = 0
-        d -= _block_sum(ds, bs)
     sl = (slice(y0 // bs, -(-y1 // bs)), slice(x0 // bs, -(-x1 // bs)))
-    S[sl] = d
-    N[sl] -= _block_sum(strong, bs)
+    S[sl] = _block_sum(B, bs) - _block_sum(A, bs)  # (hb', wb', C) signed sums of all pixels
     tiles = np.zeros((-(-h // TILE), -(-w // TILE)), bool)
-    tiles[y0 // TILE : -(-y1 // TILE), x0 // TILE : -(-x1 // TILE)] = _block_sum(strong, TILE) > 0
+    ys, xs = strong_points(a, b, crop, window=params.window, margin=margin, grid=grid)
+    if ys.size:  # take the strong pixels back out of the sums
+        by, bx = ys // bs, xs // bs
+        np.subtract.at(S, (by, bx), b[ys, xs].astype(np.int64) - a[ys, xs])
+        np.subtract.at(N, (by, bx), 1)
+        tiles[ys // TILE, xs // TILE] = True
     return S, N, tiles
 
 
@@ -310,33 +326,41 @@ def block_texture(a: np.ndarray, blocks: np.ndarray, bs: int) -> np.ndarray:
 
 
 class _Texture:
-    """Lazily computed per-block texture ``Rb`` (the max of ``G`` over the blocks within ``k`` blocks),
-    filled in only for the level-0 blocks a candidate block of some pyramid level needs."""
+    """Per-block texture, computed lazily and memoised: ``G`` (a block's own max 3x3 range) and ``Rb``
+    (the max of ``G`` over the blocks within ``k`` blocks), both (ph, pw, C) on the padded grid and
+    valid only where asked for."""
 
     def __init__(self, a: np.ndarray, bs: int, k: int, shape: tuple[int, int]):
         self.a, self.bs, self.k = a, bs, k
-        hb, wb = -(-a.shape[0] // bs), -(-a.shape[1] // bs)
-        self.G = np.zeros((hb, wb, a.shape[2]), np.int64)  # (hb, wb, C) valid where ``have``
-        self.have = np.zeros((hb, wb), bool)
-        self.Rb = np.zeros((*shape, a.shape[2]), np.int64)  # (ph, pw, C) valid where ``done``
+        self.hb, self.wb = -(-a.shape[0] // bs), -(-a.shape[1] // bs)
+        self.G = np.zeros((*shape, a.shape[2]), np.int64)  # valid where ``have`` (0 on padding)
+        self.have = np.zeros(shape, bool)
+        self.Rb = np.zeros((*shape, a.shape[2]), np.int64)  # valid where ``done``
         self.done = np.zeros(shape, bool)
+
+    def own(self, need: np.ndarray) -> np.ndarray:
+        """Make ``G`` valid on the (ph, pw) bool ``need``; returns ``G`` (ph, pw, C)."""
+        todo = need & ~self.have
+        todo[self.hb :] = todo[:, self.wb :] = False  # padding: G = 0
+        if todo.any():
+            idx = np.argwhere(todo)  # (K, 2)
+            self.G[idx[:, 0], idx[:, 1]] = block_texture(self.a, idx, self.bs)
+        self.have |= need
+        return self.G
 
     def require(self, need: np.ndarray) -> np.ndarray:
         """Make ``Rb`` valid on the (ph, pw) bool ``need``; returns ``Rb`` (ph, pw, C)."""
-        hb, wb = self.have.shape
-        need = need[:hb, :wb] & ~self.done[:hb, :wb]
+        need = need & ~self.done
         if not need.any():
             return self.Rb
         k = self.k
         near = _morph(need.view(np.uint8), cv2.dilate, 2 * k + 1).astype(bool) if k else need
-        todo = near & ~self.have
-        if todo.any():
-            idx = np.argwhere(todo)  # (K, 2)
-            self.G[idx[:, 0], idx[:, 1]] = block_texture(self.a, idx, self.bs)
-            self.have |= todo
-        Rb = self.G if not k else _dilate_grid(self.G, k)  # (hb, wb, C), exact where ``need``
-        self.Rb[:hb, :wb][need] = Rb[need]
-        self.done[:hb, :wb] |= need
+        G = self.own(near)
+        hb, wb = self.hb, self.wb
+        Rb = G[:hb, :wb] if not k else _dilate_grid(G[:hb, :wb], k)  # (hb, wb, C), exact where ``need``
+        sub = need[:hb, :wb]
+        self.Rb[:hb, :wb][sub] = Rb[sub]
+        self.done |= need
         return self.Rb
 
 
@@ -344,6 +368,28 @@ def _dilate_grid(G: np.ndarray, k: int) -> np.ndarray:
     """(hb, wb, C) int64: max of ``G`` over the (2k+1)^2 neighbouring blocks (clipped to the grid)."""
     small = G.astype(np.uint16)  # ranges of 8/16-bit data fit
     return _morph(small, cv2.dilate, 2 * k + 1).astype(np.int64)
+
+
+def _cells(i: np.ndarray, j: np.ndarray, shape: tuple[int, int], side: int) -> np.ndarray:
+    """(ph, pw) bool: the level-0 blocks under the level cells ``(i, j)`` of a grid of ``shape``."""
+    cells = np.zeros(shape, bool)
+    cells[i, j] = True
+    return np.repeat(np.repeat(cells, side, axis=0), side, axis=1)
+
+
+def _var(tab, need, i, j, k, side: int, N0, N, s0: float, g: float) -> np.ndarray:
+    """(K,) ``V`` (levels**2) of the level cells ``(i, j)``, channel ``k``, with the per-block texture
+    ``tab`` (ph, pw, C): ``sum R = sum of N0 * tab`` over the weak level-0 blocks (``need``)."""
+    if side > 1:
+        W = np.where(need, N0, 0)[:, :, None] * tab  # (ph, pw, C)
+        ph, pw = N0.shape
+        Wv = W.reshape(ph // side, side, pw // side, side, -1)[i, :, j, :, k]  # (K, side, side)
+        Tv = tab.reshape(ph // side, side, pw // side, side, -1)[i, :, j, :, k]
+        R1, R2 = Wv.sum(axis=(1, 2)), (Wv * Tv).sum(axis=(1, 2))  # (K,)
+    else:
+        R1 = N0[i, j] * tab[i, j, k]  # (K,)
+        R2 = R1 * tab[i, j, k]
+    return N[i, j] * (s0 * s0) + (2 * s0 * g) * R1 + (g * g) * R2
 
 
 def flag_area(a: np.ndarray, S: np.ndarray, N: np.ndarray, params: RobustParams, scale: int) -> np.ndarray:
@@ -369,21 +415,15 @@ def flag_area(a: np.ndarray, S: np.ndarray, N: np.ndarray, params: RobustParams,
         flag = np.zeros(N.shape, bool)
         if cand.any():
             i, j, k = np.nonzero(cand)
-            cells = np.zeros(N.shape, bool)
-            cells[i, j] = True
-            need = np.repeat(np.repeat(cells, side, axis=0), side, axis=1) & ~area  # (ph, pw)
-            Rb = tex.require(need)
-            if lev:  # sum R = sum over the weak pixels' blocks of N0 * Rb (Rb is constant on a block)
-                W = np.where(need, N0, 0)[:, :, None] * Rb  # (ph, pw, C)
-                Wv = W.reshape(ph // side, side, pw // side, side, -1)[i, :, j, :, k]  # (K, side, side)
-                Rv = Rb.reshape(ph // side, side, pw // side, side, -1)[i, :, j, :, k]
-                R1, R2 = Wv.sum(axis=(1, 2)), (Wv * Rv).sum(axis=(1, 2))  # (K,)
-            else:
-                R1 = N0[i, j] * Rb[i, j, k]  # (K,)
-                R2 = R1 * Rb[i, j, k]
-            V = N[i, j] * (s0 * s0) + (2 * s0 * g) * R1 + (g * g) * R2  # levels**2
-            hit = aS[i, j, k] > p.z * np.sqrt(V)
-            flag[i[hit], j[hit]] = True
+            # V with G (a block's own texture) in place of Rb >= G is a lower bound: a block that fails
+            # the test with it fails it with Rb, so the neighbours' texture is read only for the rest.
+            need = _cells(i, j, N.shape, side) & ~area  # (ph, pw) their weak level-0 blocks
+            low = aS[i, j, k] > p.z * np.sqrt(_var(tex.own(need), need, i, j, k, side, N0, N, s0, g))
+            i, j, k = i[low], j[low], k[low]
+            if i.size:
+                need = _cells(i, j, N.shape, side) & ~area
+                hit = aS[i, j, k] > p.z * np.sqrt(_var(tex.require(need), need, i, j, k, side, N0, N, s0, g))
+                flag[i[hit], j[hit]] = True
         if flag.any():
             area |= np.repeat(np.repeat(flag, side, axis=0), side, axis=1)
             keep = ~flag
