@@ -185,60 +185,88 @@ def _word_views(a2: np.ndarray, b2: np.ndarray):
 
 
 @numba.njit(cache=True, nogil=True)
+def _row_delta(ra, rb, c, rowe, rowd):  # pragma: no cover - compiled
+    """rowd[x] = max_c |ra - rb| for one row (contiguous loops the compiler vectorises)."""
+    for e in range(ra.shape[0]):
+        rowe[e] = max(ra[e], rb[e]) - min(ra[e], rb[e])
+    w = ra.shape[0] // c
+    if c == 1:
+        for x in range(w):
+            rowd[x] = rowe[x]
+    elif c == 3:
+        for x in range(w):
+            rowd[x] = max(max(rowe[3 * x], rowe[3 * x + 1]), rowe[3 * x + 2])
+    else:
+        for x in range(w):
+            rowd[x] = max(max(rowe[4 * x], rowe[4 * x + 1]), max(rowe[4 * x + 2], rowe[4 * x + 3]))
+
+
+@numba.njit(cache=True, nogil=True)
 def _exact_stats(a2, b2, a64, b64, c, thr, boxes, count, total, peak, box):  # pragma: no cover
-    """One fused pass: rows with equal bytes are skipped 8 bytes at a time; other rows update tile stats
-    once per 16-px row segment (local accumulators)."""
+    """One fused pass, a tile row (``TILE`` image rows) at a time; rows with equal bytes are skipped
+    8 bytes at a time. Per row: the channel-max delta (vectorised), ignored pixels zeroed, then
+    branch-free 16-px tile sums in int32 (count, delta sum, max) and per-column / per-tile-row
+    any-flags; each tile's exact box comes from those flags once per tile row (no per-pixel min/max)."""
     h = a2.shape[0]
-    w = a2.shape[1] // c
     nb = boxes.shape[0]
+    wt = count.shape[1]
     skip_rows = a64.shape[1] > 0
-    rowd = np.zeros(w, np.int64)
     rowe = np.zeros(a2.shape[1], a2.dtype)
-    for y in range(h):
-        if skip_rows and not _row_differs(a64, b64, y):
+    rowd = np.zeros(wt * TILE, a2.dtype)  # padded to whole tiles; the pad stays 0
+    colany = np.zeros(wt * TILE, np.int32)
+    cnt = np.zeros(wt, np.int32)
+    tot = np.zeros(wt, np.int32)  # <= 256 px x 65535: fits
+    pk = np.zeros(wt, np.int32)
+    ylo = np.zeros(wt, np.int64)
+    yhi = np.zeros(wt, np.int64)
+    for ty in range(count.shape[0]):
+        used = False
+        for y in range(ty * TILE, min(h, ty * TILE + TILE)):
+            if skip_rows and not _row_differs(a64, b64, y):
+                continue
+            if not used:
+                colany[:] = 0
+                cnt[:] = 0
+                tot[:] = 0
+                pk[:] = 0
+                ylo[:] = h
+                yhi[:] = -1
+                used = True
+            _row_delta(a2[y], b2[y], c, rowe, rowd)
+            for k in range(nb):  # ignored pixels of this row: delta 0, never a change
+                if boxes[k, 1] <= y <= boxes[k, 3]:
+                    rowd[boxes[k, 0] : boxes[k, 2] + 1] = 0
+            for tx in range(wt):
+                s = np.int32(0)
+                t = np.int32(0)
+                p = np.int32(0)
+                for i in range(TILE):
+                    x = tx * TILE + i
+                    on = np.int32(rowd[x] > thr)
+                    dv = np.int32(rowd[x]) * on
+                    colany[x] |= on
+                    s += on
+                    t += dv
+                    p = max(p, dv)
+                if s:
+                    cnt[tx] += s
+                    tot[tx] += t
+                    pk[tx] = max(pk[tx], p)
+                    ylo[tx] = min(ylo[tx], y)
+                    yhi[tx] = y
+        if not used:
             continue
-        ra, rb = a2[y], b2[y]
-        for e in range(a2.shape[1]):  # contiguous |a - b| per element (vectorised)
-            rowe[e] = max(ra[e], rb[e]) - min(ra[e], rb[e])
-        if c == 1:
-            for x in range(w):
-                rowd[x] = rowe[x]
-        else:
-            for x in range(w):
-                m = rowe[x * c]
-                for ch in range(1, c):
-                    m = max(m, rowe[x * c + ch])
-                rowd[x] = m
-        ty = y // TILE
-        for tx in range(count.shape[1]):
-            cnt = np.int64(0)
-            tot = np.int64(0)
-            pk = np.int64(0)
-            xmin, xmax = w, -1
-            for x in range(tx * TILE, min(w, tx * TILE + TILE)):
-                ad = rowd[x]
-                if ad <= thr:
-                    continue
-                skip = False
-                for k in range(nb):
-                    if boxes[k, 0] <= x <= boxes[k, 2] and boxes[k, 1] <= y <= boxes[k, 3]:
-                        skip = True
-                        break
-                if skip:
-                    continue
-                cnt += 1
-                tot += ad
-                pk = max(pk, ad)
-                xmin = min(xmin, x)
-                xmax = x
-            if cnt:
-                count[ty, tx] += cnt
-                total[ty, tx] += tot
-                peak[ty, tx] = max(peak[ty, tx], pk)
-                box[ty, tx, 0] = min(box[ty, tx, 0], xmin)
-                box[ty, tx, 1] = min(box[ty, tx, 1], y)
-                box[ty, tx, 2] = max(box[ty, tx, 2], xmax)
-                box[ty, tx, 3] = max(box[ty, tx, 3], y)
+        for tx in range(wt):
+            if cnt[tx] == 0:
+                continue
+            x0 = tx * TILE
+            while colany[x0] == 0:
+                x0 += 1
+            x1 = tx * TILE + TILE - 1
+            while colany[x1] == 0:
+                x1 -= 1
+            count[ty, tx], total[ty, tx], peak[ty, tx] = cnt[tx], tot[tx], pk[tx]
+            box[ty, tx, 0], box[ty, tx, 1], box[ty, tx, 2], box[ty, tx, 3] = x0, ylo[tx], x1, yhi[tx]
 
 
 def exact_stats_numba(a: np.ndarray, b: np.ndarray, *, thr: int, boxes: np.ndarray) -> TileStats:
@@ -247,7 +275,8 @@ def exact_stats_numba(a: np.ndarray, b: np.ndarray, *, thr: int, boxes: np.ndarr
     a2, b2 = a.reshape(h, w * c), b.reshape(h, w * c)
     a64, b64 = _word_views(a2, b2)
     st = empty_stats(h, w)
-    _exact_stats(a2, b2, a64, b64, c, int(thr), boxes, st.count, st.total, st.peak, st.box)
+    thr = min(int(thr), int(np.iinfo(a.dtype).max))  # above the dtype's max nothing can change
+    _exact_stats(a2, b2, a64, b64, c, thr, boxes, st.count, st.total, st.peak, st.box)
     return st
 
 
