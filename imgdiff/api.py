@@ -8,8 +8,9 @@ changed pixels with the chosen mode (exact: :mod:`imgdiff.core`; robust: :mod:`i
 ignored pixels, and reduce them to per-tile statistics that :mod:`imgdiff.regions` merges into regions.
 
 Backends: ``numpy`` is the vectorised reference (it builds the crop's change mask, which
-:func:`change_mask` returns); ``numba`` and ``cuda`` run fused kernels that read only the candidate
-tiles and never build a mask. All three give identical :class:`Result` objects.
+:func:`change_mask` returns; :func:`diff` in exact mode reduces chunks of tile rows straight to tile
+statistics instead, :mod:`imgdiff.exact_tiles`); ``numba`` and ``cuda`` run fused kernels that read
+only the candidate tiles and never build a mask. All three give identical :class:`Result` objects.
 """
 
 from __future__ import annotations
@@ -200,10 +201,14 @@ def _canvas_mask(p: _Pair, backend: str):
 def _tile_stats(p: _Pair, backend: str) -> TileStats:
     """Per-tile statistics of the changed pixels, by ``backend`` (all give identical numbers)."""
     h, w, _ = p.a.shape
+    boxes = np.array(p.boxes, np.int64).reshape(-1, 4)
+    if backend == "numpy" and p.mode == "exact" and (h, w) == (p.height, p.width):
+        from imgdiff.exact_tiles import exact_stats_numpy
+
+        return exact_stats_numpy(p.a, p.b, thr=p.thr, boxes=boxes)
     if backend == "numpy" or (h, w) != (p.height, p.width):
         mask, d, origin = _canvas_mask(p, backend)
         return tile_stats_from_mask(mask, d, origin, p.height, p.width)
-    boxes = np.array(p.boxes, np.int64).reshape(-1, 4)
     if backend == "numba" and p.mode == "exact":
         from imgdiff.kernels_cpu import exact_stats_numba
 
