@@ -96,3 +96,20 @@ def test_train_vision_unfreezes_the_tower_and_rejects_lora_or_align(setup):
         sections = {"train": {"train_vision": True}, **bad}
         with pytest.raises(Exception, match="train_vision needs train.stage: sft"):
             load_config(sft.TrainConfig, tiny_train_config(tmp / "bad.yaml", **sections))
+
+
+def test_shipped_train_configs_load_with_the_tuned_recipe():
+    from pathlib import Path
+
+    from mm.train.compare import CompareConfig
+
+    root = Path(__file__).resolve().parents[2] / "configs" / "mm"
+    cfgs = {
+        n: load_config(sft.TrainConfig, root / f"{n}.yaml")
+        for n in ("align_tiny", "sft_tiny", "sft_lora_tiny")
+    }
+    assert cfgs["align_tiny"].train.stage == "align" and not cfgs["align_tiny"].train.train_vision
+    assert cfgs["sft_tiny"].train.train_vision and cfgs["sft_tiny"].tasks.kinds == ["caption"]
+    assert cfgs["sft_lora_tiny"].lora.enabled and not cfgs["sft_lora_tiny"].train.train_vision
+    assert all(c.eval.max_new_tokens >= 128 for c in cfgs.values())  # the longest note captions fit
+    assert load_config(CompareConfig, root / "compare_tiny.yaml").sft.eval.max_new_tokens >= 128
