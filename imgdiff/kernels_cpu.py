@@ -8,6 +8,10 @@
   (:class:`imgdiff.regions.TileStats`); no mask or delta image is materialised. A pixel is changed
   when ``max_c |d| > thr`` and its ``area`` cell is set, or (robust mode) when ``max_c |d| > margin``
   and the both-sides range test says strong; pixels in ignore boxes never count.
+- :func:`exact_stats_numba`: exact mode in one pass, a tile row at a time: per image row the
+  channel-max delta (contiguous, vectorised), then branch-free 16-px tile sums in int32 and per-column
+  any-flags; each tile's exact box is read off the flags once per tile row. Same numbers as
+  :func:`imgdiff.exact_tiles.exact_stats_numpy`.
 - :func:`robust_sums_numba`: robust pass 1 over uint8/uint16 data in one sweep: per-block signed
   sums ``S`` of the weak pixels, weak counts ``N``, and strong-tile flags; the range test runs only
   where ``max_c |d| > margin``.
