@@ -299,8 +299,8 @@ def load_split(
     """
     from mm.data.dataset import NoteDataset
 
-    ds = NoteDataset(folder, split=split)
-    n = len(ds) if limit is None else min(limit, len(ds))
+    ds = NoteDataset(folder, split=split, limit=limit)  # decodes only the notes used
+    n = len(ds)
     if n == 0:
         raise UserError(
             f"{folder} has no notes in split {split!r}; generate more notes or choose another split"

@@ -3,6 +3,9 @@
 Token + learned position embeddings -> ``layers`` pre-norm transformer encoder blocks (bidirectional,
 padding masked out) -> final LayerNorm -> pooled vector. ``layers: 0`` is a bag of embeddings (no
 attention): enough when texts are templated lists of words, and ~40x cheaper than one block.
+``conv_kernel: k`` adds one residual 1-D convolution over neighbouring tokens (kernel k, GELU) before the
+blocks, so even a bag of embeddings binds a word to its neighbours ("orange bicycle" vs "orange helmet");
+deviation from CLIP, which has no convolution.
 Pooling ``mean`` averages the non-pad tokens;
 ``eos`` takes the last non-pad token (CLIP takes the EOT token; deviation: no causal mask, so ``eos``
 still sees the whole text).
@@ -36,6 +39,8 @@ class TextEncoderConfig:
     """How to pool tokens into one vector: "mean" (non-pad tokens) or "eos" (last non-pad token)."""
     dropout: float = 0.0
     """Dropout inside the blocks."""
+    conv_kernel: int = 0
+    """Width of a residual token convolution before the blocks (0 = none; odd, e.g. 3)."""
 
     def __post_init__(self) -> None:
         if self.pooling not in TEXT_POOLINGS:
@@ -44,6 +49,8 @@ class TextEncoderConfig:
             raise ValueError(f"text width {self.width} must be divisible by heads {self.heads}")
         if self.layers == 0 and self.pooling != "mean":
             raise ValueError("text layers: 0 (bag of embeddings) needs pooling 'mean'; 'eos' keeps one token")
+        if self.conv_kernel < 0 or (self.conv_kernel and self.conv_kernel % 2 == 0):
+            raise ValueError(f"text conv_kernel must be 0 (off) or odd (e.g. 3), got {self.conv_kernel}")
         if self.layers < 0 or self.max_len < 2:
             raise ValueError(f"need layers >= 0 and max_len >= 2, got {self.layers}, {self.max_len}")
 
@@ -70,6 +77,11 @@ class TextEncoder(nn.Module):
             if cfg.layers
             else None
         )
+        self.conv = (
+            nn.Conv1d(cfg.width, cfg.width, cfg.conv_kernel, padding=cfg.conv_kernel // 2)
+            if cfg.conv_kernel
+            else None
+        )
         self.norm = nn.LayerNorm(cfg.width)
         nn.init.normal_(self.tok.weight, std=0.02)
 
@@ -81,6 +93,9 @@ class TextEncoder(nn.Module):
             )
         mask = attention_mask.to(torch.bool)  # (B, T)
         x = self.tok(input_ids) + self.pos[:T]  # (B, T, W)
+        if self.conv is not None:
+            h = (x * mask[..., None].to(x.dtype)).transpose(1, 2)  # (B, W, T), pads zeroed
+            x = x + nn.functional.gelu(self.conv(h)).transpose(1, 2)  # (B, T, W)
         if self.blocks is not None:
             x = self.blocks(x, src_key_padding_mask=~mask)  # (B, T, W)
         x = self.norm(x)

@@ -64,3 +64,20 @@ def test_missing_image_is_named(folder, tmp_path):
     victim.unlink()
     with pytest.raises(FormatError, match=victim.name):
         NoteDataset(copy)
+
+
+def test_limit_decodes_prefix_and_pool_matches_serial(folder):
+    full = NoteDataset(folder, workers=1)
+    pooled = NoteDataset(folder, workers=3)
+    assert len(pooled) == len(full) == 24
+    for i in range(24):
+        assert torch.equal(pooled.pixels_uint8(i), full.pixels_uint8(i))
+        assert pooled.pixels_uint8(i).is_contiguous()
+    head = NoteDataset(folder, split="train", limit=5)
+    train = NoteDataset(folder, split="train")
+    assert [n.id for n in head.notes] == [n.id for n in train.notes[:5]] and len(head.images) == 5
+    assert torch.equal(head[4]["pixel_values"], train[4]["pixel_values"])
+    with pytest.raises(ValueError, match="limit must be >= 0"):
+        NoteDataset(folder, limit=-1)
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        NoteDataset(folder, workers=0)

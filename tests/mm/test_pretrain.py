@@ -218,3 +218,25 @@ def test_bag_of_embeddings_text_encoder_is_masked_mean():
     other_pad = ids.masked_fill(am == 0, 7)
     torch.testing.assert_close(enc(other_pad, am), expect, rtol=0, atol=1e-12)
     assert enc.blocks is None
+
+
+def test_token_conv_binds_neighbours_and_ignores_padding():
+    from mm.train.text_encoder import TextEncoder, TextEncoderConfig
+
+    torch.manual_seed(0)
+    cfg = TextEncoderConfig(width=8, layers=0, heads=2, max_len=6, conv_kernel=3)
+    enc = TextEncoder(cfg=cfg, vocab_size=10).double()
+    ids = torch.tensor([[1, 2, 3, 4, 0]])
+    am = torch.tensor([[1, 1, 1, 1, 0]])
+    e = enc.tok(ids) + enc.pos[:5]  # (1, 5, 8)
+    w, b = enc.conv.weight, enc.conv.bias  # (8, 8, 3), (8,)
+    h = e * am[..., None]
+    padded = torch.cat([torch.zeros(1, 1, 8, dtype=h.dtype), h, torch.zeros(1, 1, 8, dtype=h.dtype)], 1)
+    conv = torch.stack([sum(padded[0, t + j] @ w[:, :, j].T for j in range(3)) + b for t in range(5)])
+    x = enc.norm(e[0] + torch.nn.functional.gelu(conv))  # (5, 8)
+    torch.testing.assert_close(enc(ids, am)[0], x[:4].mean(0), rtol=0, atol=1e-12)
+    torch.testing.assert_close(enc(ids.masked_fill(am == 0, 7), am), enc(ids, am), rtol=0, atol=1e-12)
+    swapped = torch.tensor([[2, 1, 3, 4, 0]])  # same bag, different order: no longer the same vector
+    assert not torch.allclose(enc(swapped, am), enc(ids, am))
+    with pytest.raises(ValueError, match="conv_kernel"):
+        TextEncoderConfig(conv_kernel=2)
