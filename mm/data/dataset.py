@@ -76,14 +76,16 @@ class NoteDataset(torch.utils.data.Dataset):
         self.mean = None if mean is None else torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1)
         self.std = None if std is None else torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
 
-        def decode(n: Note) -> torch.Tensor:
-            return decode_note_images(self.folder, n, image_size)
+        def decode(notes: list[Note]) -> list[torch.Tensor]:
+            return [decode_note_images(self.folder, n, image_size) for n in notes]
 
-        if workers == 1 or len(self.notes) < 64:
-            self.images: list[torch.Tensor] = [decode(n) for n in self.notes]  # per note: (N_img, 3, H, W)
+        size = max(1, min(256, len(self.notes) // (4 * workers)))  # notes per task: ~4 tasks per thread
+        chunks = [self.notes[i : i + size] for i in range(0, len(self.notes), size)]
+        if workers == 1 or len(chunks) < 2:
+            self.images: list[torch.Tensor] = decode(self.notes)  # per note: (N_img, 3, H, W) uint8
         else:
             with ThreadPoolExecutor(max_workers=workers) as pool:
-                self.images = list(pool.map(decode, self.notes, chunksize=64))
+                self.images = [t for part in pool.map(decode, chunks) for t in part]
 
     def __len__(self) -> int:
         return len(self.notes)

@@ -318,7 +318,8 @@ def load_split(
         pixels[i, : px.shape[0]] = px
         mask[i, : px.shape[0]] = True
     texts = [ds.notes[i].text for i in range(n)]
-    enc = tokenizer(texts, padding="max_length", truncation=True, max_length=max_len, return_tensors="pt")
+    # pad to the longest text only: batch() trims padding per batch anyway
+    enc = tokenizer(texts, padding="longest", truncation=True, max_length=max_len, return_tensors="pt")
     return NoteTensors(
         pixels=pixels,
         image_mask=mask,
