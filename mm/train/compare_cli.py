@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from mm.config import load_config, to_dict
     from mm.errors import UserError
     from mm.train import compare
-    from mm.train.train_cli import generate_world
+    from mm.train.run_setup import generate_world
 
     cfg = load_config(compare.CompareConfig, args.config, args.overrides)
     out = Path(args.out) if args.out else Path("runs/compare") / Path(args.config).stem

@@ -14,46 +14,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import time
-from pathlib import Path
+
+from mm.train.run_setup import add_run_arguments, prepare_run
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="YAML file for mm.train.pretrain.PretrainConfig")
-    parser.add_argument("--out", default=None, help="output folder (default runs/pretrain/<config name>)")
-    parser.add_argument("--data", default=None, help="note folder to use instead of the config's data.folder")
-    parser.add_argument(
-        "--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
-        help="override config keys, e.g. --set train.steps=50 loss.kind=siglip",
-    )  # fmt: skip
-    parser.add_argument("--no-resume", action="store_true", help="ignore and delete existing checkpoints")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_run_arguments(
+        parser,
+        config_help="YAML file for mm.train.pretrain.PretrainConfig",
+        default_out="runs/pretrain/<config name>",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    import yaml
-
-    from mm.config import load_config, to_dict
-    from mm.train import common, pretrain
+    from mm.config import load_config
+    from mm.train import pretrain
 
     cfg = load_config(pretrain.PretrainConfig, args.config, args.overrides)
-    out = Path(args.out) if args.out else Path("runs/pretrain") / Path(args.config).stem
-    folder = Path(args.data) if args.data else Path(cfg.data.folder)
-    rank, _ = common.init_distributed()
-    main = rank == 0
-    if main:
-        if args.no_resume and (out / "checkpoints").exists():
-            shutil.rmtree(out / "checkpoints")
-        if not folder.exists():
-            if args.data:
-                from mm.errors import UserError
-
-                raise UserError(f"--data folder {folder} does not exist; generate it with `mm data world`")
-            _generate_world(folder, cfg.data.generate_notes, cfg.data.generate_seed, cfg.data.world_config)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    common.barrier()
+    out, folder, main = prepare_run(
+        args, cfg, default_root="runs/pretrain", world_config=cfg.data.world_config
+    )
 
     from mm.data.tokenizer import load_tokenizer
 
@@ -91,16 +72,3 @@ def run(args: argparse.Namespace) -> int:
         (out / "result.json").write_text(json.dumps(summary, indent=1))
         print(json.dumps(summary))
     return 0
-
-
-def _generate_world(folder: Path, notes: int, seed: int, world_config: str | None) -> None:
-    """Run ``mm data world --out folder --notes N --seed S [--config C]``; fail loudly if it fails."""
-    from mm.cli import main as mm_main
-    from mm.errors import UserError
-
-    argv = ["data", "world", "--out", str(folder), "--notes", str(notes), "--seed", str(seed)]
-    if world_config:
-        argv += ["--config", world_config]
-    rc = mm_main(argv)
-    if rc != 0:
-        raise UserError(f"generating the world data into {folder} failed (exit {rc})")

@@ -14,45 +14,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-from pathlib import Path
+
+from mm.train.run_setup import add_run_arguments, prepare_run
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="YAML file for mm.train.sft.TrainConfig")
-    parser.add_argument("--out", default=None, help="output folder (default runs/train/<config name>)")
-    parser.add_argument("--data", default=None, help="note folder to use instead of the config's data.folder")
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a config key, e.g. --set train.steps=50 (repeatable)",
-    )  # fmt: skip
-    parser.add_argument("--no-resume", action="store_true", help="ignore and delete existing checkpoints")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_run_arguments(
+        parser, config_help="YAML file for mm.train.sft.TrainConfig", default_out="runs/train/<config name>"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    import yaml
-
-    from mm.config import load_config, to_dict
+    from mm.config import load_config
     from mm.data.format import read_notes
     from mm.errors import UserError
-    from mm.train import common, sft
+    from mm.train import sft
 
     cfg = load_config(sft.TrainConfig, args.config, args.overrides)
-    out = Path(args.out) if args.out else Path("runs/train") / Path(args.config).stem
-    folder = Path(args.data) if args.data else Path(cfg.data.folder)
-    rank, _ = common.init_distributed()
-    main = rank == 0
-    if main:
-        if args.no_resume and (out / "checkpoints").exists():
-            shutil.rmtree(out / "checkpoints")
-        if not folder.exists():
-            if args.data:
-                raise UserError(f"--data folder {folder} does not exist; generate it with `mm data world`")
-            generate_world(folder, cfg.data.generate_notes, cfg.data.generate_seed)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    common.barrier()
+    out, folder, main = prepare_run(args, cfg, default_root="runs/train")
     train_notes = read_notes(folder, cfg.data.train_split)
     if cfg.data.train_notes:
         train_notes = train_notes[: cfg.data.train_notes]
@@ -89,13 +68,3 @@ def result_summary(result, *, train_notes: int, stage: str) -> dict:
         **m,
         "sample_captions": captions,
     }
-
-
-def generate_world(folder: Path, notes: int, seed: int) -> None:
-    """Run ``mm data world --out folder --notes N --seed S``; fail loudly if it fails."""
-    from mm.cli import main as mm_main
-    from mm.errors import UserError
-
-    rc = mm_main(["data", "world", "--out", str(folder), "--notes", str(notes), "--seed", str(seed)])
-    if rc != 0:
-        raise UserError(f"generating the world data into {folder} failed (exit {rc})")
