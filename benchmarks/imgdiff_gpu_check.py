@@ -14,27 +14,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
+from imgdiff_bench import median_time  # same folder: benchmarks/
 
 os.environ.setdefault("NUMBA_CACHE_DIR", "/tmp/numba_cache")
 
 PAIRS = ("identical", "small_patch", "single_pixel", "bump8", "text_added", "jpeg_q90", "jpeg_q90_bump")
 BACKENDS = ("numpy", "numba", "cuda")
-
-
-def median_time(fn, runs: int) -> float:
-    """Median wall seconds of ``runs`` calls after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:

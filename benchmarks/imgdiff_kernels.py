@@ -14,27 +14,15 @@ Usage: ``python benchmarks/imgdiff_kernels.py [--runs 5] [--width 3840 --height 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import numpy as np
+from imgdiff_bench import median_time  # same folder: benchmarks/
 
 from imgdiff import diff
 from imgdiff.cases import make_case
 
 PAIRS = ("identical", "small_patch", "jpeg_q90")
-
-
-def median_time(fn, runs: int) -> float:
-    """Median wall seconds of ``runs`` calls after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
