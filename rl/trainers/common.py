@@ -117,6 +117,18 @@ def resolve_device(name: str) -> torch.device:
 # ---------------------------------------------------------------- policy and reference
 
 
+def start_run(train: Any, out_dir: str | Path) -> tuple[Path, torch.device]:
+    """Create OUT, set torch threads and every RNG from ``train`` (a TrainConfig); returns (out, device)."""
+    from mm.train.common import seed_everything
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if train.threads:
+        torch.set_num_threads(train.threads)
+    seed_everything(train.seed)
+    return out, resolve_device(train.device)
+
+
 def load_policy(init: InitConfig, lora: LoraConfig, device: torch.device) -> tuple[Any, Any]:
     """The SFT NoteVLM (LoRA-wrapped when enabled, vision tower frozen) and its processor."""
     from mm.model import NoteProcessor, NoteVLMForConditionalGeneration

@@ -324,18 +324,13 @@ def train(
         clip_and_norm,
         load_policy,
         make_optimizer,
-        resolve_device,
         save_final,
+        start_run,
         to_device,
         train_loop,
     )
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    C.seed_everything(cfg.train.seed)
-    device = resolve_device(cfg.train.device)
+    out, device = start_run(cfg.train, out_dir)
     pairs = load_pairs(cfg.data, cfg.train.seed)
     model, processor = load_policy(cfg.init, cfg.lora, device)
     ref = Reference(model=model, needed=True)

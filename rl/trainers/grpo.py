@@ -344,20 +344,15 @@ def train(
         clip_and_norm,
         load_policy,
         make_optimizer,
-        resolve_device,
         save_final,
+        start_run,
         to_device,
         train_loop,
     )
     from rl.trainers.monitor import failure_warnings
     from rl.trainers.rollout import generate_rollout, merge_rollouts
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    C.seed_everything(cfg.train.seed)
-    device = resolve_device(cfg.train.device)
+    out, device = start_run(cfg.train, out_dir)
     folder = Path(cfg.data.folder)
     if not (folder / "notes.jsonl").is_file():
         raise UserError(f"data.folder={folder} has no notes.jsonl; generate notes with `mm data world`")
