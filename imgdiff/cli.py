@@ -9,7 +9,9 @@ file is ever half-written.
 Start-up (a single pair is mostly start-up and PNG decoding): parsing imports neither NumPy nor
 OpenCV (:mod:`imgdiff.options`); byte-identical files are answered "same" after a pixel-free
 validation (:func:`imgdiff.io.identical_pair`); otherwise the diff modules are imported in a thread
-while both images decode, and ``--mask-out`` gets the result and the mask from one detection pass.
+while both images are inflated (:mod:`imgdiff.png`: no NumPy needed), only the band of rows that can
+differ is unfiltered and diffed (:mod:`imgdiff.band`) unless image outputs are asked for, and
+``--mask-out`` gets the result and the mask from one detection pass.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import argparse
 import json
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 EPILOG = """\
@@ -214,16 +215,47 @@ def _import_kernels() -> None:
         pass
 
 
+def _diff_rows(args):
+    """The default single-pair path (no image outputs): decode only the band of rows that can differ
+    (:func:`imgdiff.io.read_pair_rows`) and diff it (:func:`imgdiff.band.diff_band`); whole images
+    when the files are not two PNGs of one layout."""
+    from imgdiff.band import band_rows, diff_band
+    from imgdiff.io import ImageIOError, read_pair_rows
+
+    try:
+
+        def band(h: int, r0: int, r1: int) -> tuple[int, int]:
+            return band_rows(h, r0, r1, mode=args.mode)
+
+        a, b, y0, height = read_pair_rows(args.a, args.b, max_pixels=args.max_pixels, band=band)
+        opts = _diff_options(args)
+        if y0 == 0 and a.shape[0] == height:  # whole images (other formats or layouts): the plain diff
+            from imgdiff.api import diff
+
+            return diff(a, b, **opts)
+        del opts["allow_size_mismatch"]  # a band means two PNGs of one layout
+        return diff_band(a, b, y0=y0, height=height, **opts)
+    except (ImageIOError, ValueError) as e:  # SizeMismatchError is a ValueError
+        raise Trouble(str(e).replace("\n", " ")) from None
+
+
 def run_single(args) -> int:
+    import threading
+
     _check_png_target(args.out, "--out", folder=False)
     _check_png_target(args.mask_out, "--mask-out", folder=False)
     result = None
-    if args.out is None and args.mask_out is None:
+    plain = args.out is None and args.mask_out is None
+    if plain:
         result = _same_files(args)
     if result is None:
-        with ThreadPoolExecutor(max_workers=1) as pool:  # imports overlap the decoders (they drop the GIL)
-            pool.submit(_import_kernels)
+        importer = threading.Thread(target=_import_kernels)  # imports overlap the inflate (no GIL held)
+        importer.start()
+        if plain:
+            result = _diff_rows(args)
+        else:
             result = _diff_pair(args, args.a, args.b, args.out, args.mask_out)
+        importer.join()
     if args.json:
         print(json.dumps(result.to_json()))
     else:
@@ -270,6 +302,8 @@ def _png_name(folder: str | None, name: str) -> str | None:
 
 def run_batch(args) -> int:
     """Diff every pair of same-named files; decoding the next pair overlaps diffing this one."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from imgdiff.io import ImageIOError, read_pair
 
     inputs = {os.path.realpath(args.a), os.path.realpath(args.b)}

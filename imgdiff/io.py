@@ -11,11 +11,14 @@ Decoded arrays are what :func:`imgdiff.diff` takes: ``(H, W)`` gray or ``(H, W, 
 when they carry transparency; gray+alpha becomes RGBA; 1/2/4-bit gray becomes 8-bit.
 
 Decoders, measured on 4K RGB PNGs from :mod:`imgdiff.cases` on the 2-core dev machine (CPU seconds
-per image): imagecodecs' ``png_decode`` 0.097, ``cv2.imdecode`` 0.126 (+ a BGR->RGB swap), libspng via
-pyspng 0.123, Pillow 0.165. So gray/RGB/RGBA 8- and 16-bit PNGs go through imagecodecs (it returns
-RGB order and keeps 16 bits, and releases the GIL, so :func:`read_pair` decodes both images of a pair
-in two threads); palette, gray+alpha and 1/2/4-bit PNGs go through OpenCV (which expands them to
-RGB(A) with transparency as alpha), as does every PNG when imagecodecs is missing. The other formats
+per image): :mod:`imgdiff.png` (ISA-L inflate + vectorised unfilter) ~0.055, imagecodecs'
+``png_decode`` 0.097, ``cv2.imdecode`` 0.126 (+ a BGR->RGB swap), libspng via pyspng 0.123, Pillow
+0.165. So gray/RGB/RGBA 8- and 16-bit PNGs whose rows use the None/Sub/Up filters (every PNG OpenCV
+writes) go through :mod:`imgdiff.png`, whose inflate needs no NumPy and releases the GIL, so
+:func:`read_pair` decodes both images of a pair in two threads while the CLI imports NumPy; such
+PNGs with Avg/Paeth rows go through imagecodecs (RGB order, 16 bits kept, GIL released); palette,
+gray+alpha and 1/2/4-bit PNGs go through OpenCV (which expands them to RGB(A) with transparency as
+alpha), as does every PNG when imagecodecs is missing. The other formats
 go through Pillow, which raises on truncated JPEGs where libjpeg inside OpenCV only prints a warning
 and returns a grey-filled image; 16-bit RGB TIFFs go through OpenCV because Pillow reduces them to 8
 bits. OpenCV's own logging is silenced so the CLI's one-line errors are the only thing on stderr.
@@ -33,7 +36,6 @@ import stat
 import struct
 import warnings
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -204,7 +206,8 @@ def _decode_cv2(path: str, data: bytes) -> np.ndarray:
 
 
 _PNG_FAST_COLOURS = (0, 2, 6)
-"""PNG colour types (gray, RGB, RGBA) decoded by imagecodecs; palette and gray+alpha go through OpenCV."""
+"""PNG colour types (gray, RGB, RGBA) decoded by :mod:`imgdiff.png` or imagecodecs; palette and
+gray+alpha go through OpenCV."""
 
 
 def _imagecodecs():
@@ -270,21 +273,33 @@ def _read_bytes(info: ImageInfo) -> bytes:
         return f.read()
 
 
+def _decode_png(info: ImageInfo, data: bytes) -> np.ndarray:
+    """Gray/RGB/RGBA 8/16-bit PNGs whose rows use None/Sub/Up: :mod:`imgdiff.png` (ISA-L inflate,
+    vectorised unfilter; no NumPy until the unfilter); other such PNGs: imagecodecs; the rest: OpenCV."""
+    from imgdiff import png
+
+    depth, colour = data[24], data[25]
+    if depth in (8, 16) and colour in _PNG_FAST_COLOURS:
+        try:
+            arr = png.decode(data)
+        except png.PngDataError as e:
+            raise _fail(info.path, str(e), "re-export or re-download it") from None
+        if arr is not None:
+            return arr
+        if _imagecodecs():
+            return _decode_imagecodecs(info.path, data)
+    return _decode_cv2(info.path, data)
+
+
 def decode(info: ImageInfo, data: bytes | None = None) -> np.ndarray:
     """Decode a file that :func:`probe` accepted (``data``: its bytes, when already read); raises
     :class:`ImageIOError` on bad pixel data."""
-    import numpy as np
-
     if data is None:
         data = _read_bytes(info)
     if info.format == "PNG":
         if b"IEND" not in data[-1024:]:
             raise _fail(info.path, "the file is truncated (PNG ends before its IEND chunk)", "re-export it")
-        depth, colour = data[24], data[25]
-        fast = depth in (8, 16) and colour in _PNG_FAST_COLOURS
-        arr = (
-            _decode_imagecodecs(info.path, data) if fast and _imagecodecs() else _decode_cv2(info.path, data)
-        )
+        arr = _decode_png(info, data)
     else:
         arr = _decode_pil(info.path, data)
     if arr.shape[:2] != (info.height, info.width):
@@ -293,6 +308,8 @@ def decode(info: ImageInfo, data: bytes | None = None) -> np.ndarray:
             f"header says {info.width}x{info.height} but the data is {arr.shape[1]}x{arr.shape[0]}",
             "re-export it",
         )
+    import numpy as np
+
     return np.ascontiguousarray(arr)
 
 
@@ -301,49 +318,20 @@ def read_image(path: str | os.PathLike, *, max_pixels: int = DEFAULT_MAX_PIXELS)
     return decode(probe(path, max_pixels=max_pixels))
 
 
-_PNG_CHANNELS = {0: 1, 2: 3, 4: 2, 6: 4}
-"""Samples per pixel of the PNG colour types :func:`_check_png_data` validates (palette: decoded)."""
-
-
 def _check_png_data(info: ImageInfo, data: bytes) -> bool:
     """Validate a non-interlaced, non-palette PNG without decoding its pixels: chunk layout, CRCs
     of critical chunks, and an inflate of the image data to exactly ``height * (1 + row bytes)``
-    bytes with valid filter types (what libpng checks). Returns False when it cannot tell (other
-    PNG kinds); raises :class:`ImageIOError` when the file is bad."""
-    import zlib
+    bytes with valid filter types (what libpng checks; :mod:`imgdiff.png`). Returns False when it
+    cannot tell (other PNG kinds); raises :class:`ImageIOError` when the file is bad."""
+    from imgdiff import png
 
-    depth, colour, interlace = data[24], data[25], data[28]
-    if colour not in _PNG_CHANNELS or interlace != 0:
-        return False
-    pos, idat, end = 8, [], False
-    while pos + 12 <= len(data):
-        (n,) = struct.unpack(">I", data[pos : pos + 4])
-        kind = data[pos + 4 : pos + 8]
-        if pos + 12 + n > len(data):
-            break
-        crc = struct.unpack(">I", data[pos + 8 + n : pos + 12 + n])[0]
-        if kind[:1].isupper() and zlib.crc32(data[pos + 4 : pos + 8 + n]) != crc:
-            raise _fail(
-                info.path,
-                f"image data is corrupt ({kind.decode('latin-1')} chunk fails its CRC check)",
-                "re-export it",
-            )
-        if kind == b"IDAT":
-            idat.append(data[pos + 8 : pos + 8 + n])
-        pos += 12 + n
-        if kind == b"IEND":
-            end = True
-            break
-    if not end or not idat:
-        raise _fail(info.path, "the file is truncated (PNG ends before its IEND chunk)", "re-export it")
-    row = 1 + (info.width * _PNG_CHANNELS[colour] * depth + 7) // 8
-    inflater = zlib.decompressobj()
     try:
-        raw = inflater.decompress(b"".join(idat), info.height * row + 1)
-    except zlib.error as e:
-        raise _fail(info.path, f"image data is corrupt ({e})", "re-export or re-download it") from None
-    if len(raw) != info.height * row or not inflater.eof or max(raw[::row]) > 4:
-        raise _fail(info.path, "image data is corrupt or truncated", "re-export or re-download it")
+        layout = png.layout(data)
+        if layout is None:
+            return False
+        png.inflate(layout)
+    except png.PngDataError as e:
+        raise _fail(info.path, str(e), "re-export or re-download it") from None
     return True
 
 
@@ -364,6 +352,17 @@ def identical_pair(
     return infos[0]
 
 
+def _in_two_threads(work) -> None:
+    """``work(0)`` here and ``work(1)`` in a thread, at once (``threading``: lighter to import than
+    ``concurrent.futures``, which pulls in ``logging``)."""
+    import threading
+
+    thread = threading.Thread(target=work, args=(1,))
+    thread.start()
+    work(0)
+    thread.join()
+
+
 def read_pair(
     a: str | os.PathLike, b: str | os.PathLike, *, max_pixels: int = DEFAULT_MAX_PIXELS
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -378,13 +377,89 @@ def read_pair(
     if data[0] == data[1]:
         arr = decode(infos[0], data[0])
         return arr, arr
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = [pool.submit(decode, info, d) for info, d in zip(infos, data)]
-        arrays = [fut.exception() or fut.result() for fut in futures]
+    arrays: list = [None, None]
+
+    def work(i: int) -> None:
+        try:
+            arrays[i] = decode(infos[i], data[i])
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            arrays[i] = e
+
+    _in_two_threads(work)
     for arr in arrays:
         if isinstance(arr, BaseException):
             raise arr
     return arrays[0], arrays[1]
+
+
+def _inflate_or_decode(info: ImageInfo, data: bytes):
+    """Stage 1 of :func:`read_pair_rows` (no NumPy for the fast PNG kind): ``(layout, (buffer,
+    filters))`` of an inflated PNG that :func:`imgdiff.png.unfilter` can finish, else the decoded array."""
+    from imgdiff import png
+
+    fast = info.format == "PNG" and data[24] in (8, 16) and data[25] in _PNG_FAST_COLOURS
+    if fast and b"IEND" in data[-1024:]:
+        try:
+            layout = png.layout(data)
+            if layout is not None and png.plain_filters_ahead(layout):
+                return layout, png.inflate(layout)
+        except png.PngDataError as e:
+            raise _fail(info.path, str(e), "re-export or re-download it") from None
+    return decode(info, data)
+
+
+def _finish(info: ImageInfo, data: bytes, staged, rows=None):
+    """Stage 2: the unfiltered ``rows`` of a staged PNG (full decode when it has Avg/Paeth rows)."""
+    from imgdiff import png
+
+    if not isinstance(staged, tuple):
+        return staged if rows is None else staged[rows[0] : rows[1]]
+    layout, (buf, filters) = staged
+    arr = png.unfilter(layout, buf, filters, rows)
+    if arr is None:
+        arr = decode(info, data)
+        return arr if rows is None else arr[rows[0] : rows[1]]
+    return arr
+
+
+def read_pair_rows(
+    a: str | os.PathLike, b: str | os.PathLike, *, band, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Like :func:`read_pair`, but decodes only the rows a diff needs: ``(A rows, B rows, y0, height)``.
+
+    Both files are validated and inflated in two threads (for PNGs of the :mod:`imgdiff.png` kind
+    this needs no NumPy, so it overlaps the caller's imports); when both are such PNGs of one layout,
+    only the rows ``band(height, r0, r1) -> (y0, y1)`` are unfiltered, ``r0..r1`` being the rows that
+    may differ (:func:`imgdiff.png.changed_span`). Otherwise (other formats, sizes or kinds) both
+    images are decoded whole and ``y0`` is 0. Errors as in :func:`read_pair`.
+    """
+    from imgdiff import png
+
+    infos = (probe(a, max_pixels=max_pixels), probe(b, max_pixels=max_pixels))
+    data = [_read_bytes(info) for info in infos]
+    staged: list = [None, None]
+
+    def work(i: int) -> None:
+        try:
+            staged[i] = _inflate_or_decode(infos[i], data[i])
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            staged[i] = e
+
+    _in_two_threads(work)
+    for s in staged:
+        if isinstance(s, BaseException):
+            raise s
+    sa, sb = staged
+    if isinstance(sa, tuple) and isinstance(sb, tuple):
+        la, lb = sa[0], sb[0]
+        if (la.width, la.height, la.colour, la.depth) == (lb.width, lb.height, lb.colour, lb.depth):
+            span = png.changed_span(la, sa[1], lb, sb[1])
+            r0, r1 = span if span is not None else (0, 0)
+            rows = band(la.height, r0, r1)
+            ra, rb = _finish(infos[0], data[0], sa, rows), _finish(infos[1], data[1], sb, rows)
+            return ra, rb, rows[0], la.height
+    ra, rb = _finish(infos[0], data[0], sa), _finish(infos[1], data[1], sb)
+    return ra, rb, 0, ra.shape[0]
 
 
 # ---------------------------------------------------------------------------------------------- writing
