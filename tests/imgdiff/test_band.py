@@ -1,0 +1,86 @@
+"""diff_band on the rows band_rows picks gives exactly diff's answer on the whole images."""
+
+import numpy as np
+import pytest
+
+from imgdiff import diff
+from imgdiff.band import band_rows, diff_band
+from imgdiff.cases import CASE_NAMES, jpeg, make_case, photo
+
+
+def _changed_span(a: np.ndarray, b: np.ndarray):
+    rows = np.flatnonzero((a != b).reshape(a.shape[0], -1).any(axis=1))
+    return (int(rows[0]), int(rows[-1])) if rows.size else (0, 0)
+
+
+def _check(a, b, mode, **kw):
+    r0, r1 = _changed_span(a, b)
+    y0, y1 = band_rows(a.shape[0], r0, r1, mode=mode)
+    assert y0 <= r0 and r1 < y1
+    got = diff_band(a[y0:y1], b[y0:y1], y0=y0, height=a.shape[0], mode=mode, **kw)
+    assert got == diff(a, b, mode=mode, **kw)
+    return got, (y0, y1)
+
+
+@pytest.mark.parametrize("mode", ["exact", "robust"])
+@pytest.mark.parametrize("seed", range(4))
+def test_random_patches_tall_image(mode, seed):
+    """Patches (strong, weak bumps, single pixels) at random rows of a 700-row photo."""
+    rng = np.random.default_rng(seed)
+    a = photo(700, 96, seed=seed)
+    b = a.copy()
+    for _ in range(int(rng.integers(1, 4))):
+        y, x = int(rng.integers(0, 690)), int(rng.integers(0, 86))
+        hh, ww = int(rng.integers(1, 40)), int(rng.integers(1, 10))
+        delta = int(rng.choice([1, 3, 9, 60]))
+        b[y : y + hh, x : x + ww] = np.clip(b[y : y + hh, x : x + ww].astype(int) + delta, 0, 255)
+    got, (y0, y1) = _check(a, b, mode)
+    assert not got.same
+    _check(a, b, mode, ignore=[(0, y0 + 3, 20, y1 + 50)])
+
+
+@pytest.mark.parametrize("mode", ["exact", "robust"])
+def test_band_is_a_strict_part_of_a_tall_image(mode):
+    a = photo(900, 64, seed=7)
+    b = a.copy()
+    b[450:452, 30] = 255 - b[450:452, 30]
+    got, (y0, y1) = _check(a, b, mode)
+    assert got.bbox == (30, 450, 30, 451) and 0 < y0 and y1 < 900
+
+
+def test_golden_cases_and_jpeg_noise():
+    for name in CASE_NAMES:
+        case = make_case(name, h=200, w=160)
+        if case.a.shape == case.b.shape:
+            _check(case.a, case.b, "robust")
+    a = photo(300, 64, seed=1)
+    _check(a, jpeg(a), "robust")
+
+
+def test_band_rows_aligned_and_clipped():
+    assert band_rows(2160, 1080, 1112, mode="exact") == (1072, 1120)
+    assert band_rows(2160, 1080, 1112, mode="robust") == (896, 1280)
+    assert band_rows(100, 0, 99, mode="robust") == (0, 100)
+    assert band_rows(2160, 1080, 1112, mode="robust", spread=200) == (768, 1408)
+
+
+def test_diff_band_needs_equal_shapes():
+    with pytest.raises(ValueError, match="one shape"):
+        diff_band(np.zeros((4, 4), np.uint8), np.zeros((4, 5), np.uint8), y0=0, height=4)
+
+
+def test_texture_just_above_a_cell_is_in_the_band():
+    """A weak bump in the first rows of a 128-px pyramid cell, under a textured strip that lies in
+    the cell above: the strip raises the bump's noise allowance, so the band must include it."""
+    rng = np.random.default_rng(0)
+    a = np.full((512, 64, 3), 100, np.uint8)
+    a[120:128] = rng.integers(0, 256, (8, 64, 3), dtype=np.uint8)
+    b = a.copy()
+    b[128:136] += 3
+    full = diff(a, b)
+    assert full.same  # the texture explains the bump away
+    got, (y0, _) = _check(a, b, "robust")
+    assert y0 < 120
+    flat = a.copy()
+    flat[120:128] = 100
+    assert not diff(flat, b - a + flat).same  # without the texture the bump is found

@@ -1,0 +1,114 @@
+"""imgdiff.png (ISA-L inflate + vectorised unfilter) against libpng, and read_pair_rows."""
+
+import struct
+import zlib
+
+import cv2
+import imagecodecs
+import numpy as np
+import pytest
+
+from imgdiff import io as iio
+from imgdiff import png
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def _encode(img: np.ndarray, filters: list[int]) -> bytes:
+    """A PNG of ``img`` whose row r uses filter ``filters[r % len(filters)]`` (0 None .. 3 Avg)."""
+    h, w = img.shape[:2]
+    c = 1 if img.ndim == 2 else img.shape[2]
+    depth = 8 * img.dtype.itemsize
+    px = img.reshape(h, -1).astype(">u2").view(np.uint8) if depth == 16 else img.reshape(h, -1)
+    px = px.reshape(h, -1).astype(np.int32)
+    bpp = c * depth // 8
+    rows = []
+    for r in range(h):
+        f = filters[r % len(filters)]
+        up = px[r - 1] if r else np.zeros_like(px[r])
+        left = np.concatenate([np.zeros(bpp, np.int32), px[r, :-bpp]])
+        pred = {0: 0, 1: left, 2: up, 3: (left + up) // 2}[f]
+        rows.append(bytes([f]) + ((px[r] - pred) % 256).astype(np.uint8).tobytes())
+    ihdr = struct.pack(">IIBBBBB", w, h, depth, {1: 0, 3: 2, 4: 6}[c], 0, 0, 0)
+    body = _chunk(b"IDAT", zlib.compress(b"".join(rows)))
+    return iio._PNG_MAGIC + _chunk(b"IHDR", ihdr) + body + _chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("shape", [(9, 13), (9, 13, 3), (9, 13, 4), (1, 5, 3)])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
+@pytest.mark.parametrize("filters", [[0], [1], [2], [2, 2, 1, 2, 0, 2, 2], [1, 0, 2]])
+def test_decode_matches_libpng(shape, dtype, filters):
+    img = np.random.default_rng(3).integers(0, np.iinfo(dtype).max + 1, shape, dtype=dtype)
+    data = _encode(img, filters)
+    got = png.decode(data)
+    assert got.dtype == dtype and got.shape == shape
+    np.testing.assert_array_equal(got, imagecodecs.png_decode(data))
+    np.testing.assert_array_equal(got, img)
+    layout = png.layout(data)
+    buf, kinds = png.inflate(layout)
+    for y0, y1 in [(0, 1), (3, 7), (shape[0] - 1, shape[0])]:
+        if y0 < shape[0]:
+            np.testing.assert_array_equal(png.unfilter(layout, buf, kinds, (y0, y1)), img[y0:y1])
+
+
+def test_avg_rows_go_to_the_full_decoder(tmp_path):
+    img = np.random.default_rng(4).integers(0, 256, (20, 7, 3), dtype=np.uint8)
+    assert png.decode(_encode(img, [1, 3])) is None  # Avg within the first rows: no fast path
+    late = _encode(img, [1] * 19 + [3])  # Avg only on the last row: found after the inflate
+    layout = png.layout(late)
+    assert png.plain_filters_ahead(layout) and png.decode(late) is None
+    (tmp_path / "x.png").write_bytes(late)
+    np.testing.assert_array_equal(iio.read_image(tmp_path / "x.png"), img)
+
+
+def test_changed_span_follows_up_chains():
+    a = np.random.default_rng(5).integers(0, 256, (12, 5, 3), dtype=np.uint8)
+    b = a.copy()
+    b[4, 2] += 1
+    for filters, want in (([1], (4, 4)), ([1, 1, 1, 1, 1, 2, 2, 1], (4, 6)), ([2], (4, 11))):
+        la, lb = png.layout(_encode(a, filters)), png.layout(_encode(b, filters))
+        assert png.changed_span(la, png.inflate(la), lb, png.inflate(lb)) == want
+    la = png.layout(_encode(a, [1]))
+    assert png.changed_span(la, png.inflate(la), la, png.inflate(la)) is None
+
+
+def test_inflate_rejects_bad_streams():
+    img = np.zeros((4, 3, 3), np.uint8)
+    raw = b"".join(b"\x01" + bytes(9) for _ in range(4))
+    ihdr = _chunk(b"IHDR", struct.pack(">IIBBBBB", 3, 4, 8, 2, 0, 0, 0))
+    end = _chunk(b"IEND", b"")
+    for body, word in (
+        (raw + b"\x00" * 10, "more pixel data"),
+        (raw[:-10], "truncated"),
+        (b"\x07" + raw[1:], "filter type 7"),
+    ):
+        data = iio._PNG_MAGIC + ihdr + _chunk(b"IDAT", zlib.compress(body)) + end
+        with pytest.raises(png.PngDataError, match=word):
+            png.inflate(png.layout(data))
+    good = _encode(img, [1])
+    broken = good[:40] + bytes([good[40] ^ 0xFF]) + good[41:]  # inside the IDAT payload
+    with pytest.raises(png.PngDataError, match="CRC"):
+        png.layout(broken)
+
+
+def test_read_pair_rows_band_and_whole(tmp_path):
+    a = np.random.default_rng(6).integers(0, 256, (300, 40, 3), dtype=np.uint8)
+    b = a.copy()
+    b[150, 7] ^= 0x40
+    cv2.imwrite(str(tmp_path / "a.png"), a)
+    cv2.imwrite(str(tmp_path / "b.png"), b)
+    seen = []
+
+    def band(h, r0, r1):
+        seen.append((h, r0, r1))
+        return 140, 160
+
+    ra, rb, y0, height = iio.read_pair_rows(tmp_path / "a.png", tmp_path / "b.png", band=band)
+    assert seen == [(300, 150, 150)] and (y0, height) == (140, 300)
+    np.testing.assert_array_equal(ra, a[140:160, :, ::-1])
+    np.testing.assert_array_equal(rb, b[140:160, :, ::-1])
+    cv2.imwrite(str(tmp_path / "g.png"), a[:, :, 0])
+    ra, rb, y0, height = iio.read_pair_rows(tmp_path / "a.png", tmp_path / "g.png", band=band)
+    assert ra.shape == (300, 40, 3) and rb.shape == (300, 40) and (y0, height) == (0, 300)
