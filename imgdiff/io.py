@@ -273,6 +273,20 @@ def _read_bytes(info: ImageInfo) -> bytes:
         return f.read()
 
 
+def _map_bytes(info: ImageInfo):
+    """The file's bytes as a read-only, pre-faulted memory map (PNG fast path: a 10 MB ``read`` into a
+    fresh buffer costs ~5 ms of page faults here, a populated map ~1 ms); ``bytes`` where mapping fails."""
+    import mmap
+
+    f, size = _open_checked(info.path)
+    with f:
+        try:
+            flags = mmap.MAP_PRIVATE | mmap.MAP_POPULATE
+            return mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ, flags=flags)
+        except (OSError, ValueError, AttributeError):  # pragma: no cover - e.g. a file system without mmap
+            return f.read()
+
+
 def _decode_png(info: ImageInfo, data: bytes) -> np.ndarray:
     """Gray/RGB/RGBA 8/16-bit PNGs whose rows use None/Sub/Up: :mod:`imgdiff.png` (ISA-L inflate,
     vectorised unfilter; no NumPy until the unfilter); other such PNGs: imagecodecs; the rest: OpenCV."""
@@ -436,7 +450,7 @@ def read_pair_rows(
     from imgdiff import png
 
     infos = (probe(a, max_pixels=max_pixels), probe(b, max_pixels=max_pixels))
-    data = [_read_bytes(info) for info in infos]
+    data = [_map_bytes(info) if info.format == "PNG" else _read_bytes(info) for info in infos]
     staged: list = [None, None]
 
     def work(i: int) -> None:
