@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from imgdiff.regions import TILE
 from imgdiff.result import Result
 
 
 def band_rows(height: int, r0: int, r1: int, *, mode: str = "robust", **mode_params) -> tuple[int, int]:
     """``(y0, y1)``: the rows :func:`diff_band` needs when only rows ``r0..r1`` (inclusive) may differ."""
+    from imgdiff.regions import TILE  # imports NumPy and OpenCV: not before the CLI starts inflating
+
     if mode == "exact":
         cell, reach = TILE, 0
     else:
