@@ -220,7 +220,14 @@ def _stage_pretrain(c: Any, out: Path, show: bool, resume: bool) -> dict[str, An
 
     tok = load_tokenizer()
     folder, mi, ml = Path(c.data.folder), c.model.max_images, c.model.text.max_len
-    train = pretrain.load_split(folder, c.data.train_split, tokenizer=tok, max_images=mi, max_len=ml)
+    train = pretrain.load_split(
+        folder,
+        c.data.train_split,
+        tokenizer=tok,
+        max_images=mi,
+        max_len=ml,
+        tag_classes=pretrain.tag_classes(c),
+    )
     held = pretrain.load_split(
         folder, c.data.eval_split, tokenizer=tok, max_images=mi, max_len=ml, limit=c.data.eval_notes
     )

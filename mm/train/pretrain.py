@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,12 @@ class LossConfig:
     """Label smoothing of the InfoNCE targets (clip only)."""
     multi_positive: bool = False
     """Use per-image embeddings: every image of a note is a positive for its text."""
+    tag_weight: float = 0.0
+    """Weight of an auxiliary object-tagging loss added to the contrastive one (0 = off): a linear head
+    on the max over each image's fusion tokens predicts which world categories the image shows
+    (multi-label BCE against the notes' object annotations). Note-level InfoNCE on colour-rich captions
+    is solved mostly by colours; the tags make the tower learn categories, which captioning needs. The
+    head is dropped after pretraining (only vision and fusion are copied into a NoteVLM)."""
 
     def __post_init__(self) -> None:
         if self.kind not in LOSS_KINDS:
@@ -78,6 +85,8 @@ class LossConfig:
             raise ValueError(f"loss.init_temperature must be > 0, got {self.init_temperature}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"loss.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.tag_weight < 0:
+            raise ValueError(f"loss.tag_weight must be >= 0, got {self.tag_weight}")
         if self.kind == "siglip" and self.label_smoothing:
             raise ValueError("loss.label_smoothing applies to kind 'clip' only; set it to 0 for siglip")
 
@@ -171,7 +180,9 @@ class PretrainConfig:
 class NoteTextModel(nn.Module):
     """Note encoder + text encoder + temperature; ``forward`` returns normalised embeddings."""
 
-    def __init__(self, *, cfg: PretrainModelConfig, loss: LossConfig, vocab_size: int) -> None:
+    def __init__(
+        self, *, cfg: PretrainModelConfig, loss: LossConfig, vocab_size: int, num_tags: int = 0
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         self.vision = build_vision_tower(cfg.vision)
@@ -197,25 +208,39 @@ class NoteTextModel(nn.Module):
             self.logit_bias = nn.Parameter(torch.tensor(C.init_logit_bias()))
         else:
             self.logit_bias = None
+        self.tag_head = nn.Linear(cfg.d_model, num_tags) if num_tags else None
 
-    def encode_images(self, pixel_values: torch.Tensor, image_mask: torch.Tensor) -> torch.Tensor:
-        """(B, N, 3, H, W), (B, N) -> per-image features (B, N, D) (zeros at padded slots)."""
+    def encode_images(
+        self, pixel_values: torch.Tensor, image_mask: torch.Tensor, *, tags: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """(B, N, 3, H, W), (B, N) -> per-image features (B, N, D) (zeros at padded slots); with ``tags``
+        also the tag logits (B, N, C) of the tag head."""
         B, N = image_mask.shape
         if N > self.cfg.max_images:
             raise ValueError(f"notes have {N} image slots, model.max_images is {self.cfg.max_images}")
         patches = self.vision(pixel_values, image_mask)  # (B, N, P, Dv)
         tokens, token_mask = self.fusion(patches, image_mask)  # (B, N, K, D), (B, N, K)
+        token_mask = token_mask.to(torch.bool)
         m = token_mask[..., None].to(tokens.dtype)  # (B, N, K, 1)
         per_image = (tokens * m).sum(2) / m.sum(2).clamp(min=1.0)  # (B, N, D)
         idx = self.image_index.weight[:N][None]  # (1, N, D)
         per_image = per_image + self.image_mlp(per_image + idx)  # (B, N, D)
-        return per_image * image_mask[..., None].to(per_image.dtype)
+        per_image = per_image * image_mask[..., None].to(per_image.dtype)
+        if not tags:
+            return per_image
+        if self.tag_head is None:
+            raise ValueError("this model has no tag head (built with num_tags=0)")
+        pooled = tokens.masked_fill(~token_mask[..., None], float("-inf")).amax(2)  # (B, N, D)
+        pooled = torch.where(image_mask[..., None], pooled, torch.zeros_like(pooled))  # no -inf at padding
+        return per_image, self.tag_head(pooled)  # (B, N, D), (B, N, C)
 
     def encode_note(
         self, pixel_values: torch.Tensor, image_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Normalised note embeddings (B, E) and per-image embeddings (B, N, E)."""
-        per_image = self.encode_images(pixel_values, image_mask)  # (B, N, D)
+        return self._pool(self.encode_images(pixel_values, image_mask), image_mask)
+
+    def _pool(self, per_image: torch.Tensor, image_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         w = image_mask[..., None].to(per_image.dtype)  # (B, N, 1)
         pooled = (per_image * w).sum(1) / w.sum(1).clamp(min=1.0)  # (B, D)
         note = F.normalize(self.note_proj(pooled), dim=-1)  # (B, E)
@@ -227,9 +252,25 @@ class NoteTextModel(nn.Module):
         return F.normalize(self.text_proj(self.text(input_ids, attention_mask)), dim=-1)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        note, images = self.encode_note(batch["pixel_values"], batch["image_mask"])
-        text = self.encode_text(batch["input_ids"], batch["attention_mask"])
-        return {"note": note, "images": images, "text": text}
+        out: dict[str, torch.Tensor] = {}
+        if self.tag_head is not None:
+            per_image, out["tag_logits"] = self.encode_images(
+                batch["pixel_values"], batch["image_mask"], tags=True
+            )
+        else:
+            per_image = self.encode_images(batch["pixel_values"], batch["image_mask"])
+        out["note"], out["images"] = self._pool(per_image, batch["image_mask"])
+        out["text"] = self.encode_text(batch["input_ids"], batch["attention_mask"])
+        return out
+
+
+def tag_loss(logits: torch.Tensor, tags: torch.Tensor, image_mask: torch.Tensor) -> torch.Tensor:
+    """Mean multi-label BCE over the real images: logits (B, N, C), tags (B, N, C) in {0, 1}, mask (B, N)."""
+    per = F.binary_cross_entropy_with_logits(logits, tags.to(logits.dtype), reduction="none").mean(
+        -1
+    )  # (B, N)
+    m = image_mask.to(per.dtype)
+    return (per * m).sum() / m.sum().clamp(min=1.0)
 
 
 def contrastive_loss(
@@ -273,6 +314,8 @@ class NoteTensors:
     """(M, T) long."""
     attention_mask: torch.Tensor
     """(M, T) long."""
+    tags: torch.Tensor | None = None
+    """(M, N, C) bool: which of ``tag_classes`` each image shows (None = not loaded)."""
 
     def __len__(self) -> int:
         return self.pixels.shape[0]
@@ -282,20 +325,32 @@ class NoteTensors:
         idx = torch.as_tensor(idx, dtype=torch.long)
         ids, am = self.input_ids[idx], self.attention_mask[idx]
         t = int(am.sum(1).max())  # trim padding shared by the whole batch
-        return {
+        out = {
             "pixel_values": self.pixels[idx].float().div_(127.5).sub_(1.0),  # (B, N, 3, H, W)
             "image_mask": self.image_mask[idx],
             "input_ids": ids[:, :t],
             "attention_mask": am[:, :t],
         }
+        if self.tags is not None:
+            out["tags"] = self.tags[idx]  # (B, N, C)
+        return out
 
 
 def load_split(
-    folder: str | Path, split: str, *, tokenizer: Any, max_images: int, max_len: int, limit: int | None = None
+    folder: str | Path,
+    split: str,
+    *,
+    tokenizer: Any,
+    max_images: int,
+    max_len: int,
+    limit: int | None = None,
+    tag_classes: Sequence[str] | None = None,
 ) -> NoteTensors:
     """Read a split of a note folder into memory (images decoded once, texts tokenized once).
 
     Notes are padded to ``max_images`` image slots; a note with more images is a :class:`UserError`.
+    With ``tag_classes`` the per-image object tags are loaded too (an object of another category, or a
+    note without object annotations, is a :class:`UserError`).
     """
     from mm.data.dataset import NoteDataset
 
@@ -317,6 +372,7 @@ def load_split(
             )
         pixels[i, : px.shape[0]] = px
         mask[i, : px.shape[0]] = True
+    tags = None if tag_classes is None else _load_tags(ds.notes, folder, tag_classes, max_images)
     texts = [ds.notes[i].text for i in range(n)]
     # pad to the longest text only: batch() trims padding per batch anyway
     enc = tokenizer(texts, padding="longest", truncation=True, max_length=max_len, return_tensors="pt")
@@ -325,7 +381,40 @@ def load_split(
         image_mask=mask,
         input_ids=enc["input_ids"].long(),
         attention_mask=enc["attention_mask"].long(),
+        tags=tags,
     )
+
+
+def tag_classes(cfg: PretrainConfig) -> list[str] | None:
+    """The tag classes ``load_split`` needs for ``cfg``: the world's categories when ``loss.tag_weight``
+    is on, else None (no tags loaded)."""
+    if cfg.loss.tag_weight <= 0:
+        return None
+    from mm.world.vocab import CATEGORY_NAMES
+
+    return list(CATEGORY_NAMES)
+
+
+def _load_tags(
+    notes: Sequence[Any], folder: str | Path, classes: Sequence[str], max_images: int
+) -> torch.Tensor:
+    index = {c: i for i, c in enumerate(classes)}
+    tags = torch.zeros(len(notes), max_images, len(classes), dtype=torch.bool)  # (M, N, C)
+    for i, note in enumerate(notes):
+        if not note.objects:
+            raise UserError(
+                f"note {note.id} in {folder} has no object annotations, which loss.tag_weight > 0 needs; "
+                "use notes with objects (world or COCO) or set loss.tag_weight: 0"
+            )
+        for k, objs in enumerate(note.objects[:max_images]):
+            for o in objs:
+                if o.category not in index:
+                    raise UserError(
+                        f"note {note.id} in {folder}: object category {o.category!r} is not a tag class "
+                        f"({len(classes)} world categories); set loss.tag_weight: 0 for other vocabularies"
+                    )
+                tags[i, k, index[o.category]] = True
+    return tags
 
 
 # ---------------------------------------------------------------- evaluation
@@ -411,7 +500,12 @@ def train(
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     common.seed_everything(cfg.train.seed)
-    model = NoteTextModel(cfg=cfg.model, loss=cfg.loss, vocab_size=vocab_size)
+    num_tags = 0
+    if cfg.loss.tag_weight > 0:
+        if train_data.tags is None:
+            raise UserError("loss.tag_weight > 0 needs object tags: load the data with tag_classes")
+        num_tags = int(train_data.tags.shape[-1])
+    model = NoteTextModel(cfg=cfg.model, loss=cfg.loss, vocab_size=vocab_size, num_tags=num_tags)
     opt = torch.optim.AdamW(
         C.param_groups(model, weight_decay=cfg.optim.weight_decay),
         lr=cfg.optim.lr,
@@ -441,6 +535,10 @@ def train(
         loss = contrastive_loss(
             feats, batch["image_mask"], log_scale=model.log_scale, logit_bias=model.logit_bias, cfg=cfg.loss
         )
+        t_loss = None
+        if num_tags:
+            t_loss = tag_loss(feats["tag_logits"], batch["tags"], batch["image_mask"])
+            loss = loss + cfg.loss.tag_weight * t_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = (
@@ -466,6 +564,8 @@ def train(
                 "time_s": round(time.perf_counter() - t0, 3),
                 "cpu_s": round(time.process_time() - c0, 3),
             }
+            if t_loss is not None:
+                record["tag_loss"] = t_loss.item()
             bar.set_postfix(loss=f"{record['loss']:.3f}", T=f"{record['temperature']:.4f}")
         if done % cfg.train.eval_every == 0 or done == cfg.train.steps:
             if main:

@@ -42,8 +42,9 @@ def run(args: argparse.Namespace) -> int:
     t_load = time.perf_counter()
     max_len, max_images = cfg.model.text.max_len, cfg.model.max_images
     train_data = pretrain.load_split(
-        folder, cfg.data.train_split, tokenizer=tok, max_images=max_images, max_len=max_len
-    )
+        folder, cfg.data.train_split, tokenizer=tok, max_images=max_images, max_len=max_len,
+        tag_classes=pretrain.tag_classes(cfg),
+    )  # fmt: skip
     eval_data = pretrain.load_split(
         folder, cfg.data.eval_split, tokenizer=tok, max_images=max_images, max_len=max_len,
         limit=cfg.data.eval_notes,

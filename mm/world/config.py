@@ -29,6 +29,9 @@ class WorldConfig:
     """Probability that an image's first object is an anchor of a partner pair (from the note's theme)."""
     cooccurrence: float = 0.8
     """P(partner in the image | anchor in the image): the language prior that drives hallucination."""
+    cooccurrence_scope: str = "note"
+    """Where the co-occurrence draw is made: "image" (every image with the anchor) or "note" (once per
+    note and anchor, so the partner is in all the note's anchor images or in none)."""
     partner_small: float = 0.7
     """Probability that a partner, when drawn next to its anchor, is small."""
     partner_occluded: float = 0.8
@@ -37,6 +40,14 @@ class WorldConfig:
     """Least a hidden partner slides under its anchor (0 = touching, 1 = centred on it)."""
     partner_overlap_max: float = 1.0
     """Most a hidden partner slides under its anchor; drawn uniformly in [partner_overlap, this]."""
+    placement: str = "grid"
+    """Where objects (other than hidden partners) go: "free" (anywhere, kept apart) or "grid" (the centre of
+    a free ``grid_cell`` x ``grid_cell`` cell, jittered): with ``grid_cell`` = the vision patch size, each
+    object sits in its own patch, which a tiny ViT learns to read far faster (difficulty knob)."""
+    grid_cell: int = 16
+    """Cell side in pixels for ``placement: grid`` (the image side must be a multiple of it)."""
+    grid_jitter: float = 2.0
+    """Largest shift, in pixels, of an object's centre from its cell centre (``placement: grid``)."""
     duplicate_prob: float = 0.15
     """Probability that a sampled object repeats a category already in the image (for counts)."""
     object_scale: float = 1.0
@@ -63,6 +74,17 @@ class WorldConfig:
             if not cond:
                 raise ValueError(msg)
 
+        need(
+            self.cooccurrence_scope in ("image", "note"),
+            f"cooccurrence_scope must be 'image' or 'note', got {self.cooccurrence_scope!r}",
+        )
+        need(
+            self.placement in ("free", "grid"), f"placement must be 'free' or 'grid', got {self.placement!r}"
+        )
+        need(
+            self.placement != "grid" or (self.grid_cell >= 4 and self.image_size % self.grid_cell == 0),
+            f"grid_cell must be >= 4 and divide image_size {self.image_size}, got {self.grid_cell}",
+        )
         need(self.notes >= 1, f"notes must be >= 1, got {self.notes}")
         need(32 <= self.image_size <= 512, f"image_size must be in [32, 512], got {self.image_size}")
         need(

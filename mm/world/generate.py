@@ -57,8 +57,9 @@ def generate_note(cfg: WorldConfig, index: int) -> tuple[Note, list[np.ndarray]]
         "test" if u < cfg.test_fraction else "val" if u < cfg.test_fraction + cfg.val_fraction else "train"
     )
     images, objects = [], []
+    keep: dict[str, bool] | None = {} if cfg.cooccurrence_scope == "note" else None
     for _ in range(n_img):
-        scene = sample_scene(cfg, theme, rng)
+        scene = sample_scene(cfg, theme, rng, keep)
         img, anns = render_scene(
             scene,
             theme=theme,

@@ -8,6 +8,9 @@ ones). Sampling, for one image of a note with theme ``T``:
    with ``duplicate_prob`` repeat a category already drawn (so captions carry counts).
 2. Co-occurrence: for every anchor in the image, with ``cooccurrence`` its partner is added (if not
    already there), otherwise the partner is removed — so P(partner | anchor) is the knob itself.
+   With ``cooccurrence_scope: note`` the draw is made once per note and anchor: the partner is then
+   with the anchor in every image of the note or in none, so a note-level caption can hallucinate it
+   (with per-image draws a 3-image note almost always shows the partner somewhere).
    A partner added this way is small with ``partner_small`` and, with ``partner_occluded``, slid
    between ``partner_overlap`` and ``partner_overlap_max`` of the way under its anchor and drawn
    before it, so it is partly or (for small partners under large anchors) wholly hidden. A
@@ -56,8 +59,14 @@ def theme_anchors(theme: str) -> tuple[str, ...]:
     return tuple(a for a in vocab.ANCHORS if vocab.category(a).theme == theme)
 
 
-def sample_categories(cfg: WorldConfig, theme: str, rng: np.random.Generator) -> list[tuple[str, bool]]:
-    """Categories of one image as ``(name, is_added_partner)``, before co-occurrence placement."""
+def sample_categories(
+    cfg: WorldConfig, theme: str, rng: np.random.Generator, keep: dict[str, bool] | None = None
+) -> list[tuple[str, bool]]:
+    """Categories of one image as ``(name, is_added_partner)``, before co-occurrence placement.
+
+    ``keep`` (``cooccurrence_scope: note``) holds the note's decision per anchor, drawn the first time
+    the anchor appears and reused by the note's later images; None draws afresh for every image.
+    """
     in_theme = _categories_of_theme(theme)
     anchors = theme_anchors(theme)
     n = int(rng.integers(cfg.objects_per_image_min, cfg.objects_per_image_max + 1))
@@ -79,7 +88,13 @@ def sample_categories(cfg: WorldConfig, theme: str, rng: np.random.Generator) ->
         p = _ANCHOR_PARTNER.get(a)
         if p is None:
             continue
-        if rng.random() < cfg.cooccurrence:
+        if keep is None:
+            with_partner = rng.random() < cfg.cooccurrence
+        else:
+            if a not in keep:
+                keep[a] = bool(rng.random() < cfg.cooccurrence)
+            with_partner = keep[a]
+        if with_partner:
             if p not in present:
                 added.append(p)
                 present.add(p)
@@ -99,10 +114,13 @@ def _fits(cx: float, cy: float, r: float, size: int) -> bool:
     return r <= cx <= size - 1 - r and r <= cy <= size - 1 - r
 
 
-def sample_scene(cfg: WorldConfig, theme: str, rng: np.random.Generator) -> list[SceneObject]:
-    """One image's objects in drawing order (a hidden partner comes before its anchor)."""
+def sample_scene(
+    cfg: WorldConfig, theme: str, rng: np.random.Generator, keep: dict[str, bool] | None = None
+) -> list[SceneObject]:
+    """One image's objects in drawing order (a hidden partner comes before its anchor); ``keep`` as in
+    :func:`sample_categories`."""
     S = cfg.image_size
-    cats = sample_categories(cfg, theme, rng)
+    cats = sample_categories(cfg, theme, rng, keep)
     placed: list[SceneObject] = []
 
     def radius(size: str) -> float:
@@ -113,7 +131,14 @@ def sample_scene(cfg: WorldConfig, theme: str, rng: np.random.Generator) -> list
 
     def free_spot(r: float) -> tuple[float, float]:
         """First of 24 random centres that overlaps nothing placed, else the one with the widest gap."""
-        cand = rng.uniform(r, S - 1 - r, size=(24, 2))  # (24, 2)
+        if cfg.placement == "grid":
+            cell = cfg.grid_cell
+            n = S // cell
+            ij = rng.integers(0, n, size=(24, 2))  # (24, 2) cell indices
+            jit = rng.uniform(-cfg.grid_jitter, cfg.grid_jitter, size=(24, 2))  # (24, 2)
+            cand = np.clip((ij + 0.5) * cell - 0.5 + jit, r, S - 1 - r)  # (24, 2)
+        else:
+            cand = rng.uniform(r, S - 1 - r, size=(24, 2))  # (24, 2)
         if not placed:
             return float(cand[0, 0]), float(cand[0, 1])
         others = np.array([(o.cx, o.cy, o.r) for o in placed])  # (M, 3)

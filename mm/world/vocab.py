@@ -147,7 +147,7 @@ def _build() -> tuple[Category, ...]:
                 theme=theme,
                 partners=partners,
                 shape=SHAPES[i % len(SHAPES)],
-                glyph=GLYPHS[i // len(SHAPES)],
+                glyph=GLYPHS[(i + i // len(SHAPES)) % len(GLYPHS)],
             )
         )
     return tuple(cats)

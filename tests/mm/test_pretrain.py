@@ -240,3 +240,50 @@ def test_token_conv_binds_neighbours_and_ignores_padding():
     assert not torch.allclose(enc(swapped, am), enc(ids, am))
     with pytest.raises(ValueError, match="conv_kernel"):
         TextEncoderConfig(conv_kernel=2)
+
+
+def test_tag_loss_golden_and_masked():
+    import math
+
+    logits = torch.tensor([[[0.0, 2.0], [5.0, -5.0]]], dtype=torch.float64)  # (1, 2, 2)
+    tags = torch.tensor([[[1, 0], [1, 1]]], dtype=torch.bool)
+    # image 0 only: mean of BCE(0, 1) = ln 2 and BCE(2, 0) = ln(1 + e^2)
+    first = (math.log(2.0) + math.log1p(math.exp(2.0))) / 2
+    assert P.tag_loss(logits, tags, torch.tensor([[True, False]])).item() == pytest.approx(first, abs=1e-12)
+    second = (math.log1p(math.exp(-5.0)) + math.log1p(math.exp(5.0))) / 2  # BCE(5, 1), BCE(-5, 1)
+    both = P.tag_loss(logits, tags, torch.tensor([[True, True]])).item()
+    assert both == pytest.approx((first + second) / 2, abs=1e-12)
+
+
+def test_tags_follow_the_objects_and_train(world, splits, tmp_path):
+    from mm.data.format import read_notes
+    from mm.data.tokenizer import load_tokenizer
+    from mm.errors import UserError
+    from mm.world.vocab import CATEGORY_NAMES
+
+    _, test, vocab = splits
+    cfg = load_config(P.PretrainConfig, TEST_CFG, ["train.steps=2", "loss.tag_weight=1.0"])
+    classes = P.tag_classes(cfg)
+    assert classes == list(CATEGORY_NAMES)
+    assert P.tag_classes(load_config(P.PretrainConfig, TEST_CFG, [])) is None
+    kw = {"tokenizer": load_tokenizer(), "max_images": 4, "max_len": 128}
+    train = P.load_split(world, "train", tag_classes=classes, **kw)
+    notes = [n for n in read_notes(world) if n.split == "train"]
+    for i in (0, len(notes) - 1):
+        for k in range(4):
+            want = set() if k >= len(notes[i].objects) else {o.category for o in notes[i].objects[k]}
+            assert {classes[c] for c in train.tags[i, k].nonzero().flatten().tolist()} == want
+    P.train(cfg, out_dir=tmp_path, train_data=train, eval_data=test, vocab_size=vocab, show_progress=False)
+    rec = common.read_metrics(tmp_path / "metrics.jsonl")[-1]
+    assert rec["step"] == 2 and 0.0 < rec["tag_loss"] < 1.0
+    with pytest.raises(UserError, match="tag_classes"):
+        P.train(
+            cfg,
+            out_dir=tmp_path / "b",
+            train_data=test,
+            eval_data=test,
+            vocab_size=vocab,
+            show_progress=False,
+        )
+    with pytest.raises(Exception, match="not a tag class"):
+        P.load_split(world, "train", tag_classes=["fork"], **kw)

@@ -207,3 +207,61 @@ def test_other_image_sizes_scale(size):
             assert 0 <= o.bbox[0] < o.bbox[2] <= size and 0 <= o.bbox[1] < o.bbox[3] <= size
     plain, _ = generate_note(WorldConfig(image_size=size), 1)
     assert plain == note  # noise changes pixels only, never scenes or texts
+
+
+def test_captions_list_objects_in_vocabulary_order():
+    from mm.world.text import CATEGORY_INDEX
+
+    cfg = WorldConfig(notes=30)
+    for i in range(cfg.notes):
+        note, _ = generate_note(cfg, i)
+        for cap in note.image_captions:
+            found = vocab.find_mentions(cap)  # in order of appearance
+            assert [CATEGORY_INDEX[c] for c in found] == sorted(CATEGORY_INDEX[c] for c in found), cap
+    # every partner directly follows its anchor in the vocabulary, so the order keeps the bigram
+    assert all(CATEGORY_INDEX[b] == CATEGORY_INDEX[a] + 1 for a, b in vocab.PARTNER_PAIRS)
+
+
+def test_note_scope_cooccurrence_keeps_one_decision_per_note():
+    cfg = WorldConfig(notes=300, cooccurrence=0.5, cooccurrence_scope="note", off_theme=0.0)
+    mixed = 0
+    for note in generate_notes(cfg):
+        for anchor, partner in vocab.PARTNER_PAIRS:
+            with_anchor = [{o.category for o in objs} for objs in note.objects]
+            with_anchor = [cats for cats in with_anchor if anchor in cats]
+            has = {partner in cats for cats in with_anchor}
+            mixed += len(has) > 1
+    assert mixed == 0
+    per_image = WorldConfig(notes=300, cooccurrence=0.5, off_theme=0.0, cooccurrence_scope="image")
+    mixed_img = sum(
+        len(
+            {
+                partner in {o.category for o in objs}
+                for objs in n.objects
+                if anchor in {o.category for o in objs}
+            }
+        )
+        > 1
+        for n in generate_notes(per_image)
+        for anchor, partner in vocab.PARTNER_PAIRS
+    )
+    assert mixed_img > 10  # per-image draws do mix within a note
+
+
+def test_grid_placement_centres_objects_in_cells():
+    cfg = WorldConfig(notes=40, placement="grid", grid_cell=16, grid_jitter=2.0, cooccurrence=0.0)
+    for i in range(cfg.notes):
+        note, _ = generate_note(cfg, i)
+        for objs in note.objects:
+            for o in objs:
+                if o.size != "small" or o.occluded > 0:
+                    continue  # boxes of large objects are clipped at the border; covered ones are cut
+                cx, cy = (o.bbox[0] + o.bbox[2]) / 2, (o.bbox[1] + o.bbox[3]) / 2
+                for c in (cx, cy):
+                    assert abs((c % 16) - 8) <= 2.0 + 1.0, (c, o)
+    with pytest.raises(ValueError, match="grid_cell"):
+        WorldConfig(placement="grid", grid_cell=24)
+    with pytest.raises(ValueError, match="placement"):
+        WorldConfig(placement="poisson")
+    with pytest.raises(ValueError, match="cooccurrence_scope"):
+        WorldConfig(cooccurrence_scope="world")

@@ -68,3 +68,12 @@ def test_categories_differ_in_form_and_colours_are_far_apart():
 def test_find_mentions_longest_form_first():
     assert vocab.find_mentions("Two computer mice, a Fork; three bars of soap.") == ["mouse", "fork", "soap"]
     assert vocab.find_mentions("a forklift and a spoon") == []
+
+
+def test_neighbours_in_a_theme_differ_in_glyph():
+    # the glyph (solid / hole / stripe / cross) is the salient cue; a theme's categories are listed
+    # consecutively, so neighbours must not share it (a tiny tower then tells them apart quickly)
+    for theme in vocab.THEMES:
+        cats = [vocab.category(n) for n in vocab.categories_of_theme(theme)]
+        for a, b in zip(cats, cats[1:]):
+            assert a.glyph != b.glyph, (a.name, b.name)
