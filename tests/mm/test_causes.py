@@ -12,8 +12,10 @@ def test_looks_alike_by_shape_and_glyph():
     assert looks_alike("fork", "notebook")
     assert not looks_alike("fork", "knife")
     assert not looks_alike("fork", "fork")
-    # fork and knife share the inner glyph (first 8 categories are 'solid')
-    assert looks_alike("fork", "knife", by=("shape", "glyph"))
+    # fork (circle) and plate (diamond) share the inner glyph 'solid'; fork and knife share nothing
+    assert not looks_alike("fork", "plate")
+    assert looks_alike("fork", "plate", by=("shape", "glyph"))
+    assert not looks_alike("fork", "knife", by=("shape", "glyph"))
     with pytest.raises(ValueError, match="by must name"):
         looks_alike("fork", "knife", by=("colour",))
 

@@ -109,7 +109,7 @@ def test_shipped_train_configs_load_with_the_tuned_recipe():
         for n in ("align_tiny", "sft_tiny", "sft_lora_tiny")
     }
     assert cfgs["align_tiny"].train.stage == "align" and not cfgs["align_tiny"].train.train_vision
-    assert cfgs["sft_tiny"].train.train_vision and cfgs["sft_tiny"].tasks.kinds == ["caption"]
+    assert not cfgs["sft_tiny"].train.train_vision and cfgs["sft_tiny"].tasks.kinds == ["caption"]
     assert cfgs["sft_lora_tiny"].lora.enabled and not cfgs["sft_lora_tiny"].train.train_vision
     assert all(c.eval.max_new_tokens >= 128 for c in cfgs.values())  # the longest note captions fit
     assert load_config(CompareConfig, root / "compare_tiny.yaml").sft.eval.max_new_tokens >= 128
