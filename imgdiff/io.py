@@ -366,15 +366,28 @@ def identical_pair(
     return infos[0]
 
 
-def _in_two_threads(work) -> None:
-    """``work(0)`` here and ``work(1)`` in a thread, at once (``threading``: lighter to import than
-    ``concurrent.futures``, which pulls in ``logging``)."""
+def _in_two_threads(fn, infos, data) -> list:
+    """``[fn(infos[0], data[0]), fn(infos[1], data[1])]``, the second in a thread at once (``threading``:
+    lighter to import than ``concurrent.futures``, which pulls in ``logging``); an exception in either is
+    re-raised here."""
     import threading
+
+    out: list = [None, None]
+
+    def work(i: int) -> None:
+        try:
+            out[i] = fn(infos[i], data[i])
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            out[i] = e
 
     thread = threading.Thread(target=work, args=(1,))
     thread.start()
     work(0)
     thread.join()
+    for r in out:
+        if isinstance(r, BaseException):
+            raise r
+    return out
 
 
 def read_pair(
@@ -391,18 +404,7 @@ def read_pair(
     if data[0] == data[1]:
         arr = decode(infos[0], data[0])
         return arr, arr
-    arrays: list = [None, None]
-
-    def work(i: int) -> None:
-        try:
-            arrays[i] = decode(infos[i], data[i])
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            arrays[i] = e
-
-    _in_two_threads(work)
-    for arr in arrays:
-        if isinstance(arr, BaseException):
-            raise arr
+    arrays = _in_two_threads(decode, infos, data)
     return arrays[0], arrays[1]
 
 
@@ -451,19 +453,7 @@ def read_pair_rows(
 
     infos = (probe(a, max_pixels=max_pixels), probe(b, max_pixels=max_pixels))
     data = [_map_bytes(info) if info.format == "PNG" else _read_bytes(info) for info in infos]
-    staged: list = [None, None]
-
-    def work(i: int) -> None:
-        try:
-            staged[i] = _inflate_or_decode(infos[i], data[i])
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            staged[i] = e
-
-    _in_two_threads(work)
-    for s in staged:
-        if isinstance(s, BaseException):
-            raise s
-    sa, sb = staged
+    sa, sb = _in_two_threads(_inflate_or_decode, infos, data)
     if isinstance(sa, tuple) and isinstance(sb, tuple):
         la, lb = sa[0], sb[0]
         if (la.width, la.height, la.colour, la.depth) == (lb.width, lb.height, lb.colour, lb.depth):
