@@ -103,6 +103,16 @@ def barrier() -> None:
         dist.barrier()
 
 
+def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` summed over ranks (``x`` itself, detached, single-process); no gradient."""
+    import torch.distributed as dist
+
+    out = x.detach().clone()
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside a DDP / DataParallel wrapper (or the model itself)."""
     return model.module if hasattr(model, "module") and isinstance(model.module, torch.nn.Module) else model

@@ -264,13 +264,19 @@ class NoteTextModel(nn.Module):
         return out
 
 
-def tag_loss(logits: torch.Tensor, tags: torch.Tensor, image_mask: torch.Tensor) -> torch.Tensor:
-    """Mean multi-label BCE over the real images: logits (B, N, C), tags (B, N, C) in {0, 1}, mask (B, N)."""
+def tag_loss(
+    logits: torch.Tensor, tags: torch.Tensor, image_mask: torch.Tensor, *, count: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean multi-label BCE over the real images: logits (B, N, C), tags (B, N, C) in {0, 1}, mask (B, N).
+
+    ``count`` replaces the number of real images the sum is divided by (default: this batch's). Under DDP
+    pass (real images of the global batch) / world, so that DDP's gradient average is the global mean.
+    """
     per = F.binary_cross_entropy_with_logits(logits, tags.to(logits.dtype), reduction="none").mean(
         -1
     )  # (B, N)
     m = image_mask.to(per.dtype)
-    return (per * m).sum() / m.sum().clamp(min=1.0)
+    return (per * m).sum() / (m.sum() if count is None else count).clamp(min=1.0)
 
 
 def contrastive_loss(
@@ -537,7 +543,8 @@ def train(
         )
         t_loss = None
         if num_tags:
-            t_loss = tag_loss(feats["tag_logits"], batch["tags"], batch["image_mask"])
+            images = common.all_reduce_sum(batch["image_mask"].sum().to(torch.float32)) / world  # (N / W)
+            t_loss = tag_loss(feats["tag_logits"], batch["tags"], batch["image_mask"], count=images)
             loss = loss + cfg.loss.tag_weight * t_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -556,7 +563,7 @@ def train(
         if done % cfg.train.log_every == 0 or done == cfg.train.steps:
             record = {
                 "step": done,
-                "loss": loss.item(),
+                "loss": common.all_reduce_sum(loss).item() / world,  # the global batch's loss
                 "temperature": math.exp(-model.log_scale.item()),
                 "logit_scale": math.exp(model.log_scale.item()),
                 "lr": sched.get_last_lr()[0],
@@ -565,7 +572,7 @@ def train(
                 "cpu_s": round(time.process_time() - c0, 3),
             }
             if t_loss is not None:
-                record["tag_loss"] = t_loss.item()
+                record["tag_loss"] = common.all_reduce_sum(t_loss).item() / world
             bar.set_postfix(loss=f"{record['loss']:.3f}", T=f"{record['temperature']:.4f}")
         if done % cfg.train.eval_every == 0 or done == cfg.train.steps:
             if main:

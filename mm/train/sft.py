@@ -499,7 +499,8 @@ def train(
         ts = time.perf_counter()
         idx = common.batch_indices(len(train_data), cfg.train.batch_size, seed=cfg.train.seed, step=step)
         batch = train_data.batch(common.shard(idx, rank=rank, world_size=world))
-        loss = ddp(**batch).loss
+        divisor = answer_token_divisor(batch["labels"], world)
+        loss = ddp(**batch, num_items_in_batch=divisor).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         params = [p for p in model.parameters() if p.requires_grad]
@@ -517,7 +518,7 @@ def train(
         if done % cfg.train.log_every == 0 or done == cfg.train.steps:
             record = {
                 "step": done,
-                "loss": loss.item(),
+                "loss": common.all_reduce_sum(loss).item() / world,  # the global batch's token mean
                 "lr": sched.get_last_lr()[0],
                 "grad_norm": float(grad_norm),
                 "time_s": round(time.perf_counter() - t0, 3),
@@ -554,6 +555,19 @@ def train(
     return TrainResult(
         step=done, metrics=metrics, seconds=seconds, trainable=trainable, step_seconds=step_time / n_steps
     )
+
+
+def answer_token_divisor(labels: torch.Tensor, world: int) -> torch.Tensor:
+    """What this rank divides its summed token loss by, so that training matches one process.
+
+    ``labels`` (B, T) of this rank's shard (-100 = ignored; the loss predicts ``labels[:, 1:]``). With N
+    answer tokens in the global batch (summed over ranks), the divisor is N / world: rank r's loss is
+    sum_r / (N / W), DDP averages the W gradients, and the result is the gradient of sum / N, the token
+    mean over the global batch that one process computes. (A per-rank token mean would weight a token of
+    a rank with few answer tokens more than one of a rank with many.) At least 1 token is assumed.
+    """
+    n = common.all_reduce_sum((labels[:, 1:] != -100).sum().to(torch.float32))  # N over all ranks
+    return n.clamp(min=1.0) / world
 
 
 def save_final(model: Any, processor: Any, out: Path, *, lora: bool) -> Path:

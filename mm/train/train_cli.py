@@ -2,7 +2,9 @@
 
     mm train --config configs/mm/align_tiny.yaml --out runs/align [--set init.pretrain=runs/pretrain]
     mm train --config configs/mm/sft_tiny.yaml --out runs/sft --set init.model=runs/align/model
-    accelerate launch -m mm train --config ...          # DDP (gloo on CPU), same flags
+    accelerate launch --multi_gpu --num_processes 2 -m mm train --config ...   # DDP, same flags
+    (on CPU: CUDA_VISIBLE_DEVICES= and gloo; `accelerate launch --cpu --num_processes 2` starts ONE
+    process, as accelerate's CPU multi-process path needs MPI. torchrun --nproc_per_node 2 works too.)
 
 Writes OUT/config.yaml (resolved), OUT/metrics.jsonl, OUT/curves.png, OUT/checkpoints/step-*/,
 OUT/model/ (save_pretrained + processor/tokenizer; LoRA runs are merged, the adapter is in OUT/adapter/)
