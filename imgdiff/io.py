@@ -274,15 +274,17 @@ def _read_bytes(info: ImageInfo) -> bytes:
 
 
 def _map_bytes(info: ImageInfo):
-    """The file's bytes as a read-only, pre-faulted memory map (PNG fast path: a 10 MB ``read`` into a
-    fresh buffer costs ~5 ms of page faults here, a populated map ~1 ms); ``bytes`` where mapping fails."""
+    """The file's bytes as a pre-faulted private memory map (PNG fast path: a 10 MB ``read`` into a
+    fresh buffer costs ~5 ms of page faults here, a populated map ~1 ms); ``bytes`` where mapping fails.
+    Mapped copy-on-write with write access so that ctypes can take its address
+    (:mod:`imgdiff.png_shared`); nothing writes to it, and the file is never changed."""
     import mmap
 
     f, size = _open_checked(info.path)
     with f:
         try:
             flags = mmap.MAP_PRIVATE | mmap.MAP_POPULATE
-            return mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ, flags=flags)
+            return mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ | mmap.PROT_WRITE, flags=flags)
         except (OSError, ValueError, AttributeError):  # pragma: no cover - e.g. a file system without mmap
             return f.read()
 
@@ -424,6 +426,40 @@ def _inflate_or_decode(info: ImageInfo, data: bytes):
     return decode(info, data)
 
 
+def _fast_layout(info: ImageInfo, data):
+    """The :class:`imgdiff.png.Layout` of a PNG that :func:`imgdiff.png.unfilter` may finish (None for
+    other kinds, or when the first rows use Avg/Paeth); raises :class:`ImageIOError` on bad chunks."""
+    from imgdiff import png
+
+    if not (info.format == "PNG" and data[24] in (8, 16) and data[25] in _PNG_FAST_COLOURS):
+        return None
+    if b"IEND" not in data[-1024:]:
+        return None  # the plain path reports it
+    try:
+        layout = png.layout(data)
+        return layout if layout is not None and png.plain_filters_ahead(layout) else None
+    except png.PngDataError as e:
+        raise _fail(info.path, str(e), "re-export or re-download it") from None
+
+
+def _inflate_shared(infos, data):
+    """Stage 1 of :func:`read_pair_rows` for two PNGs of one layout whose files share a long prefix:
+    ``((layout A, inflated A), (layout B, inflated B), equal leading bytes)`` with the common
+    compressed prefix inflated once (:func:`imgdiff.png_shared.inflate_pair`), else None."""
+    if not (infos[0].format == infos[1].format == "PNG" and data[0][16:29] == data[1][16:29]):
+        return None
+    from imgdiff import png_shared
+
+    la = _fast_layout(infos[0], data[0])
+    lb = _fast_layout(infos[1], data[1]) if la is not None else None
+    if lb is None:
+        return None
+    got = png_shared.inflate_pair(la, data[0], lb, data[1])
+    if got is None:
+        return None
+    return (la, got[0]), (lb, got[1]), got[2]
+
+
 def _finish(info: ImageInfo, data: bytes, staged, rows=None):
     """Stage 2: the unfiltered ``rows`` of a staged PNG (full decode when it has Avg/Paeth rows)."""
     from imgdiff import png
@@ -453,11 +489,12 @@ def read_pair_rows(
 
     infos = (probe(a, max_pixels=max_pixels), probe(b, max_pixels=max_pixels))
     data = [_map_bytes(info) if info.format == "PNG" else _read_bytes(info) for info in infos]
-    sa, sb = _in_two_threads(_inflate_or_decode, infos, data)
+    staged = _inflate_shared(infos, data)
+    sa, sb, equal = staged if staged is not None else (*_in_two_threads(_inflate_or_decode, infos, data), 0)
     if isinstance(sa, tuple) and isinstance(sb, tuple):
         la, lb = sa[0], sb[0]
         if (la.width, la.height, la.colour, la.depth) == (lb.width, lb.height, lb.colour, lb.depth):
-            span = png.changed_span(la, sa[1], lb, sb[1])
+            span = png.changed_span(la, sa[1], lb, sb[1], equal)
             r0, r1 = span if span is not None else (0, 0)
             rows = band(la.height, r0, r1)
             ra, rb = _finish(infos[0], data[0], sa, rows), _finish(infos[1], data[1], sb, rows)

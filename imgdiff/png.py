@@ -52,9 +52,9 @@ def _zlib():
 class Layout:
     """Where a PNG's pixel data is: its header fields and its IDAT payloads (views into the file)."""
 
-    __slots__ = ("width", "height", "depth", "colour", "idat")
+    __slots__ = ("width", "height", "depth", "colour", "idat", "idat_at")
 
-    def __init__(self, *, width: int, height: int, depth: int, colour: int, idat: list):
+    def __init__(self, *, width: int, height: int, depth: int, colour: int, idat: list, idat_at: list):
         self.width = width
         """Pixels per row."""
         self.height = height
@@ -65,6 +65,8 @@ class Layout:
         """PNG colour type (0 gray, 2 RGB, 4 gray+alpha, 6 RGBA)."""
         self.idat = idat
         """memoryviews of the IDAT payloads, in file order."""
+        self.idat_at = idat_at
+        """File offset of each IDAT payload (same order as :attr:`idat`)."""
 
     @property
     def row_bytes(self) -> int:
@@ -82,7 +84,7 @@ def layout(data) -> Layout | None:
         return None
     zlib_mod, _ = _zlib()
     crc32, unpack, view = zlib_mod.crc32, struct.unpack_from, memoryview(data)
-    pos, size, idat, end = 8, len(data), [], False
+    pos, size, idat, idat_at, end = 8, len(data), [], [], False
     while pos + 12 <= size:
         (n,) = unpack(">I", data, pos)
         if pos + 12 + n > size:
@@ -92,13 +94,14 @@ def layout(data) -> Layout | None:
             raise PngDataError(f"image data is corrupt ({kind.decode('latin-1')} chunk fails its CRC check)")
         if kind == b"IDAT":
             idat.append(view[pos + 8 : pos + 8 + n])
+            idat_at.append(pos + 8)
         pos += 12 + n
         if kind == b"IEND":
             end = True
             break
     if not end or not idat:
         raise PngDataError("the file is truncated (PNG ends before its IEND chunk)")
-    return Layout(width=width, height=height, depth=depth, colour=colour, idat=idat)
+    return Layout(width=width, height=height, depth=depth, colour=colour, idat=idat, idat_at=idat_at)
 
 
 def _buffer(size: int):
@@ -187,25 +190,27 @@ def unfilter(png: Layout, buf, filters: bytes, rows: tuple[int, int] | None = No
     return out.reshape(-1, w) if c == 1 else out.reshape(-1, w, c)
 
 
-def changed_span(pa: Layout, a: tuple, pb: Layout, b: tuple) -> tuple[int, int] | None:
+def changed_span(pa: Layout, a: tuple, pb: Layout, b: tuple, equal: int = 0) -> tuple[int, int] | None:
     """``(r0, r1)`` inclusive: the first and last rows whose pixels may differ between two inflated
     PNGs of the same layout (``a``, ``b``: what :func:`inflate` returned), or None when every row is
     equal. A row whose filtered bytes (filter type included) are equal has equal pixels when its
     filter does not read the row above (None, Sub) or that row is equal, so the span grows down
-    through the Up/Avg/Paeth rows after the last differing row."""
+    through the Up/Avg/Paeth rows after the last differing row. ``equal``: a count of leading inflated
+    bytes known to be equal in both (:func:`imgdiff.png_shared.inflate_pair`), which are not compared."""
     import numpy as np
 
     total = pa.height * pa.row_bytes
     n8 = total // 8
-    ua = np.frombuffer(a[0], np.uint64, count=n8)  # (total/8,) the filtered rows, 8 bytes at a time
-    ub = np.frombuffer(b[0], np.uint64, count=n8)
+    skip = min(equal // 8, n8)
+    ua = np.frombuffer(a[0], np.uint64, count=n8 - skip, offset=skip * 8)  # (total/8,) 8 bytes at a time
+    ub = np.frombuffer(b[0], np.uint64, count=n8 - skip, offset=skip * 8)
     ne = ua != ub
     tail = a[0][n8 * 8 : total] != b[0][n8 * 8 : total]
     if not ne.any():
         if not tail:
             return None
         return pa.height - 1, pa.height - 1
-    r0 = int(np.argmax(ne)) * 8 // pa.row_bytes
+    r0 = (skip + int(np.argmax(ne))) * 8 // pa.row_bytes
     r1 = pa.height - 1 if tail else (int(n8 - 1 - np.argmax(ne[::-1])) * 8 + 7) // pa.row_bytes
     while r1 + 1 < pa.height and max(a[1][r1 + 1], b[1][r1 + 1]) >= UP:  # Up, Avg, Paeth read row r1
         r1 += 1

@@ -1,0 +1,155 @@
+"""imgdiff.png_shared (inflate a common compressed prefix once) equals two plain inflates, and falls
+back (None) on anything it cannot vouch for, so the plain path reports bad files as before."""
+
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from imgdiff import io as iio
+from imgdiff import png, png_shared
+
+
+@pytest.fixture(autouse=True)
+def _small_prefixes(monkeypatch):
+    """Small test images: share prefixes from 256 bytes on (4K images clear the default easily)."""
+    monkeypatch.setattr(png_shared, "MIN_SHARED", 256)
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def _png(img: np.ndarray, *, idat: int = 8192, filt: int = 0, level: int = 1, tail: bytes = b"") -> bytes:
+    """An 8-bit RGB PNG whose rows all use filter ``filt`` (0 None, 1 Sub), its zlib stream cut into IDAT
+    chunks of ``idat`` bytes (as OpenCV writes them); ``tail`` is appended to the zlib stream."""
+    h, w, _ = img.shape
+    px = img.reshape(h, -1).astype(np.int32)
+    if filt == 1:
+        px = (px - np.concatenate([np.zeros((h, 3), np.int32), px[:, :-3]], axis=1)) % 256
+    raw = b"".join(bytes([filt]) + row.astype(np.uint8).tobytes() for row in px)
+    stream = zlib.compress(raw, level) + tail
+    body = b"".join(_chunk(b"IDAT", stream[i : i + idat]) for i in range(0, len(stream), idat))
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return iio._PNG_MAGIC + _chunk(b"IHDR", ihdr) + body + _chunk(b"IEND", b"")
+
+
+def _noise(h: int, w: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def _check_equal_to_plain(da: bytes, db: bytes):
+    la, lb = png.layout(da), png.layout(db)
+    got = png_shared.inflate_pair(la, da, lb, db)
+    assert got is not None
+    (buf_a, fa), (buf_b, fb), equal = got
+    ra, rb = png.inflate(la), png.inflate(lb)
+    assert bytes(buf_a) == bytes(ra[0]) and fa == ra[1]
+    assert bytes(buf_b) == bytes(rb[0]) and fb == rb[1]
+    assert 0 < equal and bytes(ra[0])[:equal] == bytes(rb[0])[:equal]
+    span = png.changed_span(la, ra, lb, rb)
+    assert png.changed_span(la, got[0], lb, got[1], equal) == span
+    return got, span
+
+
+@pytest.mark.parametrize("row", [150, 199, 120])
+@pytest.mark.parametrize("idat", [8192, 1000, 100_000])
+def test_shared_prefix_equals_plain_inflate(row, idat):
+    a = _noise(200, 300, 1)
+    b = a.copy()
+    b[row, 7] ^= 0xFF
+    (_, _, equal), span = _check_equal_to_plain(_png(a, idat=idat), _png(b, idat=idat))
+    assert span == (row, row) and equal <= row * png.layout(_png(a)).row_bytes + 1 + 7 * 3  # first diff
+
+
+def test_last_byte_and_sub_filter():
+    y, x = np.mgrid[0:400, 0:400]
+    a = np.stack([x, y, (x + y) // 2], axis=2).astype(np.uint8) + _noise(400, 400, 9) // 32  # long matches
+    b = a.copy()
+    b[-1, -1, 2] ^= 1  # the very last pixel byte
+    da, db = _png(a, filt=1, level=9, idat=4096), _png(b, filt=1, level=9, idat=4096)
+    _, span = _check_equal_to_plain(da, db)
+    assert span == (399, 399)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_pairs(seed):
+    rng = np.random.default_rng(seed)
+    h, w = int(rng.integers(120, 260)), int(rng.integers(100, 300))
+    a = (_noise(h, w, seed) // 64 * 64).astype(np.uint8)  # some structure, some noise
+    b = a.copy()
+    r0 = int(rng.integers(h // 2, h))
+    b[r0:, int(rng.integers(0, w))] = rng.integers(0, 256, 3, dtype=np.uint8)
+    idat = int(rng.integers(500, 20_000))
+    _check_equal_to_plain(_png(a, idat=idat), _png(b, idat=idat))
+
+
+def test_not_applicable_returns_none():
+    a = _noise(200, 300, 2)
+    b = a.copy()
+    b[0, 0, 0] ^= 1  # divergence in the first bytes of the stream: nothing to share
+    da, db = _png(a), _png(b)
+    assert png_shared.inflate_pair(png.layout(da), da, png.layout(db), db) is None
+    dc = _png(np.ascontiguousarray(a[:, :299]))  # another layout
+    assert png_shared.inflate_pair(png.layout(da), da, png.layout(dc), dc) is None
+    same = _png(a)  # identical files: the prefix holds the whole stream
+    assert png_shared.inflate_pair(png.layout(da), da, png.layout(same), same) is None
+    b2 = a.copy()
+    b2[190, 0, 0] ^= 1
+    db2 = _png(b2)
+    assert png_shared.inflate_pair(png.layout(da), da, png.layout(db2), db2) is not None
+    ro = memoryview(db2).toreadonly()  # no address for a read-only buffer: the plain path
+    assert png_shared.inflate_pair(png.layout(da), da, png.layout(db2), ro) is None
+
+
+def test_bad_streams_fall_back_to_the_plain_errors(tmp_path):
+    a = _noise(200, 300, 5)
+    b = a.copy()
+    b[180, 3, 1] ^= 1
+    da = _png(a)
+    long_b = _png(b, tail=b"junk")  # data after the zlib stream: not vouched for here
+    assert png_shared.inflate_pair(png.layout(da), da, png.layout(long_b), long_b) is None
+    good_b = bytearray(_png(b))
+    layout = png.layout(bytes(good_b))
+    at = layout.idat_at[-1] + len(layout.idat[-1]) - 2  # corrupt the Adler-32 trailer (CRC fixed up)
+    good_b[at] ^= 0xFF
+    start = layout.idat_at[-1] - 8
+    n = len(layout.idat[-1])
+    kind_body = bytes(good_b[start + 4 : start + 8 + n])
+    good_b[start + 8 + n : start + 12 + n] = struct.pack(">I", zlib.crc32(kind_body))
+    bad_b = bytes(good_b)
+    assert png_shared.inflate_pair(png.layout(da), da, png.layout(bad_b), bad_b) is None
+    pa, pb = tmp_path / "a.png", tmp_path / "b.png"
+    pa.write_bytes(da)
+    pb.write_bytes(bad_b)
+    with pytest.raises(iio.ImageIOError, match="corrupt"):
+        iio.read_pair_rows(pa, pb, band=lambda h, r0, r1: (0, h))
+
+
+def test_read_pair_rows_uses_the_shared_path(tmp_path, monkeypatch):
+    a = _noise(200, 300, 6)
+    b = a.copy()
+    b[170:175, 40:60] = 0
+    pa, pb = tmp_path / "a.png", tmp_path / "b.png"
+    pa.write_bytes(_png(a))
+    pb.write_bytes(_png(b))
+    calls = []
+    real = png_shared.inflate_pair
+    monkeypatch.setattr(png_shared, "inflate_pair", lambda *x: calls.append(real(*x)) or calls[-1])
+    ra, rb, y0, h = iio.read_pair_rows(pa, pb, band=lambda h, r0, r1: (r0, r1 + 1))
+    assert calls and calls[0] is not None
+    assert (y0, h) == (170, 200)
+    np.testing.assert_array_equal(ra, a[170:175])
+    np.testing.assert_array_equal(rb, b[170:175])
+
+
+def test_common_prefix():
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    for d in (0, 1, 65535, 65536, 65537, 200_001, 299_999):
+        y = bytearray(x)
+        y[d] ^= 1
+        assert png_shared.common_prefix(x, bytes(y)) == d
+    assert png_shared.common_prefix(x, x) == len(x)
+    assert png_shared.common_prefix(x, x[:1000]) == 1000
