@@ -249,3 +249,25 @@ def decode(data) -> np.ndarray | None:
         return None
     buf, filters = inflate(png)
     return unfilter(png, buf, filters)
+
+
+PREFIX_CHUNK = 1 << 16
+MIN_SHARED = 1 << 16
+"""Shortest common file prefix worth the shared inflate of :mod:`imgdiff.png_shared` (bytes)."""
+"""Bytes compared at a time by :func:`common_prefix`."""
+
+
+def common_prefix(a, b) -> int:
+    """Length of the longest common prefix of two bytes-like objects (chunked memcmp, then bisection)."""
+    n = min(len(a), len(b))
+    pos = 0
+    while pos < n and a[pos : min(pos + PREFIX_CHUNK, n)] == b[pos : min(pos + PREFIX_CHUNK, n)]:
+        pos = min(pos + PREFIX_CHUNK, n)
+    lo, hi = pos, min(pos + PREFIX_CHUNK, n)  # the prefix ends in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -26,13 +26,13 @@ from __future__ import annotations
 import ctypes
 import threading
 
-from imgdiff.png import Layout, _buffer
+from imgdiff import png
+from imgdiff.png import Layout, _buffer, common_prefix
 
 STATE_BYTES = 1 << 18
 """Bytes reserved for ``struct inflate_state`` (~100 KB in ISA-L 2.31; room to spare)."""
-MIN_SHARED = 1 << 16
+MIN_SHARED = png.MIN_SHARED
 """Shortest common compressed prefix worth the state copy (bytes)."""
-_CHUNK = 1 << 16
 
 
 class _Head(ctypes.Structure):
@@ -76,22 +76,6 @@ def _address(data) -> int | None:
         return ctypes.addressof(ctypes.c_char.from_buffer(data))
     except (TypeError, ValueError):  # read-only or not a buffer: the plain path
         return None
-
-
-def common_prefix(a, b) -> int:
-    """Length of the longest common prefix of two bytes-like objects (chunked memcmp, then bisection)."""
-    n = min(len(a), len(b))
-    pos = 0
-    while pos < n and a[pos : min(pos + _CHUNK, n)] == b[pos : min(pos + _CHUNK, n)]:
-        pos = min(pos + _CHUNK, n)
-    lo, hi = pos, min(pos + _CHUNK, n)  # the prefix ends in [lo, hi]
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def _segments(png: Layout, base: int, lo: int, hi: int) -> list[tuple[int, int]]:

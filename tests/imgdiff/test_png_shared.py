@@ -150,6 +150,6 @@ def test_common_prefix():
     for d in (0, 1, 65535, 65536, 65537, 200_001, 299_999):
         y = bytearray(x)
         y[d] ^= 1
-        assert png_shared.common_prefix(x, bytes(y)) == d
-    assert png_shared.common_prefix(x, x) == len(x)
-    assert png_shared.common_prefix(x, x[:1000]) == 1000
+        assert png.common_prefix(x, bytes(y)) == d
+    assert png.common_prefix(x, x) == len(x)
+    assert png.common_prefix(x, x[:1000]) == 1000
