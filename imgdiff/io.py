@@ -274,17 +274,17 @@ def _read_bytes(info: ImageInfo) -> bytes:
 
 
 def _map_bytes(info: ImageInfo):
-    """The file's bytes as a pre-faulted private memory map (PNG fast path: a 10 MB ``read`` into a
-    fresh buffer costs ~5 ms of page faults here, a populated map ~1 ms); ``bytes`` where mapping fails.
-    Mapped copy-on-write with write access so that ctypes can take its address
-    (:mod:`imgdiff.png_shared`); nothing writes to it, and the file is never changed."""
+    """The file's bytes as a private memory map (PNG fast path: a 10 MB ``read`` into a fresh buffer
+    costs ~5 ms of page faults here; a map faults lazily, 16 cached pages per fault, which measured
+    fewer faults than ``MAP_POPULATE``'s one per page); ``bytes`` where mapping fails. Mapped
+    copy-on-write with write access so that ctypes can take its address (:mod:`imgdiff.png_shared`);
+    nothing writes to it, and the file is never changed."""
     import mmap
 
     f, size = _open_checked(info.path)
     with f:
         try:
-            flags = mmap.MAP_PRIVATE | mmap.MAP_POPULATE
-            return mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ | mmap.PROT_WRITE, flags=flags)
+            return mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ | mmap.PROT_WRITE, flags=mmap.MAP_PRIVATE)
         except (OSError, ValueError, AttributeError):  # pragma: no cover - e.g. a file system without mmap
             return f.read()
 
