@@ -13,6 +13,10 @@ Three builders, each returning :class:`PreferencePair` records (JSONL via :func:
   current model (``do_sample``, one batched ``generate`` with ``num_return_sequences``), score them
   with :func:`rl.rewards.score` against the scene, keep best vs worst, skip ties. The sampled token
   ids are kept in the pair (never decoded and re-tokenised).
+- :func:`question_pairs` (POPE-style yes/no, as in HA-DPO's and RLHF-V's object questions): one image,
+  "Is there a {object} in this note?", chosen = the right answer, rejected = the wrong one. Negatives are
+  POPE-adversarial by default (absent objects that co-occur most with the image's objects), so the pairs
+  push against exactly the "yes" a language prior gives to a missing knife next to a fork.
 - :func:`corrupt_pairs` (mDPO, Wang et al. 2024, conditional term): chosen and rejected are the same
   ground-truth caption; the rejected side is scored with a corrupted copy of the images
   (:mod:`rl.corrupt`, recorded as ``corruption`` so a trainer rebuilds it with :func:`pair_images`).
@@ -37,7 +41,7 @@ import numpy as np
 
 from mm.errors import UserError
 
-PAIR_KINDS: tuple[str, ...] = ("injection", "onpolicy", "corrupt")
+PAIR_KINDS: tuple[str, ...] = ("injection", "onpolicy", "corrupt", "question")
 """Kinds of pairs the builders make."""
 
 ALSO_TEMPLATES: tuple[str, ...] = ("There is also {x}.", "I can also see {x}.", "Next to it, there is {x}.")
@@ -51,7 +55,7 @@ class PreferencePair:
     id: str
     """Unique pair id (``<note id>-<kind>-<i>``)."""
     kind: str
-    """``injection``, ``onpolicy`` or ``corrupt``."""
+    """``injection``, ``onpolicy``, ``corrupt`` or ``question``."""
     note_id: str
     """Id of the note the pair is about."""
     images: list[str]
@@ -261,6 +265,56 @@ def injection_pairs(
                 chosen_reward=score(caption, objs, cfg=reward_cfg).total,
                 rejected_reward=score(rejected, objs, cfg=reward_cfg).total,
                 meta=meta,
+            )
+        )
+    return out
+
+
+def question_pairs(
+    notes: Sequence[Any],
+    *,
+    per_image: int = 1,
+    split: str = "adversarial",
+    seed: int = 0,
+    template: str | None = None,
+) -> list[PreferencePair]:
+    """POPE-style yes/no pairs on single images of ``notes``: chosen = the right answer, rejected = the other.
+
+    Per image, ``per_image`` present objects ("yes") and as many absent ones ("no"), the absent ones chosen
+    by the POPE ``split`` rule (:func:`mm.eval.runners.pope_questions`: ``adversarial`` = the absent
+    categories that co-occur most with the image's objects in ``notes``). The answers are the world's
+    ("yes" / "no"), so they are single tokens the SFT model already emits. Build them from training notes;
+    the evaluation asks the same template on held-out notes.
+    """
+    from mm.eval.runners import WORLD_POPE_TEMPLATE, pope_questions
+
+    if per_image < 1:
+        raise ValueError(f"per_image must be >= 1, got {per_image}")
+    note_of = {path: n for n in notes for path in n.images}
+    questions, _ = pope_questions(notes, split=split, seed=seed, template=template or WORLD_POPE_TEMPLATE)
+    taken: dict[tuple[str, str], int] = {}
+    out = []
+    for q in questions:
+        key = (q["image"], q["label"])
+        if taken.get(key, 0) >= per_image:
+            continue
+        taken[key] = taken.get(key, 0) + 1
+        note = note_of[q["image"]]
+        k = note.images.index(q["image"])
+        wrong = "no" if q["label"] == "yes" else "yes"
+        out.append(
+            PreferencePair(
+                id=f"{note.id}-question-{k}-{q['question_id']}",
+                kind="question",
+                note_id=note.id,
+                images=[q["image"]],
+                prompt=q["text"],
+                chosen=q["label"],
+                rejected=wrong,
+                objects=sorted({a.category for a in note.objects[k]}),
+                chosen_reward=1.0,
+                rejected_reward=0.0,
+                meta={"object": q["object"], "label": q["label"], "split": split, "image_index": k},
             )
         )
     return out

@@ -76,7 +76,8 @@ def shard(indices: Sequence[int], *, rank: int, world_size: int) -> list[int]:
 def init_distributed() -> tuple[int, int]:
     """Join the process group when launched by torchrun / accelerate (env ``WORLD_SIZE`` > 1).
 
-    Uses nccl when CUDA is available, else gloo. Returns ``(rank, world_size)``; ``(0, 1)`` single-process.
+    Always gloo: the ``mm`` trainers keep their tensors on the CPU, and nccl only reduces CUDA tensors (it
+    would fail on a GPU machine). Returns ``(rank, world_size)``; ``(0, 1)`` single-process.
     """
     import torch.distributed as dist
 
@@ -84,7 +85,7 @@ def init_distributed() -> tuple[int, int]:
     if world_size <= 1:
         return 0, 1
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("gloo")
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -23,6 +23,7 @@ processor's size (``rl.pairs.pair_images`` corrupts full-size files); same corru
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -100,8 +101,13 @@ class DataConfig:
     """Caption prompt (the SFT caption prompt)."""
     batch_size: int = 8
     """Pairs per optimizer step."""
+    question_pairs: int = 0
+    """Also build POPE-style yes/no pairs (:func:`rl.pairs.question_pairs`): this many "yes" and as many
+    adversarial "no" pairs per image of the same notes (0 = none), mixed into the pool."""
 
     def __post_init__(self) -> None:
+        if self.question_pairs < 0:
+            raise ValueError(f"data.question_pairs must be >= 0, got {self.question_pairs}")
         if self.build not in ("injection", "corrupt"):
             raise ValueError(f"data.build must be injection or corrupt, got {self.build!r}")
         if self.batch_size < 1 or self.notes < 0:
@@ -221,7 +227,7 @@ class PairBatcher:
 def load_pairs(cfg: DataConfig, seed: int) -> list[Any]:
     """The configured pairs: read from ``cfg.pairs`` or built from the notes of ``cfg.split``."""
     from mm.data.format import read_notes
-    from rl.pairs import corrupt_pairs, injection_pairs, read_pairs
+    from rl.pairs import corrupt_pairs, injection_pairs, question_pairs, read_pairs
 
     if cfg.pairs is not None:
         pairs = read_pairs(cfg.pairs)
@@ -235,6 +241,8 @@ def load_pairs(cfg: DataConfig, seed: int) -> list[Any]:
             pairs = injection_pairs(notes, prompt=cfg.prompt, seed=seed)
         else:
             pairs = corrupt_pairs(notes, prompt=cfg.prompt, seed=seed)
+        if cfg.question_pairs:
+            pairs += question_pairs(notes, per_image=cfg.question_pairs, seed=seed)
     if not pairs:
         raise UserError(
             f"no preference pairs (data.pairs={cfg.pairs}, data.build={cfg.build}, split={cfg.split!r}); "
@@ -376,6 +384,7 @@ def train(
     return {
         "step": result.step,
         "pairs": len(pairs),
+        "pair_kinds": dict(sorted(Counter(pr.kind for pr in pairs).items())),
         "reference": ref.kind,
         "train_seconds": round(result.seconds, 3),
         "step_seconds": round(result.step_seconds, 4),

@@ -255,6 +255,24 @@ def test_tag_loss_golden_and_masked():
     assert both == pytest.approx((first + second) / 2, abs=1e-12)
 
 
+def test_tag_logits_are_the_max_of_per_token_logits():
+    """Multiple-instance tagging: an image's logit for a class is its best token's, padding stays 0."""
+    cfg = load_config(P.PretrainConfig, TEST_CFG, [])
+    torch.manual_seed(0)
+    model = P.NoteTextModel(cfg=cfg.model, loss=cfg.loss, vocab_size=32, num_tags=5).eval()
+    S = cfg.model.vision.image_size
+    px = torch.rand(2, 2, 3, S, S)
+    mask = torch.tensor([[True, True], [True, False]])
+    with torch.no_grad():
+        _, logits = model.encode_images(px, mask, tags=True)  # (2, 2, 5)
+        tokens, tmask = model.fusion(model.vision(px, mask), mask)  # (2, 2, K, D), (2, 2, K)
+        per_token = model.tag_head(tokens)  # (2, 2, K, 5)
+    for b, n in ((0, 0), (0, 1), (1, 0)):
+        want = per_token[b, n][tmask[b, n].bool()].amax(0)
+        torch.testing.assert_close(logits[b, n], want)
+    assert torch.equal(logits[1, 1], torch.zeros(5))
+
+
 def test_tags_follow_the_objects_and_train(world, splits, tmp_path):
     from mm.data.format import read_notes
     from mm.data.tokenizer import load_tokenizer

@@ -81,6 +81,13 @@ def test_mdpo_terms_and_corrupt_pairs(tmp_path, dirs):
     assert abs(r["loss"] - 3 * 0.6931471805599453) < 1e-5
 
 
+def test_question_pairs_join_the_caption_pairs(tmp_path, dirs):
+    out = tmp_path / "q"
+    assert _run(dirs, out, "data.question_pairs=1") == 0
+    res = json.loads((out / "result.json").read_text())
+    assert res["pair_kinds"]["question"] > 0 and res["pair_kinds"]["injection"] > 0
+
+
 def test_resume_gives_the_same_weights(tmp_path, dirs):
     from safetensors.torch import load_file
 

@@ -27,6 +27,7 @@ from rl.pairs import (  # noqa: E402
     onpolicy_pairs,
     pair_images,
     policy_logps,
+    question_pairs,
     rank_pair,
     read_pairs,
     write_pairs,
@@ -125,6 +126,39 @@ def test_injection_swap_golden():
 
 
 # ---- ranking and on-policy ---------------------------------------------------------------------
+def test_question_pairs_are_pope_style_and_balanced():
+    notes = _world_notes(30)
+    pairs = question_pairs(notes, per_image=1, seed=0)
+    by_image = {}
+    for pr in pairs:
+        assert pr.kind == "question" and len(pr.images) == 1
+        assert {pr.chosen, pr.rejected} == {"yes", "no"}
+        note = next(n for n in notes if n.id == pr.note_id)
+        k = note.images.index(pr.images[0])
+        present = {a.category for a in note.objects[k]}
+        obj = pr.meta["object"]
+        assert pr.prompt == f"Is there {'an' if obj[0] in 'aeiou' else 'a'} {obj} in this note?"
+        assert (pr.chosen == "yes") == (obj in present), pr  # the label is the truth about THAT image
+        by_image.setdefault(pr.images[0], []).append(pr.chosen)
+    assert all(sorted(v) == ["no", "yes"] for v in by_image.values())  # one yes + one no per image
+    assert len(by_image) == sum(len(n.images) for n in notes)
+    # adversarial negatives co-occur with the image's objects more than random ones (POPE's rule)
+    from mm.eval.pope import cooccurrence, objects_from_notes
+
+    _, co = cooccurrence(objects_from_notes(notes))
+
+    def mean_co(prs):
+        negs = [pr for pr in prs if pr.chosen == "no"]
+        return sum(sum(co[(c, pr.meta["object"])] for c in pr.objects) for pr in negs) / len(negs)
+
+    assert mean_co(pairs) > 1.5 * mean_co(question_pairs(notes, split="random", seed=0))
+    assert len(question_pairs(notes, per_image=2, seed=0)) > len(pairs)
+    with pytest.raises(ValueError, match="per_image"):
+        question_pairs(notes, per_image=0)
+    back = PreferencePair.from_json(pairs[0].to_json())
+    assert back == pairs[0]
+
+
 def test_rank_pair():
     assert rank_pair(["a", "b", "c"], [0.5, 1.0, -1.0]) == (1, 2)
     assert rank_pair(["a", "b", "c"], [1.0, 1.0, 0.0]) == (0, 2)  # first of equals
