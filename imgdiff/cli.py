@@ -302,7 +302,10 @@ def _png_name(folder: str | None, name: str) -> str | None:
 
 def run_batch(args) -> int:
     """Diff every pair of same-named files; decoding the next pair overlaps diffing this one."""
+    import gc
     from concurrent.futures import ThreadPoolExecutor
+
+    gc.enable()  # many pairs: collect as usual (:func:`_main` turns it off for a fresh process)
 
     from imgdiff.io import ImageIOError, read_pair
 
@@ -406,6 +409,9 @@ def _main(argv: list[str] | None) -> int:
     if "numpy" not in sys.modules:  # a fresh CLI process: imgdiff uses no BLAS, skip its thread pool
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         _keep_freed_memory()
+        import gc
+
+        gc.disable()  # a single pair is one short pass (the imports alone trigger ~5 ms of collections)
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help (0) or a bad option (2, already printed as one line)
