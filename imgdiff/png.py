@@ -202,19 +202,36 @@ def changed_span(pa: Layout, a: tuple, pb: Layout, b: tuple, equal: int = 0) -> 
     total = pa.height * pa.row_bytes
     n8 = total // 8
     skip = min(equal // 8, n8)
-    ua = np.frombuffer(a[0], np.uint64, count=n8 - skip, offset=skip * 8)  # (total/8,) 8 bytes at a time
-    ub = np.frombuffer(b[0], np.uint64, count=n8 - skip, offset=skip * 8)
-    ne = ua != ub
+    ua = np.frombuffer(a[0], np.uint64, count=n8)  # (total/8,) the filtered rows, 8 bytes at a time
+    ub = np.frombuffer(b[0], np.uint64, count=n8)
     tail = a[0][n8 * 8 : total] != b[0][n8 * 8 : total]
-    if not ne.any():
-        if not tail:
-            return None
-        return pa.height - 1, pa.height - 1
-    r0 = (skip + int(np.argmax(ne))) * 8 // pa.row_bytes
-    r1 = pa.height - 1 if tail else (int(n8 - 1 - np.argmax(ne[::-1])) * 8 + 7) // pa.row_bytes
+    first = _first_unequal(ua, ub, skip, n8, 1)
+    if first is None:
+        return None if not tail else (pa.height - 1, pa.height - 1)
+    r0 = first * 8 // pa.row_bytes
+    r1 = pa.height - 1 if tail else (_first_unequal(ua, ub, n8 - 1, first - 1, -1) * 8 + 7) // pa.row_bytes
     while r1 + 1 < pa.height and max(a[1][r1 + 1], b[1][r1 + 1]) >= UP:  # Up, Avg, Paeth read row r1
         r1 += 1
     return r0, r1
+
+
+SCAN_WORDS = 1 << 15
+"""8-byte words compared per step by :func:`_first_unequal` (a 256 KB slice: no large temporaries)."""
+
+
+def _first_unequal(ua, ub, start: int, stop: int, step: int) -> int | None:
+    """Index of the first word where ``ua != ub``, scanning from ``start`` towards ``stop`` (exclusive)
+    in direction ``step`` (+1 or -1), a slice at a time so that it stops early; None when all equal."""
+    import numpy as np
+
+    i = start
+    while (i < stop) if step > 0 else (i > stop):
+        lo, hi = (i, min(i + SCAN_WORDS, stop)) if step > 0 else (max(i - SCAN_WORDS, stop) + 1, i + 1)
+        ne = ua[lo:hi] != ub[lo:hi]
+        if ne.any():
+            return lo + int(np.argmax(ne)) if step > 0 else hi - 1 - int(np.argmax(ne[::-1]))
+        i = hi if step > 0 else lo - 1
+    return None
 
 
 PEEK_ROWS = 16

@@ -153,3 +153,17 @@ def test_common_prefix():
         assert png.common_prefix(x, bytes(y)) == d
     assert png.common_prefix(x, x) == len(x)
     assert png.common_prefix(x, x[:1000]) == 1000
+
+
+def test_first_unequal_scans_both_ways(monkeypatch):
+    monkeypatch.setattr(png, "SCAN_WORDS", 7)  # many small slices
+    rng = np.random.default_rng(2)
+    ua = rng.integers(0, 2**63, 100, dtype=np.uint64)
+    for idx in ([], [0], [99], [6, 7], [13, 50, 93]):
+        ub = ua.copy()
+        ub[idx] ^= np.uint64(1)
+        for start in (0, 6, 7, 50, 99):
+            ahead = [j for j in idx if j >= start]
+            behind = [j for j in idx if j <= start]
+            assert png._first_unequal(ua, ub, start, 100, 1) == (ahead[0] if ahead else None)
+            assert png._first_unequal(ua, ub, start, -1, -1) == (behind[-1] if behind else None)
