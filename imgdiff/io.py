@@ -420,7 +420,9 @@ def _inflate_or_decode(info: ImageInfo, data: bytes):
         try:
             layout = png.layout(data)
             if layout is not None and png.plain_filters_ahead(layout):
-                return layout, png.inflate(layout)
+                from imgdiff.png_shared import inflate_one
+
+                return layout, inflate_one(layout, data) or png.inflate(layout)
         except png.PngDataError as e:
             raise _fail(info.path, str(e), "re-export or re-download it") from None
     return decode(info, data)

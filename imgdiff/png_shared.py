@@ -117,6 +117,32 @@ def _finish(lib, adler32, state, segments, png: Layout, buf, seed: tuple[int, in
     return (buf, filters) if max(filters) <= 4 else None
 
 
+def _zlib_header_ok(png: Layout) -> bool:
+    """The stream starts with a zlib header for deflate without a preset dictionary."""
+    if len(png.idat[0]) < 2:
+        return False
+    cmf, flg = png.idat[0][0], png.idat[0][1]
+    return cmf & 15 == 8 and cmf >> 4 <= 7 and (cmf * 256 + flg) % 31 == 0 and not flg & 32
+
+
+def inflate_one(png: Layout, data):
+    """What :func:`imgdiff.png.inflate` returns for a good file, decoded by ISA-L straight into the
+    output buffer (no intermediate ``bytes`` per chunk, no copy); None when unavailable or anything is
+    unexpected (the caller then runs :func:`imgdiff.png.inflate`, which names the problem)."""
+    found = _lib()
+    base = _address(data) if found is not None else None
+    if base is None or not _zlib_header_ok(png):
+        return None
+    lib, adler32 = found
+    total = png.height * png.row_bytes
+    buf = _buffer(total)
+    state = ctypes.create_string_buffer(STATE_BYTES)
+    lib.isal_inflate_init(state)
+    head = _Head.from_buffer(state)
+    head.next_out, head.avail_out = _address(buf), total
+    return _finish(lib, adler32, state, _segments(png, base, 0, len(data)), png, buf, (0, 1))
+
+
 def inflate_pair(pa: Layout, da, pb: Layout, db):
     """``(A's (buffer, filters), B's (buffer, filters), equal)`` as :func:`imgdiff.png.inflate` returns
     them, inflating the common compressed prefix once; ``equal`` is the count of leading inflated
@@ -127,10 +153,7 @@ def inflate_pair(pa: Layout, da, pb: Layout, db):
     if found is None or not same:
         return None
     lib, adler32 = found
-    if len(pa.idat[0]) < 2 or len(pb.idat[0]) < 2 or pa.idat_at[0] != pb.idat_at[0]:
-        return None
-    cmf, flg = pa.idat[0][0], pa.idat[0][1]
-    if cmf & 15 != 8 or cmf >> 4 > 7 or (cmf * 256 + flg) % 31 or flg & 32:  # deflate, no preset dict
+    if not (_zlib_header_ok(pa) and _zlib_header_ok(pb)) or pa.idat_at[0] != pb.idat_at[0]:
         return None
     d = common_prefix(da, db)
     if d - (pa.idat_at[0] + 2) < MIN_SHARED:

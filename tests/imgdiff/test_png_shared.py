@@ -21,9 +21,12 @@ def _chunk(kind: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
 
-def _png(img: np.ndarray, *, idat: int = 8192, filt: int = 0, level: int = 1, tail: bytes = b"") -> bytes:
+def _png(
+    img: np.ndarray, *, idat: int = 8192, filt: int = 0, level: int = 1, tail: bytes = b"", rows: int = 0
+) -> bytes:
     """An 8-bit RGB PNG whose rows all use filter ``filt`` (0 None, 1 Sub), its zlib stream cut into IDAT
-    chunks of ``idat`` bytes (as OpenCV writes them); ``tail`` is appended to the zlib stream."""
+    chunks of ``idat`` bytes (as OpenCV writes them); ``tail`` is appended to the zlib stream; ``rows``:
+    the height its header declares (default: the image's)."""
     h, w, _ = img.shape
     px = img.reshape(h, -1).astype(np.int32)
     if filt == 1:
@@ -31,7 +34,7 @@ def _png(img: np.ndarray, *, idat: int = 8192, filt: int = 0, level: int = 1, ta
     raw = b"".join(bytes([filt]) + row.astype(np.uint8).tobytes() for row in px)
     stream = zlib.compress(raw, level) + tail
     body = b"".join(_chunk(b"IDAT", stream[i : i + idat]) for i in range(0, len(stream), idat))
-    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    ihdr = struct.pack(">IIBBBBB", w, rows or h, 8, 2, 0, 0, 0)
     return iio._PNG_MAGIC + _chunk(b"IHDR", ihdr) + body + _chunk(b"IEND", b"")
 
 
@@ -167,3 +170,30 @@ def test_first_unequal_scans_both_ways(monkeypatch):
             behind = [j for j in idx if j <= start]
             assert png._first_unequal(ua, ub, start, 100, 1) == (ahead[0] if ahead else None)
             assert png._first_unequal(ua, ub, start, -1, -1) == (behind[-1] if behind else None)
+
+
+@pytest.mark.parametrize("idat", [5, 1000, 100_000])
+@pytest.mark.parametrize("filt", [0, 1])
+def test_inflate_one_equals_plain_inflate(idat, filt):
+    data = _png(_noise(50, 70, idat + filt), idat=idat, filt=filt)
+    layout = png.layout(data)
+    got, ref = png_shared.inflate_one(layout, data), png.inflate(layout)
+    if len(layout.idat[-1]) < 4:  # the Adler-32 trailer straddles two chunks: left to the plain inflate
+        assert got is None
+        return
+    assert got is not None and bytes(got[0]) == bytes(ref[0]) and got[1] == ref[1]
+    assert png_shared.inflate_one(layout, bytearray(data)) is not None  # a writable buffer works too
+
+
+def test_inflate_one_leaves_odd_and_bad_streams_to_the_plain_inflate():
+    img = _noise(50, 70, 1)
+    junk = _png(img, tail=b"junk")  # bytes after the zlib stream: the plain inflate ignores them
+    assert png_shared.inflate_one(png.layout(junk), junk) is None
+    assert bytes(png.inflate(png.layout(junk))[0]) == bytes(png.inflate(png.layout(_png(img)))[0])
+    for bad in (_png(img, rows=49), _png(img, rows=51)):  # more / less data than the header declares
+        layout = png.layout(bad)
+        assert png_shared.inflate_one(layout, bad) is None
+        with pytest.raises(png.PngDataError):
+            png.inflate(layout)
+    good = _png(img)
+    assert png_shared.inflate_one(png.layout(good), memoryview(good).toreadonly()) is None
