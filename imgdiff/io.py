@@ -428,7 +428,7 @@ def _inflate_or_decode(info: ImageInfo, data: bytes):
     return decode(info, data)
 
 
-def _fast_layout(info: ImageInfo, data):
+def _fast_layout(info: ImageInfo, data, checked: int = 0):
     """The :class:`imgdiff.png.Layout` of a PNG that :func:`imgdiff.png.unfilter` may finish (None for
     other kinds, or when the first rows use Avg/Paeth); raises :class:`ImageIOError` on bad chunks."""
     from imgdiff import png
@@ -438,7 +438,7 @@ def _fast_layout(info: ImageInfo, data):
     if b"IEND" not in data[-1024:]:
         return None  # the plain path reports it
     try:
-        layout = png.layout(data)
+        layout = png.layout(data, checked)
         return layout if layout is not None and png.plain_filters_ahead(layout) else None
     except png.PngDataError as e:
         raise _fail(info.path, str(e), "re-export or re-download it") from None
@@ -452,15 +452,16 @@ def _inflate_shared(infos, data):
         return None
     from imgdiff import png
 
-    if png.common_prefix(data[0], data[1]) < png.MIN_SHARED:  # cheap: before any CRC pass or ctypes import
+    common = png.common_prefix(data[0], data[1])
+    if common < png.MIN_SHARED:  # cheap: before any CRC pass or ctypes import
         return None
     from imgdiff import png_shared
 
     la = _fast_layout(infos[0], data[0])
-    lb = _fast_layout(infos[1], data[1]) if la is not None else None
+    lb = _fast_layout(infos[1], data[1], common) if la is not None else None  # B's shared chunks: A's CRCs
     if lb is None:
         return None
-    got = png_shared.inflate_pair(la, data[0], lb, data[1])
+    got = png_shared.inflate_pair(la, data[0], lb, data[1], common)
     if got is None:
         return None
     return (la, got[0]), (lb, got[1]), got[2]

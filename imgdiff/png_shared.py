@@ -143,11 +143,12 @@ def inflate_one(png: Layout, data):
     return _finish(lib, adler32, state, _segments(png, base, 0, len(data)), png, buf, (0, 1))
 
 
-def inflate_pair(pa: Layout, da, pb: Layout, db):
+def inflate_pair(pa: Layout, da, pb: Layout, db, common: int | None = None):
     """``(A's (buffer, filters), B's (buffer, filters), equal)`` as :func:`imgdiff.png.inflate` returns
     them, inflating the common compressed prefix once; ``equal`` is the count of leading inflated
     bytes that are equal in both. None when this path does not apply or anything is unexpected.
-    ``da``/``db``: the files' bytes (bytes or a writable buffer such as a private mmap)."""
+    ``da``/``db``: the files' bytes (bytes or a writable buffer such as a private mmap); ``common``:
+    the length of their common prefix when the caller knows it."""
     found = _lib()
     same = (pa.width, pa.height, pa.depth, pa.colour) == (pb.width, pb.height, pb.depth, pb.colour)
     if found is None or not same:
@@ -155,7 +156,7 @@ def inflate_pair(pa: Layout, da, pb: Layout, db):
     lib, adler32 = found
     if not (_zlib_header_ok(pa) and _zlib_header_ok(pb)) or pa.idat_at[0] != pb.idat_at[0]:
         return None
-    d = common_prefix(da, db)
+    d = common_prefix(da, db) if common is None else common
     if d - (pa.idat_at[0] + 2) < MIN_SHARED:
         return None
     base_a, base_b = _address(da), _address(db)

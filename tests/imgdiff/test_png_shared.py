@@ -197,3 +197,17 @@ def test_inflate_one_leaves_odd_and_bad_streams_to_the_plain_inflate():
             png.inflate(layout)
     good = _png(img)
     assert png_shared.inflate_one(png.layout(good), memoryview(good).toreadonly()) is None
+
+
+def test_layout_skips_only_the_crcs_of_checked_chunks():
+    a = _noise(200, 300, 7)
+    data = bytearray(_png(a, idat=1000))
+    first = png.layout(bytes(data))
+    at = first.idat_at[3] + 5  # corrupt a byte inside the fourth IDAT payload
+    data[at] ^= 1
+    with pytest.raises(png.PngDataError, match="CRC"):
+        png.layout(bytes(data))
+    with pytest.raises(png.PngDataError, match="CRC"):  # the chunk ends after `checked`: still checked
+        png.layout(bytes(data), checked=at + 1)
+    end4 = first.idat_at[3] + len(first.idat[3]) + 4
+    assert png.layout(bytes(data), checked=end4) is not None  # declared byte-identical to a good file
