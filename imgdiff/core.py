@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import cv2
 import numpy as np
+
+from imgdiff.morph import absdiff
 
 BLOCK = 16
 """Side of the coarse grid's blocks in pixels."""
@@ -107,7 +108,7 @@ def changed_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def pixel_delta(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """(h, w) per-pixel max-channel absolute delta in raw units, same dtype as the inputs."""
     h, w, c = a.shape
-    d = cv2.absdiff(a.reshape(h, w * c), b.reshape(h, w * c)).reshape(h, w, c)  # (h, w, C)
+    d = absdiff(a.reshape(h, w * c), b.reshape(h, w * c)).reshape(h, w, c)  # (h, w, C)
     out = d[:, :, 0].copy()
     for k in range(1, c):  # elementwise maximum: much faster than a reduction over a length-3 axis
         np.maximum(out, d[:, :, k], out=out)
@@ -125,9 +126,10 @@ def block_max_numpy(a: np.ndarray, b: np.ndarray, block: int = BLOCK) -> np.ndar
     if bands.size == 0:
         return grid
     colmax = np.zeros((bands.size, wb * block * c), a.dtype)  # (nb, Wb*block*C) max over each band's rows
+    work = bands.size * block * w * c  # elements all the bands' absdiffs read: OpenCV when many
     for k, i in enumerate(bands):
         y0, y1 = i * block, min(h, (i + 1) * block)
-        d = cv2.absdiff(a2[y0:y1], b2[y0:y1])  # (h_i, W*C)
+        d = absdiff(a2[y0:y1], b2[y0:y1], work=work)  # (h_i, W*C)
         colmax[k, : w * c] = d.max(axis=0)  # over the rows: contiguous inner axis, vectorised
     x = colmax.reshape(bands.size, wb, block * c)  # (nb, Wb, block*C)
     while x.shape[2] > c and x.shape[2] % (2 * c) == 0:  # halving: short-axis reductions are slow

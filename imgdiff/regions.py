@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import cv2
 import numpy as np
 
+from imgdiff.morph import components8, dilate
 from imgdiff.result import Region
 
 TILE = 16
@@ -114,8 +114,8 @@ def regions_from_tiles(st: TileStats, *, merge_gap: int, scale: int) -> list[Reg
     work = np.zeros((m.shape[0] + g, m.shape[1] + g), np.uint8)  # room to dilate right/down
     work[: m.shape[0], : m.shape[1]] = m
     if g > 0:
-        work = cv2.dilate(work, np.ones((g + 1, g + 1), np.uint8), anchor=(g, g))  # out[p] = max(in[p-g..p])
-    n, labels = cv2.connectedComponents(work, connectivity=8, ltype=cv2.CV_32S)
+        work = dilate(work, g + 1, anchor=(g, g))  # out[p] = max(in[p-g..p])
+    n, labels = components8(work)
     lab = labels[: m.shape[0], : m.shape[1]][m]  # (K,) labels of the tiles with changes
     sl = (slice(ty0, ty1), slice(tx0, tx1))
     cnt, tot, pk, bx = st.count[sl][m], st.total[sl][m], st.peak[sl][m], st.box[sl][m]  # (K,), (K, 4)

@@ -78,10 +78,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-import cv2
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from imgdiff import morph
 from imgdiff.core import pixel_delta
 from imgdiff.regions import TILE
 
@@ -126,10 +126,6 @@ class RobustParams:
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
-
-
-def _morph(x: np.ndarray, op, k: int) -> np.ndarray:
-    return op(x, np.ones((k, k), np.uint8)).reshape(x.shape)  # OpenCV drops a trailing channel axis of 1
 
 
 def _acc_dtype(dtype: np.dtype, s: int):
@@ -212,14 +208,14 @@ def strong_mask(a: np.ndarray, b: np.ndarray, box: tuple[int, int, int, int], *,
         return np.zeros((y1 - y0, x1 - x0), bool)
     out = np.zeros((y1 - y0, x1 - x0), bool)
     for ref, other in ((A, Bi), (B, Ai)):
-        hi = _morph(ref, cv2.dilate, window)[inner].astype(np.int32)
-        lo = _morph(ref, cv2.erode, window)[inner].astype(np.int32)
+        hi = morph.dilate(ref, window)[inner].astype(np.int32)
+        lo = morph.erode(ref, window)[inner].astype(np.int32)
         out |= ((other - hi > margin) | (lo - other > margin)).any(axis=2)
     # Coherent strong blocks: the 3x3 opening of ``max_c |d| > margin`` (needs 2 px of context).
     fy0, fy1, fx0, fx1 = max(y0 - 2, 0), min(y1 + 2, h), max(x0 - 2, 0), min(x1 + 2, w)
     big = (pixel_delta(a[fy0:fy1, fx0:fx1], b[fy0:fy1, fx0:fx1]) > margin).view(np.uint8)  # (h2, w2)
     if big.any():
-        opened = cv2.morphologyEx(big, cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
+        opened = morph.open3(big)
         out |= opened[y0 - fy0 : y1 - fy0, x0 - fx0 : x1 - fx0].astype(bool)
     return out
 
@@ -374,7 +370,7 @@ class _Texture:
         if not need.any():
             return self.Rb
         k = self.k
-        near = _morph(need.view(np.uint8), cv2.dilate, 2 * k + 1).astype(bool) if k else need
+        near = morph.dilate(need.view(np.uint8), 2 * k + 1).astype(bool) if k else need
         G = self.own(near)
         hb, wb = self.hb, self.wb
         Rb = G[:hb, :wb] if not k else _dilate_grid(G[:hb, :wb], k)  # (hb, wb, C), exact where ``need``
@@ -387,7 +383,7 @@ class _Texture:
 def _dilate_grid(G: np.ndarray, k: int) -> np.ndarray:
     """(hb, wb, C) int64: max of ``G`` over the (2k+1)^2 neighbouring blocks (clipped to the grid)."""
     small = G.astype(np.uint16)  # ranges of 8/16-bit data fit
-    return _morph(small, cv2.dilate, 2 * k + 1).astype(np.int64)
+    return morph.dilate(small, 2 * k + 1).astype(np.int64)
 
 
 def _cells(i: np.ndarray, j: np.ndarray, shape: tuple[int, int], side: int) -> np.ndarray:
