@@ -14,6 +14,7 @@ from the unprocessed logits (as TRL and verl), so a suppressed token's mass is n
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +69,144 @@ def response_mask_from_ids(response: torch.Tensor, eos_id: int) -> tuple[torch.T
     return mask, ~is_eos.any(-1)
 
 
-@torch.no_grad()
+# generation-config fields that add logits processors besides the ones the decode loop applies, with the
+# values that mean "off"; a model whose generation config sets one of them is sampled with HF ``generate``
+_OTHER_PROCESSORS: dict[str, tuple[Any, ...]] = {
+    "repetition_penalty": (None, 1.0),
+    "encoder_repetition_penalty": (None, 1.0),
+    "no_repeat_ngram_size": (None, 0),
+    "encoder_no_repeat_ngram_size": (None, 0),
+    "bad_words_ids": (None,),
+    "min_length": (None, 0),
+    "min_new_tokens": (None, 0),
+    "sequence_bias": (None,),
+    "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,),
+    "remove_invalid_values": (None, False),
+    "exponential_decay_length_penalty": (None,),
+    "begin_suppress_tokens": (None,),
+    "guidance_scale": (None, 1.0),
+    "top_h": (None,),
+    "min_p": (None,),
+    "typical_p": (None, 1.0),
+    "epsilon_cutoff": (None, 0.0),
+    "eta_cutoff": (None, 0.0),
+    "renormalize_logits": (None, False),
+    "watermarking_config": (None,),
+    "cache_implementation": (None, "dynamic"),
+    "prefill_chunk_size": (None,),
+    "token_healing": (None, False),
+}
+
+
+def decode_loop_supported(model: Any) -> bool:
+    """Whether :func:`sample_tokens` reproduces ``model.generate`` for ``model``'s generation config.
+
+    The loop applies ``suppress_tokens``, temperature and top-p (the processors ``generate`` builds here);
+    any other processor in the config (repetition penalty, min length, ...) falls back to ``generate``.
+    """
+    gc = getattr(model, "generation_config", None)
+    if gc is None or not hasattr(model, "prepare_inputs_for_generation"):
+        return False
+    return all(getattr(gc, k, None) in off for k, off in _OTHER_PROCESSORS.items())
+
+
+def _cache_kwarg(model: Any) -> str:
+    """The name ``model.forward`` takes the KV cache under (``cache`` in transformers >= 5.24)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """HF ``TopPLogitsWarper`` (``min_tokens_to_keep=1``), op for op: ``(B, V) -> (B, V)``."""
+    sorted_logits, sorted_indices = torch.sort(scores, descending=False)  # (B, V)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # (B, V)
+    remove_sorted = cumulative <= (1 - top_p)
+    remove_sorted[..., -1:] = 0
+    remove = remove_sorted.scatter(1, sorted_indices, remove_sorted)  # (B, V) back in vocab order
+    return scores.masked_fill(remove, -float("inf"))
+
+
+def sample_tokens(
+    model: Any,
+    prompts: dict[str, torch.Tensor],
+    *,
+    group_size: int,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    do_sample: bool = True,
+) -> torch.Tensor:
+    """``(B*G, P + R)`` prompt-major sequences, token for token what ``model.generate`` returns.
+
+    A compact KV-cache decode loop in place of HF ``generate(num_return_sequences=G, top_k=0)``: the
+    prompts (and ``pixel_values``/``image_mask``, given at prefill only) are repeated ``G`` times, one
+    prefill forward fills a ``DynamicCache``, then one forward per token. Each step applies the same ops
+    in the same order as ``generate``'s sampling (float32 logits, ``suppress_tokens`` to ``-inf``,
+    ``/ temperature`` unless 1, HF's top-p filter unless ``top_p == 1``, softmax, one
+    ``torch.multinomial`` over all rows on the global generator, or argmax when ``do_sample`` is False),
+    the same position ids (``cumsum(mask) - 1``, then +1 per step) and attention mask (dropped when the
+    prompts have no padding), so for the same seed the tokens are identical. Finished rows get
+    ``pad_id``; the loop stops when every row has emitted ``eos_id`` or after ``max_new_tokens``, so
+    ``R`` is the longest response. Call under ``torch.no_grad`` / ``inference_mode``; the model's mode is
+    the caller's.
+    """
+    ids, attn = prompts["input_ids"], prompts["attention_mask"]  # (B, P)
+    G = group_size
+    ids, attn = ids.repeat_interleave(G, dim=0), attn.repeat_interleave(G, dim=0)  # (N, P), N = B*G
+    images = {
+        k: prompts[k].repeat_interleave(G, dim=0) for k in ("pixel_values", "image_mask") if k in prompts
+    }
+    N, P = ids.shape
+    device = ids.device
+    position = (attn.long().cumsum(-1) - 1).masked_fill(attn == 0, 0)  # (N, P)
+    padded = not bool((attn == 1).all())
+    mask = None  # (N, P + t) grown view of `mask_buf` when the prompts are padded (else None, as generate)
+    if padded:
+        mask_buf = torch.ones(N, P + max_new_tokens, dtype=attn.dtype, device=device)  # (N, P + R_max)
+        mask_buf[:, :P] = attn
+        mask = mask_buf[:, :P]
+    out = torch.full((N, P + max_new_tokens), pad_id, dtype=ids.dtype, device=device)  # (N, P + R_max)
+    out[:, :P] = ids
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    kw = {_cache_kwarg(model): cache, "use_cache": True, "logits_to_keep": 1}
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=position, **images, **kw).logits
+    suppress = None  # (V,) bool: the generation config's suppress_tokens (NoteVLM: `<image>`)
+    if (tokens := model.generation_config.suppress_tokens) is not None:
+        vocab = torch.arange(logits.shape[-1], device=logits.device)  # (V,)
+        suppress = torch.isin(vocab, torch.as_tensor(list(tokens), device=logits.device))
+    last_pos = position[:, -1:]  # (N, 1)
+    unfinished = torch.ones(N, dtype=torch.bool, device=device)  # (N,)
+    steps = 0
+    while True:
+        scores = logits[:, -1].to(dtype=torch.float32, copy=True)  # (N, V)
+        if suppress is not None:
+            scores = torch.where(suppress, -float("inf"), scores)
+        if do_sample:
+            if temperature != 1.0:
+                scores = scores / temperature
+            if top_p < 1.0:
+                scores = _top_p_filter(scores, top_p)
+            nxt = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # (N,)
+        else:
+            nxt = torch.argmax(scores, dim=-1)  # (N,)
+        nxt = torch.where(unfinished, nxt, pad_id)
+        out[:, P + steps] = nxt
+        steps += 1
+        unfinished &= nxt != eos_id
+        if steps == max_new_tokens or not bool(unfinished.any()):
+            break
+        last_pos = last_pos + 1  # (N, 1)
+        if mask is not None:
+            mask = mask_buf[:, : P + steps]
+        logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos, **kw).logits
+    return out[:, : P + steps]
+
+
 def generate_rollout(
     model: Any,
     prompts: dict[str, torch.Tensor],
@@ -80,10 +218,12 @@ def generate_rollout(
     temperature: float = 1.0,
     top_p: float = 1.0,
 ) -> Rollout:
-    """Sample ``group_size`` responses per left-padded prompt of ``prompts`` (one batched ``generate``).
+    """Sample ``group_size`` responses per left-padded prompt of ``prompts`` (one batched decode).
 
     ``prompts``: ``input_ids``/``attention_mask`` ``(B, P)`` left padded, plus ``pixel_values`` /
     ``image_mask`` for a NoteVLM. The model is put in eval mode for sampling and restored after.
+    Sampling is :func:`sample_tokens` (the same tokens as HF ``generate`` for the same seed, faster), or
+    ``generate`` itself when the model's generation config asks for other logits processors.
     """
     if group_size < 1 or max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1:
         raise ValueError(
@@ -96,20 +236,19 @@ def generate_rollout(
     images = {k: prompts[k] for k in ("pixel_values", "image_mask") if k in prompts}
     was_training = model.training
     model.eval()
+    sampling = dict(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
     try:
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=attn,
-            **images,
-            do_sample=True,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=0,
-            num_return_sequences=group_size,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=pad_id,
-            eos_token_id=eos_id,
-        )  # (B*G, P + R), prompt-major
+        with torch.inference_mode():
+            if decode_loop_supported(model):
+                out = sample_tokens(
+                    model, prompts, group_size=group_size, eos_id=eos_id, pad_id=pad_id, **sampling
+                )  # (B*G, P + R), prompt-major
+            else:
+                out = model.generate(
+                    input_ids=ids, attention_mask=attn, **images, do_sample=True, top_k=0,
+                    num_return_sequences=group_size, pad_token_id=pad_id, eos_token_id=eos_id, **sampling,
+                )  # fmt: skip
+        out = out.clone()  # a normal tensor: inference tensors cannot be saved for backward
     finally:
         model.train(was_training)
     P = ids.shape[1]

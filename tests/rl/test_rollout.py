@@ -13,7 +13,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mm"))
 from test_eval_model_fixtures import make_data_dir, make_model_dir  # noqa: E402
 
 from rl.trainers.common import batch_token_logps, response_window  # noqa: E402
-from rl.trainers.rollout import generate_rollout, merge_rollouts, response_mask_from_ids  # noqa: E402
+from rl.trainers.rollout import (  # noqa: E402
+    decode_loop_supported,
+    generate_rollout,
+    merge_rollouts,
+    response_mask_from_ids,
+    sample_tokens,
+)
 
 EOS, PAD = 2, 0
 
@@ -50,19 +56,22 @@ def _roll(model, prompts, seed=0, **kw):
     return generate_rollout(model, prompts, **{**args, **kw})
 
 
-def test_rollout_keeps_sampled_ids_masks_and_generation_logps(loaded):
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_rollout_keeps_sampled_ids_masks_and_generation_logps(loaded, top_p):
     model, processor, prompts = loaded
     assert processor.tokenizer.eos_token_id == EOS and processor.tokenizer.pad_token_id == PAD
-    roll = _roll(model, prompts)
+    assert decode_loop_supported(model)  # NoteVLM (suppress_tokens = [<image>]) goes through the decode loop
+    roll = _roll(model, prompts, top_p=top_p)
     torch.manual_seed(0)
     gen = model.generate(
-        **prompts, do_sample=True, temperature=0.7, top_p=1.0, top_k=0, num_return_sequences=3,
+        **prompts, do_sample=True, temperature=0.7, top_p=top_p, top_k=0, num_return_sequences=3,
         max_new_tokens=8, pad_token_id=PAD, eos_token_id=EOS, output_logits=True,
         return_dict_in_generate=True,
     )  # fmt: skip
     P = prompts["input_ids"].shape[1]
     assert roll.prompt_length == P and roll.input_ids.shape[0] == 6
     new = gen.sequences[:, P:]
+    assert roll.input_ids.shape[1] == gen.sequences.shape[1]  # same number of decode steps
     for row in range(6):
         m = roll.response_mask[row, P:].bool()
         # raw ids kept: the masked response is exactly what generate sampled, up to and including eos
@@ -124,3 +133,99 @@ def test_bad_inputs(loaded):
         _roll(model, prompts, group_size=0)
     with pytest.raises(ValueError, match="no response token"):
         response_window(torch.zeros(2, 3, dtype=torch.long))
+
+
+def _tiny_lm(vocab: int = 40, **gen_config):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    lm = Qwen2ForCausalLM(cfg).eval()
+    for k, v in gen_config.items():
+        setattr(lm.generation_config, k, v)
+    return lm
+
+
+PROMPT_IDS = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 3], [0, 4, 4, 1]])
+PADDED = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]])
+
+
+@pytest.mark.parametrize(
+    "attn, temperature, top_p, eos",
+    [
+        (PADDED, 0.7, 1.0, 2),  # left padding (2-D mask grown per step), temperature
+        (torch.ones_like(PADDED), 1.0, 0.8, 2),  # no padding (mask dropped, as generate), top-p
+        (PADDED, 1.3, 0.9, 11),  # another eos
+        (PADDED, 1.0, 1.0, 0),  # eos == pad
+    ],
+)
+def test_decode_loop_samples_exactly_what_generate_samples(attn, temperature, top_p, eos):
+    lm = _tiny_lm(suppress_tokens=[3])
+    prompts = {"input_ids": PROMPT_IDS, "attention_mask": attn}
+    kw = dict(temperature=temperature, top_p=top_p, max_new_tokens=10)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            ref = lm.generate(
+                **prompts, do_sample=True, top_k=0, num_return_sequences=4, pad_token_id=PAD,
+                eos_token_id=eos,
+                **kw,
+            )  # fmt: skip
+        rng_after_generate = torch.get_rng_state()
+        torch.manual_seed(seed)
+        with torch.inference_mode():
+            out = sample_tokens(lm, prompts, group_size=4, eos_id=eos, pad_id=PAD, **kw)
+        assert torch.equal(out, ref)  # same tokens, same length (stops when every row has ended)
+        assert torch.equal(torch.get_rng_state(), rng_after_generate)  # same draws from the generator
+        assert not (out[:, 4:] == 3).any()  # suppressed token never sampled
+
+
+def test_decode_loop_greedy_equals_generate():
+    lm = _tiny_lm()
+    prompts = {"input_ids": PROMPT_IDS, "attention_mask": PADDED}
+    with torch.no_grad():
+        ref = lm.generate(**prompts, do_sample=False, max_new_tokens=9, pad_token_id=PAD, eos_token_id=EOS)
+        out = sample_tokens(
+            lm, prompts, group_size=1, max_new_tokens=9, eos_id=EOS, pad_id=PAD, do_sample=False
+        )
+    assert torch.equal(out, ref)
+
+
+def test_decode_loop_stops_when_every_row_has_ended():
+    lm = _tiny_lm()
+
+    def eos_dominates(module, inputs, logits):
+        return logits.index_add(-1, torch.tensor([EOS]), torch.full((*logits.shape[:-1], 1), 100.0))
+
+    lm.lm_head.register_forward_hook(eos_dominates)
+    with torch.no_grad():
+        prompts = {"input_ids": PROMPT_IDS, "attention_mask": PADDED}
+        out = sample_tokens(lm, prompts, group_size=2, max_new_tokens=8, eos_id=EOS, pad_id=PAD)
+    assert out.shape == (6, 5) and (out[:, 4] == EOS).all()
+
+
+def test_other_logits_processors_fall_back_to_generate():
+    lm = _tiny_lm(repetition_penalty=1.5)
+    assert not decode_loop_supported(lm) and decode_loop_supported(_tiny_lm())
+    prompts = {"input_ids": PROMPT_IDS, "attention_mask": PADDED}
+    roll = _roll(lm, prompts, max_new_tokens=6)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        ref = lm.generate(
+            **prompts, do_sample=True, temperature=0.7, top_p=1.0, top_k=0, num_return_sequences=3,
+            max_new_tokens=6, pad_token_id=PAD, eos_token_id=EOS,
+        )  # fmt: skip
+    assert roll.response_ids() == _roll(lm, prompts, max_new_tokens=6).response_ids()
+    P = PROMPT_IDS.shape[1]
+    mask = roll.response_mask[:, P:].bool()
+    assert torch.equal(roll.input_ids[:, P:][mask], ref[:, P:][mask])
+
+
+def test_rollout_ids_train_with_autograd():
+    """Sampling runs under inference_mode; the rollout tensors still work in a training forward."""
+    lm = _tiny_lm().train()
+    roll = _roll(lm, {"input_ids": PROMPT_IDS, "attention_mask": PADDED}, max_new_tokens=4)
+    logps, mask, _ = batch_token_logps(lm, roll.batch())
+    (logps * mask).sum().backward()
+    assert lm.lm_head.weight.grad is not None and lm.training
