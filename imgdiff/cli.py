@@ -215,17 +215,30 @@ def _import_kernels() -> None:
         pass
 
 
+def _prefetch_opencv(elements: int) -> None:
+    """Start importing OpenCV in a thread when a diff of about ``elements`` array elements will use it
+    (:mod:`imgdiff.morph`: large arrays), so that the import overlaps the unfilter (GIL released)."""
+    import threading
+
+    from imgdiff import morph
+
+    if elements >= morph.SMALL and "cv2" not in sys.modules:
+        threading.Thread(target=morph.cv2, daemon=True).start()
+
+
 def _diff_rows(args):
     """The default single-pair path (no image outputs): decode only the band of rows that can differ
     (:func:`imgdiff.io.read_pair_rows`) and diff it (:func:`imgdiff.band.diff_band`); whole images
     when the files are not two PNGs of one layout."""
     from imgdiff.band import band_rows, diff_band
-    from imgdiff.io import ImageIOError, read_pair_rows
+    from imgdiff.io import ImageIOError, probe, read_pair_rows
 
     try:
 
         def band(h: int, r0: int, r1: int) -> tuple[int, int]:
-            return band_rows(h, r0, r1, mode=args.mode)
+            rows = band_rows(h, r0, r1, mode=args.mode)
+            _prefetch_opencv((r1 - r0 + 1) * probe(args.a).width * 4)  # rows that may differ
+            return rows
 
         a, b, y0, height = read_pair_rows(args.a, args.b, max_pixels=args.max_pixels, band=band)
         opts = _diff_options(args)
