@@ -163,11 +163,18 @@ def sample_tokens(
     device = ids.device
     position = (attn.long().cumsum(-1) - 1).masked_fill(attn == 0, 0)  # (N, P)
     padded = not bool((attn == 1).all())
-    mask = None  # (N, P + t) grown view of `mask_buf` when the prompts are padded (else None, as generate)
+    mask = None  # (N, P) at prefill, then what a decode step needs (None without padding, as generate)
     if padded:
         mask_buf = torch.ones(N, P + max_new_tokens, dtype=attn.dtype, device=device)  # (N, P + R_max)
         mask_buf[:, :P] = attn
         mask = mask_buf[:, :P]
+        # decode steps: the (N, 1, 1, P + t) bool mask an SDPA model builds from the 2-D one each step
+        # (key allowed = not padding; causality is trivial for one query), made once instead of per step
+        text = model.config.get_text_config(decoder=True)
+        sliding = "sliding_attention" in (getattr(text, "layer_types", None) or [])
+        bool_buf = (
+            mask_buf.bool()[:, None, None, :] if text._attn_implementation == "sdpa" and not sliding else None
+        )
     out = torch.full((N, P + max_new_tokens), pad_id, dtype=ids.dtype, device=device)  # (N, P + R_max)
     out[:, :P] = ids
     from transformers import DynamicCache
@@ -202,7 +209,7 @@ def sample_tokens(
             break
         last_pos = last_pos + 1  # (N, 1)
         if mask is not None:
-            mask = mask_buf[:, : P + steps]
+            mask = mask_buf[:, : P + steps] if bool_buf is None else bool_buf[..., : P + steps].contiguous()
         logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos, **kw).logits
     return out[:, : P + steps]
 
