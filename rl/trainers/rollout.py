@@ -112,9 +112,11 @@ def decode_loop_supported(model: Any) -> bool:
 
 
 def _cache_kwarg(model: Any) -> str:
-    """The name ``model.forward`` takes the KV cache under (``cache`` in transformers >= 5.24)."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    """The name the model's forward takes the KV cache under: ``cache`` (transformers >= 5.24) unless it
+    only names ``past_key_values`` (a PEFT wrapper is looked through)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(base.forward).parameters
+    return "past_key_values" if "past_key_values" in params and "cache" not in params else "cache"
 
 
 def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -229,3 +229,24 @@ def test_rollout_ids_train_with_autograd():
     logps, mask, _ = batch_token_logps(lm, roll.batch())
     (logps * mask).sum().backward()
     assert lm.lm_head.weight.grad is not None and lm.training
+
+
+def test_decode_loop_through_a_lora_wrapper_equals_generate():
+    from peft import LoraConfig, get_peft_model
+
+    lm = get_peft_model(
+        _tiny_lm(), LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
+    prompts = {"input_ids": PROMPT_IDS, "attention_mask": PADDED}
+    torch.manual_seed(4)
+    with torch.no_grad():
+        ref = lm.generate(
+            **prompts, do_sample=True, top_k=0, temperature=0.9, num_return_sequences=2, max_new_tokens=6,
+            pad_token_id=PAD, eos_token_id=EOS,
+        )  # fmt: skip
+    torch.manual_seed(4)
+    with torch.inference_mode():
+        out = sample_tokens(
+            lm, prompts, group_size=2, max_new_tokens=6, eos_id=EOS, pad_id=PAD, temperature=0.9
+        )
+    assert decode_loop_supported(lm) and torch.equal(out, ref)
