@@ -16,8 +16,10 @@ text-only Qwen2 causal LM (random init, saved to a folder first so TRL can rebui
 
 Runs ``--rounds`` alternating rounds (ours, then TRL, each from the same saved weights) so load drift
 on a shared machine hits both sides; prints the medians of all step times after each round's first
-(warm-up) step, their ratio ours / TRL (targets: DPO <= 1.0x, GRPO <= 0.5x), each round's ratio, and
-our rollout tokens/s (generated tokens / generation time). Compare ratios from one run.
+(warm-up) step, their ratio ours / TRL (targets: DPO <= 1.0x, GRPO <= 0.5x), each round's ratio, our
+rollout tokens/s (generated tokens / generation time) next to HF ``generate``'s on the same prompt batches
+(what ``rl.trainers.rollout``'s decode loop replaced; same tokens for the same seed), and the load average.
+Compare ratios from one run.
 """
 
 from __future__ import annotations
@@ -180,6 +182,39 @@ def trl_grpo(folder: Path, tok: Any, prompts: list[str], *, n_prompts: int, grou
     return timer.times
 
 
+def prompt_batch(
+    tok: Any, prompts: list[str], step: int, n_prompts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The left-padded ``(input_ids, attention_mask)``, each ``(n, P)``, of step ``step``'s prompts."""
+    chunk = [prompts[(step * n_prompts + i) % len(prompts)] for i in range(n_prompts)]
+    enc = [tok(p, add_special_tokens=False)["input_ids"] for p in chunk]
+    P = max(len(e) for e in enc)
+    ids = torch.tensor([[tok.pad_token_id] * (P - len(e)) + e for e in enc])
+    attn = torch.tensor([[0] * (P - len(e)) + [1] * len(e) for e in enc])
+    return ids, attn
+
+
+def hf_generate_tps(
+    model: Any, tok: Any, prompts: list[str], *, n_prompts: int, group: int, new: int, steps: int
+):
+    """Tokens/s of HF ``generate`` on the batches ``ours_grpo`` samples (what the rollout replaced)."""
+    from rl.trainers.rollout import response_mask_from_ids
+
+    model.eval()
+    tokens, seconds = 0, 0.0
+    for s in range(steps):
+        ids, attn = prompt_batch(tok, prompts, s, n_prompts)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids, attention_mask=attn, do_sample=True, top_k=0, num_return_sequences=group,
+                max_new_tokens=new, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+            )  # fmt: skip
+        seconds += time.perf_counter() - t0
+        tokens += int(response_mask_from_ids(out[:, ids.shape[1] :], tok.eos_token_id)[0].sum())
+    return tokens / max(seconds, 1e-9)
+
+
 def ours_grpo(model: Any, tok: Any, prompts: list[str], *, n_prompts: int, group: int, new: int, steps: int):
     from rl.advantages import group_advantages
     from rl.trainers.grpo import AlgoConfig, grpo_loss
@@ -191,11 +226,7 @@ def ours_grpo(model: Any, tok: Any, prompts: list[str], *, n_prompts: int, group
     times, gen_tokens, gen_seconds = [], 0, 0.0
     for s in range(steps):
         t0 = time.perf_counter()
-        chunk = [prompts[(s * n_prompts + i) % len(prompts)] for i in range(n_prompts)]
-        enc = [tok(p, add_special_tokens=False)["input_ids"] for p in chunk]
-        P = max(len(e) for e in enc)
-        ids = torch.tensor([[tok.pad_token_id] * (P - len(e)) + e for e in enc])
-        attn = torch.tensor([[0] * (P - len(e)) + [1] * len(e) for e in enc])
+        ids, attn = prompt_batch(tok, prompts, s, n_prompts)
         tg = time.perf_counter()
         roll = generate_rollout(
             model, {"input_ids": ids, "attention_mask": attn}, group_size=group, max_new_tokens=new,
@@ -224,12 +255,14 @@ def median_after_warmup(times: list[float]) -> float:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    import os
+
     from transformers import Qwen2ForCausalLM
 
     if args.threads:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
-    res: dict[str, Any] = {"config": vars(args)}
+    res: dict[str, Any] = {"config": vars(args), "load_start": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "lm"
         _, tok = make_lm(folder, hidden=args.hidden, layers=args.layers)
@@ -250,6 +283,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ),
         }
         tps: list[float] = []
+        hf_tps: list[float] = []
         for name in args.only:
             ours_fn, trl_fn, target = sides[name]
             ours_t: list[float] = []
@@ -260,6 +294,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if name == "grpo":
                     o, rate = o
                     tps.append(rate)
+                    hf_tps.append(hf_generate_tps(fresh(), tok, prompts, **kw))
                 t = trl_fn()
                 ours_t += o[1:] if len(o) > 1 else o
                 trl_t += t[1:] if len(t) > 1 else t
@@ -271,6 +306,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }  # fmt: skip
         if tps:
             res["rollout_tokens_per_s"] = statistics.median(tps)
+            res["hf_generate_tokens_per_s"] = statistics.median(hf_tps)
+    res["load_end"] = os.getloadavg()[0]
     return res
 
 
@@ -301,7 +338,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<6} {times} {r['ratio']:>6.2f}x {r['target']:>6.1f}x {ok:<4}  {rounds}")
     if "rollout_tokens_per_s" in res:
         tps = res["rollout_tokens_per_s"]
-        print(f"rollout tokens/s (ours, {args.prompts}x{args.group} per batch): {tps:.0f}")
+        hf = res["hf_generate_tokens_per_s"]
+        print(
+            f"rollout tokens/s ({args.prompts}x{args.group} per batch): ours {tps:.0f}, HF generate {hf:.0f}"
+        )
+    print(f"load average (1 min) at start / end: {res['load_start']:.1f} / {res['load_end']:.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return 0

@@ -26,4 +26,5 @@ def test_text_only_dpo_and_grpo_steps_train(tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     times, tps = bench.ours_grpo(model, tok, bench.texts(4, 5, 0), n_prompts=2, group=3, new=5, steps=1)
     assert len(times) == 1 and tps > 0
+    assert bench.hf_generate_tps(model, tok, bench.texts(4, 5, 0), n_prompts=2, group=3, new=5, steps=1) > 0
     assert bench.median_after_warmup([5.0, 1.0, 3.0]) == 2.0
