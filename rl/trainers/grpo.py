@@ -406,9 +406,13 @@ def train(
         else:
             groups, rewards = sample_fn()
         sampled = torch.cat(seen)  # (groups sampled, G)
-        roll = merge_rollouts(
-            [(r, list(range(g * G, (g + 1) * G))) for r, g, _ in groups], pad_id=tok.pad_token_id
-        )
+        first = groups[0][0]
+        if all(r is first for r, _, _ in groups) and [g for _, g, _ in groups] == list(range(len(groups))):
+            roll = first  # every group of one sampling batch, in order: merging would copy it unchanged
+        else:
+            roll = merge_rollouts(
+                [(r, list(range(g * G, (g + 1) * G))) for r, g, _ in groups], pad_id=tok.pad_token_id
+            )
         flat = rewards.reshape(-1)  # (B*G,)
         adv = compute_advantages(flat, group_size=G, cfg=algo).to(device)
         batch = to_device(roll.batch(), device)

@@ -105,6 +105,10 @@ def test_merge_rollouts_keeps_each_row(loaded):
     lb = batch_token_logps(model, b.batch())[0].sum(-1)
     lm = batch_token_logps(model, merged.batch())[0].sum(-1)
     assert torch.allclose(lm, torch.cat([la, lb]), atol=1e-4)
+    # all rows of one rollout, in order, merge to the same tensors (the GRPO step then skips the merge)
+    same = merge_rollouts([(b, list(range(b.input_ids.shape[0])))], pad_id=PAD)
+    assert all(torch.equal(x, y) for x, y in zip(same.batch().values(), b.batch().values()))
+    assert torch.equal(same.lengths, b.lengths) and same.prompt_length == b.prompt_length
 
 
 def test_text_only_lm_rollout():
