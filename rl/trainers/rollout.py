@@ -145,52 +145,54 @@ def sample_tokens(
 ) -> torch.Tensor:
     """``(B*G, P + R)`` prompt-major sequences, token for token what ``model.generate`` returns.
 
-    A compact KV-cache decode loop in place of HF ``generate(num_return_sequences=G, top_k=0)``: the
-    prompts (and ``pixel_values``/``image_mask``, given at prefill only) are repeated ``G`` times, one
-    prefill forward fills a ``DynamicCache``, then one forward per token. Each step applies the same ops
-    in the same order as ``generate``'s sampling (float32 logits, ``suppress_tokens`` to ``-inf``,
+    A compact KV-cache decode loop in place of HF ``generate(num_return_sequences=G, top_k=0)``. One
+    prefill forward of the ``B`` distinct prompts (``pixel_values``/``image_mask`` are given at prefill
+    only) fills a ``DynamicCache``, which is then repeated ``G`` times per row; ``generate`` prefills all
+    ``B*G`` copies, with the same values since a row's forward does not depend on the other rows (the
+    tests check the tokens against ``generate``). Then one forward per token. Each step applies the same
+    ops in the same order as ``generate``'s sampling: float32 logits, ``suppress_tokens`` to ``-inf``,
     ``/ temperature`` unless 1, HF's top-p filter unless ``top_p == 1``, softmax, one
-    ``torch.multinomial`` over all rows on the global generator, or argmax when ``do_sample`` is False),
+    ``torch.multinomial`` over all rows on the global generator (argmax when ``do_sample`` is False);
     the same position ids (``cumsum(mask) - 1``, then +1 per step) and attention mask (dropped when the
-    prompts have no padding), so for the same seed the tokens are identical. Finished rows get
-    ``pad_id``; the loop stops when every row has emitted ``eos_id`` or after ``max_new_tokens``, so
-    ``R`` is the longest response. Call under ``torch.no_grad`` / ``inference_mode``; the model's mode is
-    the caller's.
+    prompts have no padding; for SDPA the per-step 4-D bool mask is built once). So for the same seed
+    the tokens are identical. Finished rows get ``pad_id``; the loop stops when every row has emitted
+    ``eos_id`` or after ``max_new_tokens``, so ``R`` is the longest response. Call under
+    ``torch.no_grad`` / ``inference_mode``; the model's mode is the caller's.
     """
     ids, attn = prompts["input_ids"], prompts["attention_mask"]  # (B, P)
+    images = {k: prompts[k] for k in ("pixel_values", "image_mask") if k in prompts}
     G = group_size
-    ids, attn = ids.repeat_interleave(G, dim=0), attn.repeat_interleave(G, dim=0)  # (N, P), N = B*G
-    images = {
-        k: prompts[k].repeat_interleave(G, dim=0) for k in ("pixel_values", "image_mask") if k in prompts
-    }
-    N, P = ids.shape
-    device = ids.device
-    position = (attn.long().cumsum(-1) - 1).masked_fill(attn == 0, 0)  # (N, P)
+    (B, P), device = ids.shape, ids.device
+    N = B * G
+    position = (attn.long().cumsum(-1) - 1).masked_fill(attn == 0, 0)  # (B, P)
     padded = not bool((attn == 1).all())
-    mask = None  # (N, P) at prefill, then what a decode step needs (None without padding, as generate)
+    bool_buf = None
     if padded:
         mask_buf = torch.ones(N, P + max_new_tokens, dtype=attn.dtype, device=device)  # (N, P + R_max)
-        mask_buf[:, :P] = attn
-        mask = mask_buf[:, :P]
+        mask_buf[:, :P] = attn.repeat_interleave(G, dim=0)
         # decode steps: the (N, 1, 1, P + t) bool mask an SDPA model builds from the 2-D one each step
         # (key allowed = not padding; causality is trivial for one query), made once instead of per step
         text = model.config.get_text_config(decoder=True)
         sliding = "sliding_attention" in (getattr(text, "layer_types", None) or [])
-        bool_buf = (
-            mask_buf.bool()[:, None, None, :] if text._attn_implementation == "sdpa" and not sliding else None
-        )
+        if text._attn_implementation == "sdpa" and not sliding:
+            bool_buf = mask_buf.bool()[:, None, None, :]
     out = torch.full((N, P + max_new_tokens), pad_id, dtype=ids.dtype, device=device)  # (N, P + R_max)
-    out[:, :P] = ids
+    out[:, :P] = ids.repeat_interleave(G, dim=0)
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config.get_text_config(decoder=True))
     kw = {_cache_kwarg(model): cache, "use_cache": True, "logits_to_keep": 1}
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=position, **images, **kw).logits
+    prefill_mask = attn if padded else None  # (B, P); generate drops an all-ones mask
+    logits = model(input_ids=ids, attention_mask=prefill_mask, position_ids=position, **images, **kw).logits
+    if G > 1:
+        cache.batch_repeat_interleave(G)  # (B, ...) -> (N, ...) per layer, prompt-major
+        logits = logits.repeat_interleave(G, dim=0)  # (N, 1, V)
+    mask = None  # the decode step's attention mask (None without padding, as generate)
     suppress = None  # (V,) bool: the generation config's suppress_tokens (NoteVLM: `<image>`)
     if (tokens := model.generation_config.suppress_tokens) is not None:
         vocab = torch.arange(logits.shape[-1], device=logits.device)  # (V,)
         suppress = torch.isin(vocab, torch.as_tensor(list(tokens), device=logits.device))
-    last_pos = position[:, -1:]  # (N, 1)
+    last_pos = position[:, -1:].repeat_interleave(G, dim=0)  # (N, 1)
     unfinished = torch.ones(N, dtype=torch.bool, device=device)  # (N,)
     steps = 0
     while True:
@@ -212,7 +214,7 @@ def sample_tokens(
         if steps == max_new_tokens or not bool(unfinished.any()):
             break
         last_pos = last_pos + 1  # (N, 1)
-        if mask is not None:
+        if padded:
             mask = mask_buf[:, : P + steps] if bool_buf is None else bool_buf[..., : P + steps].contiguous()
         logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos, **kw).logits
     return out[:, : P + steps]
