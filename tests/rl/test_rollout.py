@@ -139,13 +139,15 @@ def test_bad_inputs(loaded):
         response_window(torch.zeros(2, 3, dtype=torch.long))
 
 
-def _tiny_lm(vocab: int = 40, **gen_config):
+def _tiny_lm(vocab: int = 40, attn: str = "sdpa", **gen_config):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    cfg._attn_implementation = attn
     lm = Qwen2ForCausalLM(cfg).eval()
+    assert lm.config._attn_implementation == attn
     for k, v in gen_config.items():
         setattr(lm.generation_config, k, v)
     return lm
@@ -156,16 +158,17 @@ PADDED = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]])
 
 
 @pytest.mark.parametrize(
-    "attn, temperature, top_p, eos",
+    "attn, temperature, top_p, eos, impl",
     [
-        (PADDED, 0.7, 1.0, 2),  # left padding (2-D mask grown per step), temperature
-        (torch.ones_like(PADDED), 1.0, 0.8, 2),  # no padding (mask dropped, as generate), top-p
-        (PADDED, 1.3, 0.9, 11),  # another eos
-        (PADDED, 1.0, 1.0, 0),  # eos == pad
+        (PADDED, 0.7, 1.0, 2, "sdpa"),  # left padding (4-D bool mask made once), temperature
+        (PADDED, 0.7, 1.0, 2, "eager"),  # left padding, 2-D mask grown per step
+        (torch.ones_like(PADDED), 1.0, 0.8, 2, "sdpa"),  # no padding (mask dropped, as generate), top-p
+        (PADDED, 1.3, 0.9, 11, "sdpa"),  # another eos
+        (PADDED, 1.0, 1.0, 0, "sdpa"),  # eos == pad
     ],
 )
-def test_decode_loop_samples_exactly_what_generate_samples(attn, temperature, top_p, eos):
-    lm = _tiny_lm(suppress_tokens=[3])
+def test_decode_loop_samples_exactly_what_generate_samples(attn, temperature, top_p, eos, impl):
+    lm = _tiny_lm(attn=impl, suppress_tokens=[3])
     prompts = {"input_ids": PROMPT_IDS, "attention_mask": attn}
     kw = dict(temperature=temperature, top_p=top_p, max_new_tokens=10)
     for seed in range(3):
