@@ -29,6 +29,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 
 from mm.errors import UserError
@@ -101,13 +102,14 @@ class DataConfig:
     """Caption prompt (the SFT caption prompt)."""
     batch_size: int = 8
     """Pairs per optimizer step."""
-    question_pairs: int = 0
-    """Also build POPE-style yes/no pairs (:func:`rl.pairs.question_pairs`): this many "yes" and as many
-    adversarial "no" pairs per image of the same notes (0 = none), mixed into the pool."""
+    question_ratio: float = 0.0
+    """Add POPE-style yes/no pairs (:func:`rl.pairs.question_pairs`, one "yes" and one adversarial "no" per
+    image of the ``split`` notes), this many per caption pair, drawn at random (0 = none; also with
+    ``pairs``). They teach the model to say "no" to the absent partner that a caption pair punishes."""
 
     def __post_init__(self) -> None:
-        if self.question_pairs < 0:
-            raise ValueError(f"data.question_pairs must be >= 0, got {self.question_pairs}")
+        if self.question_ratio < 0:
+            raise ValueError(f"data.question_ratio must be >= 0, got {self.question_ratio}")
         if self.build not in ("injection", "corrupt"):
             raise ValueError(f"data.build must be injection or corrupt, got {self.build!r}")
         if self.batch_size < 1 or self.notes < 0:
@@ -229,20 +231,24 @@ def load_pairs(cfg: DataConfig, seed: int) -> list[Any]:
     from mm.data.format import read_notes
     from rl.pairs import corrupt_pairs, injection_pairs, question_pairs, read_pairs
 
-    if cfg.pairs is not None:
-        pairs = read_pairs(cfg.pairs)
-    else:
+    def world_notes() -> list[Any]:
         folder = Path(cfg.folder)
         if not (folder / "notes.jsonl").is_file():
             raise UserError(f"data.folder={folder} has no notes.jsonl; generate notes with `mm data world`")
         notes = [n for n in read_notes(folder, split=cfg.split) if n.categories and n.text.strip()]
-        notes = notes[: cfg.notes] if cfg.notes else notes
-        if cfg.build == "injection":
-            pairs = injection_pairs(notes, prompt=cfg.prompt, seed=seed)
-        else:
-            pairs = corrupt_pairs(notes, prompt=cfg.prompt, seed=seed)
-        if cfg.question_pairs:
-            pairs += question_pairs(notes, per_image=cfg.question_pairs, seed=seed)
+        return notes[: cfg.notes] if cfg.notes else notes
+
+    if cfg.pairs is not None:
+        pairs = read_pairs(cfg.pairs)
+    elif cfg.build == "injection":
+        pairs = injection_pairs(world_notes(), prompt=cfg.prompt, seed=seed)
+    else:
+        pairs = corrupt_pairs(world_notes(), prompt=cfg.prompt, seed=seed)
+    if cfg.question_ratio > 0:
+        pool = question_pairs(world_notes(), per_image=1, seed=seed)
+        want = min(len(pool), round(cfg.question_ratio * len(pairs)))
+        pick = np.random.default_rng(seed).choice(len(pool), size=want, replace=False)
+        pairs += [pool[i] for i in sorted(pick.tolist())]
     if not pairs:
         raise UserError(
             f"no preference pairs (data.pairs={cfg.pairs}, data.build={cfg.build}, split={cfg.split!r}); "

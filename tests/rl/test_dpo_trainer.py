@@ -83,9 +83,9 @@ def test_mdpo_terms_and_corrupt_pairs(tmp_path, dirs):
 
 def test_question_pairs_join_the_caption_pairs(tmp_path, dirs):
     out = tmp_path / "q"
-    assert _run(dirs, out, "data.question_pairs=1") == 0
-    res = json.loads((out / "result.json").read_text())
-    assert res["pair_kinds"]["question"] > 0 and res["pair_kinds"]["injection"] > 0
+    assert _run(dirs, out, "data.question_ratio=0.5") == 0
+    kinds = json.loads((out / "result.json").read_text())["pair_kinds"]
+    assert kinds["question"] == round(0.5 * kinds["injection"]) and kinds["injection"] > 0
 
 
 def test_resume_gives_the_same_weights(tmp_path, dirs):
