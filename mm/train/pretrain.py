@@ -73,11 +73,14 @@ class LossConfig:
     """Use per-image embeddings: every image of a note is a positive for its text."""
     tag_weight: float = 0.0
     """Weight of an auxiliary object-tagging loss added to the contrastive one (0 = off): a linear head
-    on each fusion token, max over the image's tokens (multiple-instance), predicts which world categories
-    the image shows
-    (multi-label BCE against the notes' object annotations). Note-level InfoNCE on colour-rich captions
-    is solved mostly by colours; the tags make the tower learn categories, which captioning needs. The
-    head is dropped after pretraining (only vision and fusion are copied into a NoteVLM)."""
+    on each fusion token, max over the image's tokens (multiple-instance), predicts which world
+    categories the image shows (multi-label BCE against the notes' object annotations). Note-level
+    InfoNCE on colour-rich captions is solved mostly by colours; the tags make the tower learn
+    categories, which captioning needs. The head is dropped after pretraining (only vision and fusion
+    are copied into a NoteVLM)."""
+    contrastive_weight: float = 1.0
+    """Weight of the contrastive loss. Below 1 it leaves more of the tower to the tags (the two compete
+    for the same 64-d tokens); 0 with ``tag_weight`` > 0 pretrains an object tagger only."""
 
     def __post_init__(self) -> None:
         if self.kind not in LOSS_KINDS:
@@ -86,8 +89,13 @@ class LossConfig:
             raise ValueError(f"loss.init_temperature must be > 0, got {self.init_temperature}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"loss.label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        if self.tag_weight < 0:
-            raise ValueError(f"loss.tag_weight must be >= 0, got {self.tag_weight}")
+        if self.tag_weight < 0 or self.contrastive_weight < 0:
+            raise ValueError(
+                f"loss.tag_weight and loss.contrastive_weight must be >= 0, got {self.tag_weight}, "
+                f"{self.contrastive_weight}"
+            )
+        if self.tag_weight == 0 and self.contrastive_weight == 0:
+            raise ValueError("loss.contrastive_weight and loss.tag_weight are both 0: nothing to train")
         if self.kind == "siglip" and self.label_smoothing:
             raise ValueError("loss.label_smoothing applies to kind 'clip' only; set it to 0 for siglip")
 
@@ -543,9 +551,10 @@ def train(
         idx = common.batch_indices(len(train_data), cfg.train.batch_size, seed=cfg.train.seed, step=step)
         batch = train_data.batch(common.shard(idx, rank=rank, world_size=world))
         feats = ddp(batch)
-        loss = contrastive_loss(
+        c_loss = contrastive_loss(
             feats, batch["image_mask"], log_scale=model.log_scale, logit_bias=model.logit_bias, cfg=cfg.loss
         )
+        loss = cfg.loss.contrastive_weight * c_loss
         t_loss = None
         if num_tags:
             images = common.all_reduce_sum(batch["image_mask"].sum().to(torch.float32)) / world  # (N / W)
@@ -578,6 +587,7 @@ def train(
             }
             if t_loss is not None:
                 record["tag_loss"] = common.all_reduce_sum(t_loss).item() / world
+                record["contrastive_loss"] = common.all_reduce_sum(c_loss.detach()).item() / world
             bar.set_postfix(loss=f"{record['loss']:.3f}", T=f"{record['temperature']:.4f}")
         if done % cfg.train.eval_every == 0 or done == cfg.train.steps:
             if main:

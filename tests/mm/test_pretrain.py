@@ -294,6 +294,18 @@ def test_tags_follow_the_objects_and_train(world, splits, tmp_path):
     P.train(cfg, out_dir=tmp_path, train_data=train, eval_data=test, vocab_size=vocab, show_progress=False)
     rec = common.read_metrics(tmp_path / "metrics.jsonl")[-1]
     assert rec["step"] == 2 and 0.0 < rec["tag_loss"] < 1.0
+    assert rec["loss"] == pytest.approx(rec["contrastive_loss"] + rec["tag_loss"], rel=1e-6)
+    # a tagger only: the contrastive loss is still logged but does not count
+    only = load_config(
+        P.PretrainConfig, TEST_CFG, ["train.steps=1", "loss.tag_weight=2.0", "loss.contrastive_weight=0"]
+    )
+    P.train(
+        only, out_dir=tmp_path / "t", train_data=train, eval_data=test, vocab_size=vocab, show_progress=False
+    )
+    rec = common.read_metrics(tmp_path / "t" / "metrics.jsonl")[-1]
+    assert rec["contrastive_loss"] > 0 and rec["loss"] == pytest.approx(2.0 * rec["tag_loss"], rel=1e-6)
+    with pytest.raises(ValueError, match="nothing to train"):
+        load_config(P.PretrainConfig, TEST_CFG, ["loss.contrastive_weight=0"])
     with pytest.raises(UserError, match="tag_classes"):
         P.train(
             cfg,
