@@ -93,7 +93,9 @@ class DataConfig:
     pairs: str | None = None
     """Pairs JSONL written by ``rl pairs``; None = build ``build`` pairs from ``split`` notes."""
     build: str = "injection"
-    """Pairs to build when ``pairs`` is None: injection (POVID/HA-DPO) or corrupt (mDPO)."""
+    """Pairs to build when ``pairs`` is None: injection (POVID/HA-DPO), corrupt (mDPO) or correction
+    (RLHF-V: the starting policy's own greedy captions minus their hallucinated objects; generates one
+    caption per note, so it needs ``notes`` > 0)."""
     split: str = "train"
     """Note split pairs are built from."""
     notes: int = 0
@@ -110,8 +112,13 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.question_ratio < 0:
             raise ValueError(f"data.question_ratio must be >= 0, got {self.question_ratio}")
-        if self.build not in ("injection", "corrupt"):
-            raise ValueError(f"data.build must be injection or corrupt, got {self.build!r}")
+        if self.build not in ("injection", "corrupt", "correction"):
+            raise ValueError(f"data.build must be injection, corrupt or correction, got {self.build!r}")
+        if self.build == "correction" and self.pairs is None and self.notes == 0:
+            raise ValueError(
+                "data.build=correction captions every note with the policy first; set data.notes to how many "
+                "(e.g. 600)"
+            )
         if self.batch_size < 1 or self.notes < 0:
             raise ValueError(
                 f"need data.batch_size >= 1 and data.notes >= 0, got {self.batch_size}, {self.notes}"
@@ -226,10 +233,11 @@ class PairBatcher:
         return out
 
 
-def load_pairs(cfg: DataConfig, seed: int) -> list[Any]:
-    """The configured pairs: read from ``cfg.pairs`` or built from the notes of ``cfg.split``."""
+def load_pairs(cfg: DataConfig, seed: int, policy: tuple[Any, Any] | None = None) -> list[Any]:
+    """The configured pairs: read from ``cfg.pairs`` or built from the notes of ``cfg.split`` (correction
+    pairs with ``policy`` = (model, processor))."""
     from mm.data.format import read_notes
-    from rl.pairs import corrupt_pairs, injection_pairs, question_pairs, read_pairs
+    from rl.pairs import correction_pairs, corrupt_pairs, injection_pairs, question_pairs, read_pairs
 
     def world_notes() -> list[Any]:
         folder = Path(cfg.folder)
@@ -242,6 +250,10 @@ def load_pairs(cfg: DataConfig, seed: int) -> list[Any]:
         pairs = read_pairs(cfg.pairs)
     elif cfg.build == "injection":
         pairs = injection_pairs(world_notes(), prompt=cfg.prompt, seed=seed)
+    elif cfg.build == "correction":
+        if policy is None:
+            raise ValueError("correction pairs need the policy (model, processor)")
+        pairs = correction_pairs(*policy, world_notes(), cfg.folder, prompt=cfg.prompt)
     else:
         pairs = corrupt_pairs(world_notes(), prompt=cfg.prompt, seed=seed)
     if cfg.question_ratio > 0:
@@ -345,8 +357,8 @@ def train(
     )
 
     out, device = start_run(cfg.train, out_dir)
-    pairs = load_pairs(cfg.data, cfg.train.seed)
     model, processor = load_policy(cfg.init, cfg.lora, device)
+    pairs = load_pairs(cfg.data, cfg.train.seed, policy=(model, processor))
     ref = Reference(model=model, needed=True)
     conditional = cfg.loss.corruption if cfg.loss.conditional_weight > 0 else None
     batcher = PairBatcher(

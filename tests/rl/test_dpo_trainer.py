@@ -88,6 +88,28 @@ def test_question_pairs_join_the_caption_pairs(tmp_path, dirs):
     assert kinds["question"] == round(0.5 * kinds["injection"]) and kinds["injection"] > 0
 
 
+def test_correction_pairs_from_the_policy(tmp_path, dirs, monkeypatch):
+    import mm.eval.generate as gen
+    from mm.data.format import read_notes
+    from mm.world.vocab import CATEGORY_NAMES
+
+    notes = read_notes(dirs[1])
+    absent = next(c for c in CATEGORY_NAMES if all(c not in n.categories for n in notes))
+    monkeypatch.setattr(
+        gen,
+        "generate_captions",
+        lambda m, p, ns, *a, **k: [f"It shows a {sorted(n.categories)[0]} and a red {absent}." for n in ns],
+    )
+    from rl.trainers import dpo
+
+    with pytest.raises(ValueError, match="set data.notes"):
+        dpo.DataConfig(build="correction")
+    out = tmp_path / "c"
+    assert _run(dirs, out, "data.build=correction", "data.notes=3", "data.question_ratio=1") == 0
+    kinds = json.loads((out / "result.json").read_text())["pair_kinds"]
+    assert kinds["correction"] >= 1 and kinds["question"] == kinds["correction"]
+
+
 def test_resume_gives_the_same_weights(tmp_path, dirs):
     from safetensors.torch import load_file
 

@@ -22,6 +22,7 @@ from rl.pairs import (  # noqa: E402
     PreferencePair,
     add_logps,
     choose_injected,
+    correction_pairs,
     corrupt_pairs,
     injection_pairs,
     onpolicy_pairs,
@@ -30,6 +31,7 @@ from rl.pairs import (  # noqa: E402
     question_pairs,
     rank_pair,
     read_pairs,
+    strip_objects,
     write_pairs,
 )
 from rl.rewards import score, vocabulary  # noqa: E402
@@ -157,6 +159,72 @@ def test_question_pairs_are_pope_style_and_balanced():
         question_pairs(notes, per_image=0)
     back = PreferencePair.from_json(pairs[0].to_json())
     assert back == pairs[0]
+
+
+@pytest.mark.parametrize(
+    ("caption", "drop", "want"),
+    [
+        (
+            "Two photos from a bathroom. In the first photo, a yellow toothbrush, a yellow toothpaste and a "
+            "yellow soap. In the second photo, a white towel.",
+            {"soap", "towel"},
+            "Two photos from a bathroom. In the first photo, a yellow toothbrush and a yellow toothpaste.",
+        ),
+        (
+            "A photo from the beach. It shows a cyan bucket, a cyan spade and a cyan shell.",
+            {"bucket"},
+            "A photo from the beach. It shows a cyan spade and a cyan shell.",
+        ),
+        (  # "and" inside parentheses is not a list separator; synonyms and plurals count
+            "It shows a cyan bucket, two spades (blue and red) and a small cyan seashell on the left.",
+            {"shell"},
+            "It shows a cyan bucket and two spades (blue and red).",
+        ),
+        ("A red fork and a knife.", {"fork"}, "A knife."),
+        ("There is a red fork. Here: a cup.", {"cup"}, "There is a red fork."),
+        ("There is a red fork.", {"cup"}, None),
+    ],
+)
+def test_strip_objects_golden(caption, drop, want):
+    assert strip_objects(caption, drop) == want
+
+
+def subs_order(names):
+    from mm.world.text import CATEGORY_INDEX
+
+    return sorted(names, key=CATEGORY_INDEX.__getitem__)
+
+
+def test_correction_pairs_cut_exactly_the_hallucinations(dirs, loaded, monkeypatch):
+    import mm.eval.generate as gen
+
+    model, processor = loaded
+    notes = [n for n in read_notes(dirs[1]) if n.categories]
+    notes = [notes[0], notes[0], notes[-1]]
+    absent = [c for c in vocab.CATEGORY_NAMES if c not in notes[0].categories][:2]
+    present = sorted(notes[0].categories)
+    captions = [
+        f"A photo. It shows a red {present[0]}, a blue {absent[0]} and a green {absent[1]}.",
+        "A photo. It shows nothing.",  # no hallucination -> no pair
+        f"A photo. It shows a {sorted(notes[2].categories)[0]}.",
+    ]
+    monkeypatch.setattr(gen, "generate_captions", lambda *a, **k: captions)
+    cut = correction_pairs(model, processor, notes, dirs[1], prompt="Describe the note.", substitute=False)
+    assert [p.note_id for p in cut] == [notes[0].id]
+    pr = cut[0]
+    assert pr.kind == "correction" and pr.rejected == captions[0]
+    assert pr.chosen == f"A photo. It shows a red {present[0]}."
+    assert set(pr.meta["removed"]) == set(absent)
+    assert pr.chosen_reward > pr.rejected_reward
+    # default: the hallucinated items are replaced by the objects the caption missed, in order
+    pr = correction_pairs(model, processor, notes, dirs[1], prompt="Describe the note.")[0]
+    w = vocabulary("world")
+    subs = pr.meta["substitutes"]
+    assert [{c for _, c in w.mentions(x)} for x in subs] == [{c} for c in subs_order(present[1:])]
+    want = [f"a red {present[0]}", *subs[:2]]
+    joined = want[0] if len(want) == 1 else ", ".join(want[:-1]) + " and " + want[-1]
+    assert pr.chosen == f"A photo. It shows {joined}."
+    assert pr.chosen_reward > pr.rejected_reward
 
 
 def test_rank_pair():
