@@ -216,14 +216,24 @@ def test_correction_pairs_cut_exactly_the_hallucinations(dirs, loaded, monkeypat
     assert pr.chosen == f"A photo. It shows a red {present[0]}."
     assert set(pr.meta["removed"]) == set(absent)
     assert pr.chosen_reward > pr.rejected_reward
-    # default: the hallucinated items are replaced by the objects the caption missed, in order
-    pr = correction_pairs(model, processor, notes, dirs[1], prompt="Describe the note.")[0]
+    # default: each hallucinated item is replaced by an object the caption missed, in world order; a
+    # caption with more hallucinations than missed objects gives no pair (it would list fewer objects)
+    note = max(notes, key=lambda n: len(n.categories))
+    have = sorted(note.categories)
+    assert len(have) >= 2, "the fixture needs a note with two categories"
+    miss = [c for c in vocab.CATEGORY_NAMES if c not in have]
+    caps = [
+        f"A photo. It shows a red {have[0]} and a blue {miss[0]}.",
+        f"It shows a {' and a '.join(miss[:9])}.",
+    ]
+    monkeypatch.setattr(gen, "generate_captions", lambda *a, **k: caps)
+    got = correction_pairs(model, processor, [note, note], dirs[1], prompt="Describe the note.")
+    assert len(got) == 1
+    pr = got[0]
     w = vocabulary("world")
     subs = pr.meta["substitutes"]
-    assert [{c for _, c in w.mentions(x)} for x in subs] == [{c} for c in subs_order(present[1:])]
-    want = [f"a red {present[0]}", *subs[:2]]
-    joined = want[0] if len(want) == 1 else ", ".join(want[:-1]) + " and " + want[-1]
-    assert pr.chosen == f"A photo. It shows {joined}."
+    assert [{c for _, c in w.mentions(x)} for x in subs] == [{c} for c in subs_order(have[1:])]
+    assert pr.chosen == f"A photo. It shows a red {have[0]} and {subs[0]}."
     assert pr.chosen_reward > pr.rejected_reward
 
 
