@@ -226,6 +226,28 @@ def inject_object(
     return rejected, {"injected": name, "mode": "add", "replaced": None, "partner_of": anchor}
 
 
+def _caption_pair(
+    note: Any, kind: str, prompt: str, chosen: str, rejected: str, reward_cfg: Any, meta: dict[str, Any]
+) -> PreferencePair:
+    """A caption pair about all of ``note``'s images, both sides scored against its objects."""
+    from rl.rewards import score
+
+    objs = sorted(note.categories)
+    return PreferencePair(
+        id=f"{note.id}-{kind}-0",
+        kind=kind,
+        note_id=note.id,
+        images=list(note.images),
+        prompt=prompt,
+        chosen=chosen,
+        rejected=rejected,
+        objects=objs,
+        chosen_reward=score(chosen, objs, cfg=reward_cfg).total,
+        rejected_reward=score(rejected, objs, cfg=reward_cfg).total,
+        meta=meta,
+    )
+
+
 def injection_pairs(
     notes: Sequence[Any],
     *,
@@ -240,7 +262,7 @@ def injection_pairs(
     A pair is kept only when the rejected caption really mentions the injected object (checked
     with the CHAIR vocabulary), so every rejected caption hallucinates at least once more.
     """
-    from rl.rewards import score, vocabulary
+    from rl.rewards import vocabulary
 
     rng = np.random.default_rng(seed)
     vocab = vocabulary("world")
@@ -256,22 +278,7 @@ def injection_pairs(
         rejected, meta = edit
         if meta["injected"] not in {c for _, c in vocab.mentions(rejected)}:
             continue
-        objs = sorted(present)
-        out.append(
-            PreferencePair(
-                id=f"{note.id}-injection-0",
-                kind="injection",
-                note_id=note.id,
-                images=list(note.images),
-                prompt=prompt,
-                chosen=caption,
-                rejected=rejected,
-                objects=objs,
-                chosen_reward=score(caption, objs, cfg=reward_cfg).total,
-                rejected_reward=score(rejected, objs, cfg=reward_cfg).total,
-                meta=meta,
-            )
-        )
+        out.append(_caption_pair(note, "injection", prompt, caption, rejected, reward_cfg, meta))
     return out
 
 
@@ -452,7 +459,7 @@ def correction_pairs(
     (measured here from a 0.741-recall SFT model: CHAIR_i -44% but recall -31 points, length -31%; with
     replacements where possible and cuts otherwise, still recall -22 points, length -23%)."""
     from mm.eval.generate import generate_captions
-    from rl.rewards import score, vocabulary
+    from rl.rewards import vocabulary
 
     vocab = vocabulary("world")
     was_training = model.training
@@ -472,22 +479,8 @@ def correction_pairs(
         fixed = strip_objects(cap, wrong, subs) if wrong else None
         if not fixed or {c for _, c in vocab.mentions(fixed)} & wrong:
             continue
-        objs = sorted(present)
-        out.append(
-            PreferencePair(
-                id=f"{note.id}-correction-0",
-                kind="correction",
-                note_id=note.id,
-                images=list(note.images),
-                prompt=prompt,
-                chosen=fixed,
-                rejected=cap,
-                objects=objs,
-                chosen_reward=score(fixed, objs, cfg=reward_cfg).total,
-                rejected_reward=score(cap, objs, cfg=reward_cfg).total,
-                meta={"removed": sorted(wrong), "substitutes": subs},
-            )
-        )
+        meta = {"removed": sorted(wrong), "substitutes": subs}
+        out.append(_caption_pair(note, "correction", prompt, fixed, cap, reward_cfg, meta))
     return out
 
 
