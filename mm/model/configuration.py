@@ -53,6 +53,10 @@ class NoteVLMConfig(PreTrainedConfig):
     """Most images per note (image slots per sample)."""
     tie_word_embeddings: bool = False
     """Share the LM's input embedding with the output head (also taken from text_config)."""
+    image_index_embeddings: bool = False
+    """Add a learned embedding of the slot index n to every fusion token of image n (`image_index`), so
+    the LM can tell "the second photo" from the first without counting `<im_start>` tokens. It trains
+    and is saved with the fusion."""
 
     def __post_init__(self, **kwargs: Any) -> None:
         self.vision_config = dict(self.vision_config or {})

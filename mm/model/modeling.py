@@ -120,6 +120,11 @@ class NoteVLMModel(NoteVLMPreTrainedModel):
         super().__init__(config)
         self.vision_tower, self.fusion = build_vision_and_fusion(config)
         self.language_model = AutoModel.from_config(config.text_config)
+        self.image_index = (
+            nn.Embedding(config.max_images, config.text_config.hidden_size)
+            if config.image_index_embeddings
+            else None
+        )
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:
@@ -151,6 +156,9 @@ class NoteVLMModel(NoteVLMPreTrainedModel):
             raise ValueError(f"image_mask must be (B, N)=({B}, {N}), got {tuple(image_mask.shape)}")
         patches = self.vision_tower(pixel_values.to(self.dtype), image_mask)  # (B, N, P, Dv)
         tokens, _ = self.fusion(patches, image_mask)  # (B, N, K, D)
+        if self.image_index is not None:
+            idx = self.image_index.weight[:N].to(tokens.dtype)  # (N, D)
+            tokens = tokens + idx[None, :, None, :] * image_mask[:, :, None, None].to(tokens.dtype)
         return tokens, image_mask
 
     def merge_image_tokens(
@@ -252,6 +260,10 @@ class NoteVLMForConditionalGeneration(NoteVLMPreTrainedModel, GenerationMixin):
     @property
     def language_model(self) -> nn.Module:
         return self.model.language_model
+
+    @property
+    def image_index(self) -> nn.Module | None:
+        return self.model.image_index
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.get_input_embeddings()

@@ -22,6 +22,8 @@ from mm.errors import UserError
 
 STAGES = ("align", "sft")
 FUSION_MODULE = "fusion"
+INDEX_MODULE = "image_index"
+"""NoteVLM's optional image index embeddings (``image_index_embeddings``): train and save with the fusion."""
 LM_MODULE = "language_model"
 VISION_MODULE = "vision_tower"
 
@@ -102,6 +104,8 @@ def lora_config(model: nn.Module, preset: LoraPreset | None = None) -> Any:
                 "rename the clashing modules"
             )
         modules_to_save = [FUSION_MODULE]
+        if getattr(model, INDEX_MODULE, None) is not None:
+            modules_to_save.append(INDEX_MODULE)
     return LoraConfig(
         r=preset.r,
         lora_alpha=preset.alpha,
@@ -159,6 +163,8 @@ def freeze_for_stage(model: nn.Module, stage: str) -> dict[str, int]:
             p.requires_grad_(flag)
     for p in model.get_output_embeddings().parameters():  # the LM head goes with the LM
         p.requires_grad_(stage == "sft")
+    if getattr(model, INDEX_MODULE, None) is not None:  # image index embeddings go with the fusion
+        getattr(model, INDEX_MODULE).weight.requires_grad_(True)
     return trainable_counts(model)
 
 
@@ -173,6 +179,7 @@ def trainable_counts(model: nn.Module) -> dict[str, int]:
             continue
         parts = name.split(".")
         part = next((x for x in (VISION_MODULE, FUSION_MODULE, LM_MODULE) if x in parts), "other")
+        part = FUSION_MODULE if INDEX_MODULE in parts else part
         part = LM_MODULE if "lm_head" in parts else part
         counts[part] += p.numel()
     counts["total"] = sum(counts.values())

@@ -51,6 +51,8 @@ class ModelConfig:
     """Longest token sequence (images included); longer answers are cut, cut images are an error."""
     tokenizer: str | None = None
     """Tokenizer folder (save_pretrained); None = the project tokenizer (mm.data.tokenizer.load_tokenizer)."""
+    image_index_embeddings: bool = False
+    """Add a learned per-image index embedding to each image's fusion tokens (NoteVLMConfig field)."""
 
 
 @dataclass
@@ -277,6 +279,7 @@ def build_model_and_processor(cfg: TrainConfig) -> tuple[Any, Any, dict[str, Any
         text_config=text,
         image_token_id=tok.convert_tokens_to_ids("<image>"),
         max_images=cfg.model.max_images,
+        image_index_embeddings=cfg.model.image_index_embeddings,
         pad_token_id=tok.pad_token_id,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
