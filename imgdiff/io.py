@@ -418,7 +418,7 @@ def _inflate_or_decode(info: ImageInfo, data: bytes):
     fast = info.format == "PNG" and data[24] in (8, 16) and data[25] in _PNG_FAST_COLOURS
     if fast and b"IEND" in data[-1024:]:
         try:
-            layout = png.layout(data)
+            layout = png.layout(data, idat_crc=False)  # IDAT CRCs: read_pair_rows, after the inflate
             if layout is not None and png.plain_filters_ahead(layout):
                 from imgdiff.png_shared import inflate_one
 
@@ -438,7 +438,7 @@ def _fast_layout(info: ImageInfo, data, checked: int = 0):
     if b"IEND" not in data[-1024:]:
         return None  # the plain path reports it
     try:
-        layout = png.layout(data, checked)
+        layout = png.layout(data, checked, idat_crc=False)  # IDAT CRCs: read_pair_rows, after the inflate
         return layout if layout is not None and png.plain_filters_ahead(layout) else None
     except png.PngDataError as e:
         raise _fail(info.path, str(e), "re-export or re-download it") from None
@@ -446,8 +446,9 @@ def _fast_layout(info: ImageInfo, data, checked: int = 0):
 
 def _inflate_shared(infos, data):
     """Stage 1 of :func:`read_pair_rows` for two PNGs of one layout whose files share a long prefix:
-    ``((layout A, inflated A), (layout B, inflated B), equal leading bytes)`` with the common
-    compressed prefix inflated once (:func:`imgdiff.png_shared.inflate_pair`), else None."""
+    ``((layout A, inflated A), (layout B, inflated B), equal leading bytes, common file prefix)`` with
+    the common compressed prefix inflated once (:func:`imgdiff.png_shared.inflate_pair`), else None.
+    The IDAT CRCs are left to the caller (:func:`imgdiff.png.check_idat_crcs`)."""
     if not (infos[0].format == infos[1].format == "PNG" and data[0][16:29] == data[1][16:29]):
         return None
     from imgdiff import png
@@ -464,7 +465,7 @@ def _inflate_shared(infos, data):
     got = png_shared.inflate_pair(la, data[0], lb, data[1], common)
     if got is None:
         return None
-    return (la, got[0]), (lb, got[1]), got[2]
+    return (la, got[0]), (lb, got[1]), got[2], common
 
 
 def _finish(info: ImageInfo, data: bytes, staged, rows=None):
@@ -497,7 +498,15 @@ def read_pair_rows(
     infos = (probe(a, max_pixels=max_pixels), probe(b, max_pixels=max_pixels))
     data = [_map_bytes(info) if info.format == "PNG" else _read_bytes(info) for info in infos]
     staged = _inflate_shared(infos, data)
-    sa, sb, equal = staged if staged is not None else (*_in_two_threads(_inflate_or_decode, infos, data), 0)
+    if staged is None:
+        staged = (*_in_two_threads(_inflate_or_decode, infos, data), 0, 0)
+    sa, sb, equal, common = staged
+    for i, s, done in ((0, sa, 0), (1, sb, common)):  # B's chunks in the common prefix: A's CRCs
+        if isinstance(s, tuple):
+            try:
+                png.check_idat_crcs(s[0], data[i], done)
+            except png.PngDataError as e:
+                raise _fail(infos[i].path, str(e), "re-export or re-download it") from None
     if isinstance(sa, tuple) and isinstance(sb, tuple):
         la, lb = sa[0], sb[0]
         if (la.width, la.height, la.colour, la.depth) == (lb.width, lb.height, lb.colour, lb.depth):
@@ -511,9 +520,17 @@ def read_pair_rows(
 
 
 def _finish_both(infos, data, staged, rows):
-    """:func:`_finish` of both images, in this thread (two threads measured no faster on the loaded
-    2-core machine: the unfilter is ~10 ms a 4K image and the band diff needs both)."""
-    return [_finish(infos[i], data[i], staged[i], rows) for i in (0, 1)]
+    """:func:`_finish` of both images: in two threads when there are many rows to unfilter
+    (``imagecodecs.delta_decode`` releases the GIL: a whole 4K image is ~10-25 ms each), else here."""
+    many = rows is None or rows[1] - rows[0] >= PARALLEL_ROWS
+    if not many:
+        return [_finish(infos[i], data[i], staged[i], rows) for i in (0, 1)]
+    pairs = list(zip(data, staged))
+    return _in_two_threads(lambda info, item: _finish(info, item[0], item[1], rows), infos, pairs)
+
+
+PARALLEL_ROWS = 512
+"""Rows from which :func:`_finish_both` unfilters the two images in two threads."""
 
 
 # ---------------------------------------------------------------------------------------------- writing

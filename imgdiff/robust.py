@@ -82,7 +82,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from imgdiff import morph
-from imgdiff.core import pixel_delta
+from imgdiff.core import in_row_halves, pixel_delta
 from imgdiff.regions import TILE
 
 
@@ -277,7 +277,7 @@ def block_sums_numpy(a: np.ndarray, b: np.ndarray, crop, params: RobustParams, m
     y0, y1, x0, x1 = crop
     A, B = a[y0:y1, x0:x1], b[y0:y1, x0:x1]  # (h', w', C)
     sl = (slice(y0 // bs, -(-y1 // bs)), slice(x0 // bs, -(-x1 // bs)))
-    S[sl] = _block_sum_diff(B, A, bs)  # (hb', wb', C) signed sums of all pixels
+    S[sl] = in_row_halves(_block_sum_diff, B, A, bs, unit=bs)  # (hb', wb', C) signed sums of all pixels
     tiles = np.zeros((-(-h // TILE), -(-w // TILE)), bool)
     ys, xs = strong_points(a, b, crop, window=params.window, margin=margin, grid=grid)
     if ys.size:  # take the strong pixels back out of the sums

@@ -190,3 +190,27 @@ def test_block_max_numpy_matches_brute_force(h, w, c, dtype, block, seed):
     got = core.block_max_numpy(a, b, block)
     assert got.dtype == np.uint32
     np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("h", [37, 64, 100])
+def test_row_halves_in_two_threads_equal_one_pass(monkeypatch, h):
+    """Large images take their block passes in two row halves (threads); the result is the same."""
+    from imgdiff import robust
+
+    rng = np.random.default_rng(h)
+    a = rng.integers(0, 256, (h, 52, 3), dtype=np.uint8)
+    b = a.copy()
+    b[rng.random((h, 52)) < 0.05] += 9  # scattered changes in both halves
+    b[h // 2 - 3 : h // 2 + 3, 10:30] = 255  # and a change across the split
+    one = [core.block_max_numpy(a, b, 16), robust._block_sum_diff(b, a, 4), imgdiff.diff(a, b)]
+    monkeypatch.setattr(core, "PARALLEL_ELEMENTS", 1)
+    split = [core.block_max_numpy(a, b, 16), core.in_row_halves(robust._block_sum_diff, b, a, 4, unit=4)]
+    np.testing.assert_array_equal(split[0], one[0])
+    np.testing.assert_array_equal(split[1], one[1])
+    assert imgdiff.diff(a, b) == one[2]
+
+    def boom(x, y):
+        raise ValueError(f"rows {x.shape[0]}")
+
+    with pytest.raises(ValueError, match="rows"):  # an error in either half reaches the caller
+        core.in_row_halves(boom, a, b, unit=4)

@@ -101,9 +101,11 @@ def test_not_applicable_returns_none():
     b2 = a.copy()
     b2[190, 0, 0] ^= 1
     db2 = _png(b2)
-    assert png_shared.inflate_pair(png.layout(da), da, png.layout(db2), db2) is not None
-    ro = memoryview(db2).toreadonly()  # no address for a read-only buffer: the plain path
-    assert png_shared.inflate_pair(png.layout(da), da, png.layout(db2), ro) is None
+    got = png_shared.inflate_pair(png.layout(da), da, png.layout(db2), db2)
+    assert got is not None
+    ro = memoryview(db2).toreadonly()  # read-only input is fine: the stream is copied before the inflate
+    got_ro = png_shared.inflate_pair(png.layout(da), da, png.layout(ro), ro)
+    assert got_ro is not None and bytes(got_ro[1][0]) == bytes(got[1][0]) and got_ro[2] == got[2]
 
 
 def test_bad_streams_fall_back_to_the_plain_errors(tmp_path):
@@ -177,10 +179,7 @@ def test_first_unequal_scans_both_ways(monkeypatch):
 def test_inflate_one_equals_plain_inflate(idat, filt):
     data = _png(_noise(50, 70, idat + filt), idat=idat, filt=filt)
     layout = png.layout(data)
-    got, ref = png_shared.inflate_one(layout, data), png.inflate(layout)
-    if len(layout.idat[-1]) < 4:  # the Adler-32 trailer straddles two chunks: left to the plain inflate
-        assert got is None
-        return
+    got, ref = png_shared.inflate_one(layout, data), png.inflate(layout)  # idat=5: trailer across chunks
     assert got is not None and bytes(got[0]) == bytes(ref[0]) and got[1] == ref[1]
     assert png_shared.inflate_one(layout, bytearray(data)) is not None  # a writable buffer works too
 
@@ -196,7 +195,8 @@ def test_inflate_one_leaves_odd_and_bad_streams_to_the_plain_inflate():
         with pytest.raises(png.PngDataError):
             png.inflate(layout)
     good = _png(img)
-    assert png_shared.inflate_one(png.layout(good), memoryview(good).toreadonly()) is None
+    ro = memoryview(good).toreadonly()  # the stream is copied: read-only input is fine
+    assert bytes(png_shared.inflate_one(png.layout(ro), ro)[0]) == bytes(png.inflate(png.layout(good))[0])
 
 
 def test_layout_skips_only_the_crcs_of_checked_chunks():
@@ -211,3 +211,14 @@ def test_layout_skips_only_the_crcs_of_checked_chunks():
         png.layout(bytes(data), checked=at + 1)
     end4 = first.idat_at[3] + len(first.idat[3]) + 4
     assert png.layout(bytes(data), checked=end4) is not None  # declared byte-identical to a good file
+    deferred = png.layout(bytes(data), idat_crc=False)  # the IDAT CRCs are left to check_idat_crcs
+    assert deferred is not None
+    with pytest.raises(png.PngDataError, match="IDAT chunk fails its CRC"):
+        png.check_idat_crcs(deferred, bytes(data))
+    with pytest.raises(png.PngDataError, match="CRC"):
+        png.check_idat_crcs(deferred, bytes(data), checked=end4 - 1)
+    png.check_idat_crcs(deferred, bytes(data), checked=end4)
+    png.check_idat_crcs(first, _png(a, idat=1000))  # a good file passes
+    data[first.idat_at[0] - 10] ^= 1  # a byte of the IHDR CRC (no chunk in between): still checked
+    with pytest.raises(png.PngDataError, match="IHDR chunk fails"):
+        png.layout(bytes(data), idat_crc=False)
