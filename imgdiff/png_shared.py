@@ -5,11 +5,11 @@ to some offset ``D``: same header, same IDAT chunk boundaries, same compressed b
 given compressed prefix always yields the same output, so the inflate of that prefix is done once
 and the decoder state at ``D`` is copied: A's and B's streams then continue from their own bytes
 (A's in a thread, B's in the caller; the GIL is released). Each file's IDAT payloads are first copied
-into one buffer (:func:`imgdiff.png.stream`), so that each inflate is a single ctypes call: one GIL release
-and re-take instead of one per 8 KB chunk, each of which waited up to the 5 ms switch interval while the
-CLI's import thread held the GIL (a 4K pair's chunk walk and inflate took ~40 ms longer that way). On a 4K pair that differs in its middle
-rows this saves about a quarter of the two inflates' CPU time, and :func:`imgdiff.png.changed_span`
-need not compare the shared rows.
+into one buffer (:func:`imgdiff.png.stream`), so that each inflate is a single ctypes call: one GIL
+release and re-take instead of one per 8 KB chunk, each of which waited up to the 5 ms switch interval
+while the CLI's import thread held the GIL (a 4K pair's chunk walk and inflate took ~40 ms longer that
+way). On a 4K pair that differs in its middle rows this saves about a quarter of the two inflates' CPU
+time, and :func:`imgdiff.png.changed_span` need not compare the shared rows.
 
 Python's ``isal_zlib.decompressobj`` has no ``copy()`` and ``zlib``'s (which has) inflates 2-3x
 slower than ISA-L here, so this calls ISA-L's ``isal_inflate`` (exported by the ``isal`` extension)
