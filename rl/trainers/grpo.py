@@ -92,8 +92,15 @@ class RolloutConfig:
     """Sampling temperature (the log-probs use the same)."""
     top_p: float = 1.0
     """Nucleus sampling mass (1 = off)."""
+    sampler: str = "inverse_cdf"
+    """How a token is drawn (``rl.trainers.rollout.SAMPLERS``): ``inverse_cdf`` (fast, the same
+    distribution) or ``multinomial`` (exactly HF ``generate``'s tokens for the same seed)."""
 
     def __post_init__(self) -> None:
+        from rl.trainers.rollout import SAMPLERS
+
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"rollout.sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
         if self.group_size < 2:
             raise ValueError(
                 f"rollout.group_size must be >= 2 (a group needs a baseline), got {self.group_size}"
@@ -375,7 +382,7 @@ def train(
         batch = to_device(prompts.batch(idx), device)
         roll = generate_rollout(
             model, batch, group_size=G, max_new_tokens=ro.max_new_tokens, eos_id=tok.eos_token_id,
-            pad_id=tok.pad_token_id, temperature=ro.temperature, top_p=ro.top_p,
+            pad_id=tok.pad_token_id, temperature=ro.temperature, top_p=ro.top_p, sampler=ro.sampler,
         )  # fmt: skip
         row_prompts = [prompts.prompts[i] for i in idx for _ in range(G)]
         texts = [tok.decode(r, skip_special_tokens=True).strip() for r in roll.response_ids()]

@@ -14,7 +14,9 @@ from test_eval_model_fixtures import make_data_dir, make_model_dir  # noqa: E402
 
 from rl.trainers.common import batch_token_logps, response_window  # noqa: E402
 from rl.trainers.rollout import (  # noqa: E402
+    _top_p_filter,
     decode_loop_supported,
+    draw_inverse_cdf,
     generate_rollout,
     merge_rollouts,
     response_mask_from_ids,
@@ -53,6 +55,7 @@ def loaded(tmp_path_factory):
 def _roll(model, prompts, seed=0, **kw):
     torch.manual_seed(seed)
     args = dict(group_size=3, max_new_tokens=8, eos_id=EOS, pad_id=PAD, temperature=0.7)
+    args["sampler"] = "multinomial"  # the very tokens generate samples
     return generate_rollout(model, prompts, **{**args, **kw})
 
 
@@ -182,7 +185,9 @@ def test_decode_loop_samples_exactly_what_generate_samples(attn, temperature, to
         rng_after_generate = torch.get_rng_state()
         torch.manual_seed(seed)
         with torch.inference_mode():
-            out = sample_tokens(lm, prompts, group_size=4, eos_id=eos, pad_id=PAD, **kw)
+            out = sample_tokens(
+                lm, prompts, group_size=4, eos_id=eos, pad_id=PAD, sampler="multinomial", **kw
+            )
         assert torch.equal(out, ref)  # same tokens, same length (stops when every row has ended)
         assert torch.equal(torch.get_rng_state(), rng_after_generate)  # same draws from the generator
         assert not (out[:, 4:] == 3).any()  # suppressed token never sampled
@@ -254,6 +259,49 @@ def test_decode_loop_through_a_lora_wrapper_equals_generate():
     torch.manual_seed(4)
     with torch.inference_mode():
         out = sample_tokens(
-            lm, prompts, group_size=2, max_new_tokens=6, eos_id=EOS, pad_id=PAD, temperature=0.9
-        )
+            lm, prompts, group_size=2, max_new_tokens=6, eos_id=EOS, pad_id=PAD, temperature=0.9,
+            sampler="multinomial",
+        )  # fmt: skip
     assert decode_loop_supported(lm) and torch.equal(out, ref)
+
+
+def test_inverse_cdf_draws_follow_the_probabilities():
+    """One uniform per row against the cumulative probabilities: the multinomial distribution, never a
+    zero-probability entry (suppressed, cut by top-p, or at either end of the vocabulary)."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 9, dtype=torch.float64) * 2
+    logits[0, 4] = logits[1, 0] = logits[2, 8] = -float("inf")  # middle, first and last entries
+    probs = torch.softmax(logits, dim=-1)
+    n = 40_000
+    counts = torch.zeros_like(probs)
+    for _ in range(n // 1000):
+        draws = draw_inverse_cdf(probs.repeat(1000, 1)).view(1000, 3)  # (1000, 3)
+        counts += torch.nn.functional.one_hot(draws, 9).sum(0)
+    freq = counts / n
+    assert counts[0, 4] == counts[1, 0] == counts[2, 8] == 0
+    sigma = (probs * (1 - probs) / n).sqrt()
+    assert ((freq - probs).abs() <= 5 * sigma + 1e-12).all(), (freq - probs).abs().max()
+    one_hot = torch.zeros(2, 5)
+    one_hot[0, 3] = one_hot[1, 4] = 1.0
+    assert draw_inverse_cdf(one_hot).tolist() == [3, 4]  # a certain token, also the last one
+
+
+def test_default_sampler_respects_suppression_and_top_p():
+    lm = _tiny_lm(vocab=12, suppress_tokens=[3])
+    prompts = {"input_ids": PROMPT_IDS, "attention_mask": PADDED}
+    with torch.inference_mode():
+        first = lm(**prompts).logits[:, -1].float()  # (3, V) the first sampled position's logits
+        first[:, 3] = -float("inf")
+        allowed = _top_p_filter(first, 0.6) > -float("inf")  # (3, V) what top-p 0.6 keeps
+        seen = torch.zeros_like(allowed)
+        for seed in range(40):
+            torch.manual_seed(seed)
+            out = sample_tokens(
+                lm, prompts, group_size=8, max_new_tokens=3, eos_id=EOS, pad_id=PAD, top_p=0.6
+            )
+            seen |= torch.nn.functional.one_hot(out[:, 4], 12).view(3, 8, 12).any(1).bool()
+    assert not (out[:, 4:] == 3).any() and not seen[:, 3].any()
+    assert not (seen & ~allowed).any()  # nothing outside the nucleus
+    assert seen.sum() > 3  # and it does sample (not argmax)
+    with pytest.raises(ValueError, match="unknown sampler"):
+        sample_tokens(lm, prompts, group_size=1, max_new_tokens=1, eos_id=EOS, pad_id=PAD, sampler="gumbel")
