@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from rl.trainers.decode_step import lean_decode_step
+
 
 @dataclass(kw_only=True)
 class Rollout:
@@ -176,7 +178,9 @@ def sample_tokens(
     ``/ temperature`` unless 1, HF's top-p filter unless ``top_p == 1``, softmax, one
     ``torch.multinomial`` over all rows on the global generator (argmax when ``do_sample`` is False;
     :func:`draw_inverse_cdf` instead with the default sampler);
-    the same position ids (``cumsum(mask) - 1``, then +1 per step) and attention mask (dropped when the
+    the same position ids (``cumsum(mask) - 1``, then +1 per step; each step through
+    :func:`rl.trainers.decode_step.lean_decode_step` for Qwen2/Llama decoders, the same logits for less
+    overhead) and attention mask (dropped when the
     prompts have no padding; for SDPA the per-step 4-D bool mask is built once). So for the same seed
     and ``sampler="multinomial"`` the tokens are identical. Finished rows get ``pad_id``; the loop stops
     when every row has emitted ``eos_id`` or after ``max_new_tokens``, so ``R`` is the longest response.
@@ -217,6 +221,7 @@ def sample_tokens(
     if (tokens := model.generation_config.suppress_tokens) is not None:
         vocab = torch.arange(logits.shape[-1], device=logits.device)  # (V,)
         suppress = torch.isin(vocab, torch.as_tensor(list(tokens), device=logits.device))
+    lean = lean_decode_step(model) if (bool_buf is not None or not padded) else None  # Qwen2/Llama
     last_pos = position[:, -1:].repeat_interleave(G, dim=0)  # (N, 1)
     unfinished = torch.ones(N, dtype=torch.bool, device=device)  # (N,)
     steps = 0
@@ -245,7 +250,10 @@ def sample_tokens(
         last_pos = last_pos + 1  # (N, 1)
         if padded:
             mask = mask_buf[:, : P + steps] if bool_buf is None else bool_buf[..., : P + steps].contiguous()
-        logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos, **kw).logits
+        if lean is not None:
+            logits = lean(nxt[:, None], last_pos, cache, mask)  # (N, 1, V), the forward's logits
+        else:
+            logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos, **kw).logits
     return out[:, : P + steps]
 
 

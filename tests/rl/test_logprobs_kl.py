@@ -122,3 +122,20 @@ def test_entropy_equals_trl_and_golden():
     assert entropy_from_logits(torch.zeros(4)).item() == pytest.approx(math.log(4))
     assert entropy_from_logits(torch.tensor([0.0, -1e4])).item() == pytest.approx(0.0, abs=1e-12)
     assert entropy_from_logits(logits.to(torch.bfloat16)).dtype == torch.float32
+
+
+def test_token_logprobs_one_pass_equals_row_at_a_time(monkeypatch):
+    import rl.logprobs as lp
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 6, 11, dtype=torch.float64, generator=g)
+    ids = torch.randint(0, 11, (4, 6), generator=g)
+    results = []
+    for budget in (lp.ONE_PASS_ELEMENTS, 0):  # the vectorised pass, then the row loop
+        monkeypatch.setattr(lp, "ONE_PASS_ELEMENTS", budget)
+        x = logits.clone().requires_grad_(True)
+        out = token_logprobs(x, ids, temperature=0.8)
+        out.sum().backward()
+        results.append((out.detach(), x.grad))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=0, atol=1e-12)
