@@ -10,7 +10,7 @@ Three builders, each returning :class:`PreferencePair` records (JSONL via :func:
   must unlearn). Deviation: POVID makes its rejected answers with GPT-4V; we edit the ground truth
   with the world's own nouns, articles and synonyms, so the edit is exact and fluent.
 - :func:`onpolicy_pairs` (RLAIF-V, Yu et al. 2024): sample several captions per note from the
-  current model (``do_sample``, one batched ``generate`` with ``num_return_sequences``), score them
+  current model (the GRPO rollout sampler, :func:`rl.trainers.rollout.generate_rollout`), score them
   with :func:`rl.rewards.score` against the scene, keep best vs worst, skip ties. The sampled token
   ids are kept in the pair (never decoded and re-tokenised).
 - :func:`correction_pairs` (RLHF-V, Yu et al. 2024, fine-grained corrections; HSA-DPO): rejected = the
@@ -646,47 +646,33 @@ def sample_responses(
     batch_size: int = 16,
     seed: int = 0,
 ) -> list[list[tuple[str, list[int]]]]:
-    """``num_samples`` sampled ``(text, raw token ids)`` per note (batched, KV cache, seeded)."""
+    """``num_samples`` sampled ``(text, raw token ids)`` per note (batched, KV cache, seeded), drawn by
+    :func:`rl.trainers.rollout.generate_rollout` (the GRPO rollout: one prefill per note, a lean decode
+    step, an inverse-CDF sampler)."""
     import torch
 
     from mm.eval.generate import note_images
+    from rl.trainers.rollout import generate_rollout
 
     if num_samples < 2:
         raise UserError(f"on-policy pairs need num_samples >= 2 to rank, got {num_samples}")
     torch.manual_seed(seed)
     device = next(model.parameters()).device
     tok = processor.tokenizer
-    was_training = model.training
-    model.eval()
     out: list[list[tuple[str, list[int]]]] = []
-    try:
-        with torch.no_grad():
-            for start in range(0, len(notes), batch_size):
-                chunk = notes[start : start + batch_size]
-                batch = processor(
-                    [note_images(n, root) for n in chunk], [prompt] * len(chunk), padding_side="left"
-                )
-                batch = {k: v.to(device) for k, v in batch.items()}
-                ids = model.generate(
-                    **batch,
-                    do_sample=True,
-                    temperature=temperature,
-                    top_p=top_p,
-                    top_k=0,
-                    num_return_sequences=num_samples,
-                    max_new_tokens=max_new_tokens,
-                    pad_token_id=tok.pad_token_id,
-                    eos_token_id=tok.eos_token_id,
-                )  # (b * num_samples, T + new), note-major
-                new = ids[:, batch["input_ids"].shape[1] :].tolist()
-                for j in range(len(chunk)):
-                    rows = [
-                        _trim(r, tok.eos_token_id, tok.pad_token_id)
-                        for r in new[j * num_samples : (j + 1) * num_samples]
-                    ]
-                    out.append([(tok.decode(r, skip_special_tokens=True).strip(), r) for r in rows])
-    finally:
-        model.train(was_training)
+    for start in range(0, len(notes), batch_size):
+        chunk = notes[start : start + batch_size]
+        batch = processor([note_images(n, root) for n in chunk], [prompt] * len(chunk), padding_side="left")
+        batch = {k: v.to(device) for k, v in batch.items()}
+        roll = generate_rollout(
+            model, batch, group_size=num_samples, max_new_tokens=max_new_tokens, eos_id=tok.eos_token_id,
+            pad_id=tok.pad_token_id, temperature=temperature, top_p=top_p,
+        )  # fmt: skip  # (b * num_samples, P + R), note-major
+        new = roll.response_ids()
+        for j in range(len(chunk)):
+            group = new[j * num_samples : (j + 1) * num_samples]
+            rows = [_trim(r, tok.eos_token_id, tok.pad_token_id) for r in group]
+            out.append([(tok.decode(r, skip_special_tokens=True).strip(), r) for r in rows])
     return out
 
 

@@ -84,6 +84,10 @@ class LossConfig:
             raise ValueError(f"loss.corruption must be one of {KINDS}, got {self.corruption!r}")
 
 
+BUILDS = ("injection", "corrupt", "correction", "onpolicy")
+"""Pair kinds ``rl dpo`` builds itself (``data.build``)."""
+
+
 @dataclass(kw_only=True)
 class DataConfig:
     """Preference pairs: a JSONL from ``rl pairs``, or injection/corrupt pairs built from the notes."""
@@ -93,9 +97,14 @@ class DataConfig:
     pairs: str | None = None
     """Pairs JSONL written by ``rl pairs``; None = build ``build`` pairs from ``split`` notes."""
     build: str = "injection"
-    """Pairs to build when ``pairs`` is None: injection (POVID/HA-DPO), corrupt (mDPO) or correction
-    (RLHF-V: the starting policy's own greedy captions minus their hallucinated objects; generates one
-    caption per note, so it needs ``notes`` > 0)."""
+    """Pairs to build when ``pairs`` is None: injection (POVID/HA-DPO), corrupt (mDPO), correction
+    (RLHF-V: the starting policy's own greedy captions minus their hallucinated objects) or onpolicy
+    (RLAIF-V: best vs worst by the scene reward of ``samples`` captions sampled from the starting policy).
+    correction and onpolicy generate with the policy first, so they need ``notes`` > 0."""
+    samples: int = 4
+    """onpolicy: captions sampled per note."""
+    temperature: float = 1.0
+    """onpolicy: sampling temperature."""
     split: str = "train"
     """Note split pairs are built from."""
     notes: int = 0
@@ -112,12 +121,16 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.question_ratio < 0:
             raise ValueError(f"data.question_ratio must be >= 0, got {self.question_ratio}")
-        if self.build not in ("injection", "corrupt", "correction"):
-            raise ValueError(f"data.build must be injection, corrupt or correction, got {self.build!r}")
-        if self.build == "correction" and self.pairs is None and self.notes == 0:
+        if self.build not in BUILDS:
+            raise ValueError(f"data.build must be one of {', '.join(BUILDS)}, got {self.build!r}")
+        if self.build in ("correction", "onpolicy") and self.pairs is None and self.notes == 0:
             raise ValueError(
-                "data.build=correction captions every note with the policy first; set data.notes to how many "
-                "(e.g. 600)"
+                f"data.build={self.build} captions every note with the policy first; set data.notes to how "
+                "many (e.g. 600)"
+            )
+        if self.samples < 2 or self.temperature <= 0:
+            raise ValueError(
+                f"need data.samples >= 2 and data.temperature > 0, got {self.samples}, {self.temperature}"
             )
         if self.batch_size < 1 or self.notes < 0:
             raise ValueError(
@@ -237,7 +250,14 @@ def load_pairs(cfg: DataConfig, seed: int, policy: tuple[Any, Any] | None = None
     """The configured pairs: read from ``cfg.pairs`` or built from the notes of ``cfg.split`` (correction
     pairs with ``policy`` = (model, processor))."""
     from mm.data.format import read_notes
-    from rl.pairs import correction_pairs, corrupt_pairs, injection_pairs, question_pairs, read_pairs
+    from rl.pairs import (
+        correction_pairs,
+        corrupt_pairs,
+        injection_pairs,
+        onpolicy_pairs,
+        question_pairs,
+        read_pairs,
+    )
 
     def world_notes() -> list[Any]:
         folder = Path(cfg.folder)
@@ -250,10 +270,16 @@ def load_pairs(cfg: DataConfig, seed: int, policy: tuple[Any, Any] | None = None
         pairs = read_pairs(cfg.pairs)
     elif cfg.build == "injection":
         pairs = injection_pairs(world_notes(), prompt=cfg.prompt, seed=seed)
-    elif cfg.build == "correction":
+    elif cfg.build in ("correction", "onpolicy"):
         if policy is None:
-            raise ValueError("correction pairs need the policy (model, processor)")
-        pairs = correction_pairs(*policy, world_notes(), cfg.folder, prompt=cfg.prompt)
+            raise ValueError(f"{cfg.build} pairs need the policy (model, processor)")
+        if cfg.build == "correction":
+            pairs = correction_pairs(*policy, world_notes(), cfg.folder, prompt=cfg.prompt)
+        else:
+            pairs = onpolicy_pairs(
+                *policy, world_notes(), cfg.folder, prompt=cfg.prompt, num_samples=cfg.samples,
+                temperature=cfg.temperature, seed=seed,
+            )  # fmt: skip
     else:
         pairs = corrupt_pairs(world_notes(), prompt=cfg.prompt, seed=seed)
     if cfg.question_ratio > 0:

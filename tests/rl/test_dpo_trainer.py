@@ -110,6 +110,20 @@ def test_correction_pairs_from_the_policy(tmp_path, dirs, monkeypatch):
     assert kinds["correction"] >= 1 and kinds["question"] == kinds["correction"]
 
 
+def test_onpolicy_pairs_from_the_policy(tmp_path, dirs):
+    from rl.trainers import dpo
+
+    with pytest.raises(ValueError, match="set data.notes"):
+        dpo.DataConfig(build="onpolicy")
+    with pytest.raises(ValueError, match="data.samples >= 2"):
+        dpo.DataConfig(build="onpolicy", notes=3, samples=1)
+    out = tmp_path / "o"
+    sets = ["data.build=onpolicy", "data.notes=3", "data.samples=6", "data.temperature=1.5"]
+    assert _run(dirs, out, *sets) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert set(result["pair_kinds"]) == {"onpolicy"} and 1 <= result["pair_kinds"]["onpolicy"] <= 3
+
+
 def test_resume_gives_the_same_weights(tmp_path, dirs):
     from safetensors.torch import load_file
 
