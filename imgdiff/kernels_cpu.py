@@ -301,22 +301,24 @@ def _take_out_strong(a2, b2, c, y, x0, x1, bs, r, margin, acc, N, strong_tiles):
             strong_tiles[y // TILE, x // TILE] = True
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def _robust_sums(a2, b2, a64, b64, c, y0, y1, x0, x1, bs, r, margin, S, N, strong_tiles):  # noqa: PLR0913
     """Per block row: column sums of signed deltas over its image rows (a contiguous, vectorisable
     loop), then strong pixels (only in rows whose max |d| exceeds the margin) are taken back out by
-    a separate (not inlined) function, which keeps the hot loops small enough to vectorise."""
+    a separate (not inlined) function, which keeps the hot loops small enough to vectorise. Block rows
+    run in parallel (``prange``): each has its own accumulator and writes only its own rows of ``S``
+    and ``N``; two block rows may both set one strong tile to True, which is the same store."""
     e0, e1 = x0 * c, x1 * c
     skip_rows = a64.shape[1] > 0
-    acc = np.zeros(a2.shape[1], np.int32)  # <= 16 rows of 16-bit deltas: fits
-    for by in range(y0 // bs, (y1 + bs - 1) // bs):
+    by0, by1 = y0 // bs, (y1 + bs - 1) // bs
+    for t in numba.prange(by1 - by0):
+        by = by0 + t
+        acc = np.zeros(a2.shape[1], np.int32)  # <= 16 rows of 16-bit deltas: fits
         used = False
         for y in range(max(by * bs, y0), min(by * bs + bs, y1)):
             if skip_rows and not _row_differs(a64, b64, y):
                 continue
-            if not used:
-                acc[e0:e1] = 0
-                used = True
+            used = True
             ra, rb, ac = a2[y, e0:e1], b2[y, e0:e1], acc[e0:e1]
             for e in range(e1 - e0):  # from 0: no negative-index wraparound check, so it vectorises
                 ac[e] += np.int32(rb[e]) - np.int32(ra[e])
