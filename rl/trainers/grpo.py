@@ -143,6 +143,10 @@ class AlgoConfig:
     """Length of the penalty window before max_new_tokens (tokens)."""
     overlong_factor: float = 1.0
     """Penalty at max_new_tokens (reward - factor)."""
+    mention_credit: float = 0.0
+    """Weight of the dense per-mention credit (:func:`rl.rewards.mention_credits`: the caption reward
+    spread over the words that earned it) added to each caption token's advantage, in reward units
+    (0 = off, plain GRPO; needs ``level: token``)."""
 
     def __post_init__(self) -> None:
         from rl.advantages import ADVANTAGE_SCALES
@@ -178,6 +182,11 @@ class AlgoConfig:
                 "need num_iterations, max_sample_batches >= 1",
             ),
             (self.overlong_cache >= 1, f"algo.overlong_cache must be >= 1, got {self.overlong_cache}"),
+            (self.mention_credit >= 0, f"algo.mention_credit must be >= 0, got {self.mention_credit}"),
+            (
+                self.mention_credit == 0 or self.level == "token",
+                "algo.mention_credit gives token-level advantages: it needs algo.level=token",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -276,6 +285,23 @@ def score_rollout(
         if vals:
             means[f"reward_{k}"] = sum(vals) / len(vals)
     return torch.tensor(totals, dtype=torch.float32), means
+
+
+def token_credits(roll: Any, rows: list[Prompt], objects: list[list[str]], tok: Any, reward: RewardConfig):
+    """``(B*G, R)`` float32: :func:`rl.rewards.mention_credits` of each caption row's sampled tokens
+    (``rows[i]``: row i's prompt; ``objects``: ground truth per note), 0 on question rows and padding.
+    Token texts come from the raw ids one id at a time (no re-tokenisation)."""
+    from rl.rewards import mention_credits
+
+    P = roll.prompt_length
+    out = torch.zeros(roll.input_ids.shape[0], roll.input_ids.shape[1] - P)
+    texts: dict[int, str] = {}
+    for i, (ids, prompt) in enumerate(zip(roll.response_ids(), rows)):
+        if prompt.label is not None or not ids:
+            continue
+        pieces = [texts.setdefault(t, tok.decode([t], skip_special_tokens=True)) for t in ids]
+        out[i, : len(ids)] = torch.tensor(mention_credits(pieces, objects[prompt.note], reward))
+    return out
 
 
 # ---------------------------------------------------------------- the step
@@ -422,6 +448,11 @@ def train(
             )
         flat = rewards.reshape(-1)  # (B*G,)
         adv = compute_advantages(flat, group_size=G, cfg=algo).to(device)
+        credit = None
+        if algo.mention_credit > 0:
+            rows = [p for _, _, ps in groups for p in ps]
+            credit = token_credits(roll, rows, prompts.objects, tok, cfg.reward).to(device)  # (B*G, R)
+            adv = adv[:, None] + algo.mention_credit * credit  # (B*G, R) per-token advantages
         batch = to_device(roll.batch(), device)
         with torch.no_grad():
             old = None
@@ -459,6 +490,7 @@ def train(
             "response_len": float(roll.lengths.float().mean()),
             "truncated_frac": float(roll.truncated.float().mean()),
             "sample_batches": len(seen),
+            **({"mention_credit_abs": float(credit.abs().sum(-1).mean())} if credit is not None else {}),
             **comps,
         }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -88,6 +89,44 @@ def test_dapo_gspo_options_run(tmp_path, dirs):
     assert r["sample_batches"] >= 1 and r["zero_std_frac"] <= 1.0
 
 
+def test_mention_credit_runs_and_logs(tmp_path, dirs):
+    assert _run(dirs, tmp_path / "mc", "algo.mention_credit=1.0", "data.tasks=[caption]") == 0
+    r = _records(tmp_path / "mc")[-1]
+    assert r["mention_credit_abs"] >= 0 and math.isfinite(r["loss"])
+
+
+def test_token_credits_follow_the_sampled_ids():
+    from mm.data.tokenizer import load_tokenizer
+    from rl.rewards import RewardConfig, mention_credits
+    from rl.trainers.grpo import Prompt, token_credits
+    from rl.trainers.rollout import Rollout
+
+    tok = load_tokenizer()
+    caption = tok(" a fork and a knife", add_special_tokens=False)["input_ids"]
+    answer = tok(" yes", add_special_tokens=False)["input_ids"]
+    R = len(caption) + 1
+    resp = torch.zeros(2, R, dtype=torch.long)
+    resp[0, : len(caption)] = torch.tensor(caption)
+    resp[0, len(caption)] = tok.eos_token_id
+    resp[1, : len(answer)] = torch.tensor(answer)
+    mask = torch.zeros(2, R, dtype=torch.long)
+    mask[0, : len(caption) + 1] = 1
+    mask[1, : len(answer)] = 1
+    prompt = torch.ones(2, 3, dtype=torch.long)
+    roll = Rollout(
+        input_ids=torch.cat([prompt, resp], 1), attention_mask=torch.cat([prompt, mask], 1),
+        response_mask=torch.cat([torch.zeros_like(prompt), mask], 1), prompt_length=3, group_size=2,
+        lengths=mask.sum(-1), truncated=torch.tensor([False, True]), images={},
+    )  # fmt: skip
+    rows = [Prompt(note=0, text="Describe the note.", label=None), Prompt(note=0, text="q", label="yes")]
+    cfg = RewardConfig(hallucination_weight=2.0)
+    got = token_credits(roll, rows, [["fork", "cup"]], tok, cfg)  # (2, R)
+    pieces = [tok.decode([t]) for t in caption]
+    assert got[0, : len(caption)].tolist() == pytest.approx(mention_credits(pieces, ["fork", "cup"], cfg))
+    assert got[0].sum().item() == pytest.approx(0.5 - 1.0)  # fork covered (1/2), knife hallucinated (2/2)
+    assert not got[1].any() and got[0, len(caption) :].abs().sum() == 0  # question rows, eos, padding
+
+
 def test_dynamic_sampling_on_constant_reward_is_a_clear_error(tmp_path, dirs, capsys):
     sets = (
         "algo.dynamic_sampling=true",
@@ -165,6 +204,7 @@ def test_resume_gives_the_same_weights(tmp_path, dirs):
         ("algo.overlong_penalty=true algo.overlong_cache=100", "must be <= rollout.max_new_tokens"),
         ("data.tasks=[chat]", "data.tasks must be"),
         ("algo.betta=0.1", "unknown key"),
+        ("algo.mention_credit=1 algo.level=sequence", "needs algo.level=token"),
     ],
 )
 def test_config_errors_exit_2_with_one_line(tmp_path, dirs, capsys, override, message):

@@ -13,6 +13,7 @@ from rl.rewards import (
     caption_reward,
     caption_terms,
     combine,
+    mention_credits,
     score,
     vocabulary,
     yesno_reward,
@@ -144,3 +145,21 @@ def test_config_loads_from_yaml(tmp_path):
     p.write_text("halucination_weight: 2.5\n")
     with pytest.raises(ConfigError):
         load_config(RewardConfig, p)
+
+
+def test_mention_credits_golden_and_sum_to_the_caption_reward():
+    """Credits land on the first token of the words that name objects (first covered +cov/g, repeat 0,
+    hallucinated -h/g); the credits sum to the caption reward."""
+    cfg = RewardConfig(coverage_weight=1.0, hallucination_weight=1.5)
+    pieces = ["Two", " forks", ",", " a", " kn", "ife", " and", " a", " fork", ". A", " red", " cup", " and",
+              " a", " computer", " keyboard", "."]  # fmt: skip
+    got = mention_credits(pieces, GT, cfg)
+    want = [0.0] * len(pieces)
+    want[1] = 0.25  # forks: fork, covered first (g = 4)
+    want[4] = -1.5 / 4  # kn|ife: knife, hallucinated, on the word's first token
+    want[11] = 0.25  # cup
+    want[15] = -1.5 / 4  # "computer keyboard" (a two-word form) is credited to its last word
+    assert got == pytest.approx(want)  # the repeated "fork" (index 8) earns nothing
+    assert sum(got) == pytest.approx(caption_reward("".join(pieces), GT, cfg))
+    assert mention_credits([], GT, cfg) == []
+    assert mention_credits(["Nothing", " here", "."], GT, cfg) == [0.0, 0.0, 0.0]
