@@ -30,6 +30,7 @@ from mm.fusion import FusionConfig
 from mm.model.configuration import TINY_TEXT_CONFIG
 from mm.train import common
 from mm.train.tasks import CAPTION_PROMPT, IMAGE_CAPTION_PROMPT, TASK_KINDS
+from mm.train.token_loss import token_weights, weighted_token_loss
 from mm.vision import VisionConfig
 
 STAGES = ("align", "sft")
@@ -97,11 +98,16 @@ class TaskConfig:
     """Prompt of the per-image captioning task (kind image_caption)."""
     questions_per_note: int = 6
     """Most yes/no questions per note used for training."""
+    question_weight: float = 1.0
+    """Loss weight of a yes/no answer's tokens against a caption token's 1 (mm.train.token_loss): a question
+    has 1 answer token to a caption's ~40, so in a plain token mean the questions get ~5% of the gradient."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.kinds if k not in TASK_KINDS]
         if bad or not self.kinds:
             raise ValueError(f"tasks.kinds must be a non-empty subset of {TASK_KINDS}, got {self.kinds}")
+        if not (self.question_weight > 0 and math.isfinite(self.question_weight)):
+            raise ValueError(f"tasks.question_weight must be a finite number > 0, got {self.question_weight}")
 
 
 @dataclass
@@ -501,9 +507,16 @@ def train(
     for step in range(start, cfg.train.steps):
         ts = time.perf_counter()
         idx = common.batch_indices(len(train_data), cfg.train.batch_size, seed=cfg.train.seed, step=step)
-        batch = train_data.batch(common.shard(idx, rank=rank, world_size=world))
-        divisor = answer_token_divisor(batch["labels"], world)
-        loss = ddp(**batch, num_items_in_batch=divisor).loss
+        shard = common.shard(idx, rank=rank, world_size=world)
+        batch = train_data.batch(shard)
+        if cfg.tasks.question_weight == 1.0:
+            divisor = answer_token_divisor(batch["labels"], world)
+            loss = ddp(**batch, num_items_in_batch=divisor).loss
+        else:
+            weights = sample_weights(train_data, shard, cfg.tasks)  # (B,)
+            labels = batch.pop("labels")
+            divisor = answer_token_divisor(labels, world, weights)
+            loss = weighted_token_loss(ddp(**batch).logits, labels, weights, divisor)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         params = [p for p in model.parameters() if p.requires_grad]
@@ -560,7 +573,15 @@ def train(
     )
 
 
-def answer_token_divisor(labels: torch.Tensor, world: int) -> torch.Tensor:
+def sample_weights(data: Any, indices: Any, tasks: TaskConfig) -> torch.Tensor:
+    """(B,) loss weight of each sample of a batch: ``tasks.question_weight`` for questions, else 1."""
+    w = [tasks.question_weight if data.samples[i].kind == "question" else 1.0 for i in indices]
+    return torch.tensor(w, dtype=torch.float32)
+
+
+def answer_token_divisor(
+    labels: torch.Tensor, world: int, sample_weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """What this rank divides its summed token loss by, so that training matches one process.
 
     ``labels`` (B, T) of this rank's shard (-100 = ignored; the loss predicts ``labels[:, 1:]``). With N
@@ -568,8 +589,13 @@ def answer_token_divisor(labels: torch.Tensor, world: int) -> torch.Tensor:
     sum_r / (N / W), DDP averages the W gradients, and the result is the gradient of sum / N, the token
     mean over the global batch that one process computes. (A per-rank token mean would weight a token of
     a rank with few answer tokens more than one of a rank with many.) At least 1 token is assumed.
+    With ``sample_weights`` (B,), N is the weighted token count (mm.train.token_loss.token_weights).
     """
-    n = common.all_reduce_sum((labels[:, 1:] != -100).sum().to(torch.float32))  # N over all ranks
+    if sample_weights is None:
+        n = (labels[:, 1:] != -100).sum().to(torch.float32)
+    else:
+        n = token_weights(labels, sample_weights.to(torch.float32)).sum()
+    n = common.all_reduce_sum(n)  # N over all ranks
     return n.clamp(min=1.0) / world
 
 

@@ -1,0 +1,34 @@
+"""Weighted next-token cross-entropy: the SFT loss with a weight per sample (e.g. per task kind).
+
+With every weight 1 this is the token mean that ``NoteVLMForConditionalGeneration``'s own loss computes
+(transformers' ``ForCausalLMLoss`` with ``num_items_in_batch``). A yes/no question has one answer token
+(plus the end token) against ~40 for a caption, so in a token mean over a mixed batch the questions carry
+~5% of the gradient; ``tasks.question_weight`` scales their tokens up (the divisor counts the weights,
+so the loss stays a weighted mean).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def token_weights(labels: torch.Tensor, sample_weights: torch.Tensor) -> torch.Tensor:
+    """(B, T-1) weight of each predicted token: ``sample_weights[b]`` where labels[b, 1:] != -100, else 0."""
+    mask = (labels[:, 1:] != -100).to(sample_weights.dtype)  # (B, T-1)
+    return mask * sample_weights[:, None]
+
+
+def weighted_token_loss(
+    logits: torch.Tensor, labels: torch.Tensor, sample_weights: torch.Tensor, divisor: torch.Tensor | float
+) -> torch.Tensor:
+    """sum_b,t w[b] * CE(logits[b, t], labels[b, t+1]) / divisor.
+
+    logits (B, T, V); labels (B, T), -100 = not an answer token, shifted here as in transformers;
+    sample_weights (B,). ``divisor``: the summed token weights of the (global) batch, see
+    :func:`token_weights`; pass the weight sum over all ranks divided by the world size under DDP.
+    """
+    logits = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32))  # (B, T-1, V)
+    ce = F.cross_entropy(logits.transpose(1, 2), labels[:, 1:], ignore_index=-100, reduction="none")
+    # ce: (B, T-1), 0 where ignored
+    return (ce * token_weights(labels, sample_weights.to(ce.dtype))).sum() / divisor

@@ -1,0 +1,127 @@
+"""mm.train.token_loss: the weighted SFT loss (float64 golden values, equality with transformers' loss)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_sft_helpers import make_world, tiny_train_config
+
+from mm.train.token_loss import token_weights, weighted_token_loss
+
+
+def _case():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 6, 11, generator=g, dtype=torch.float64)  # (B, T, V)
+    labels = torch.randint(0, 11, (3, 6), generator=g)
+    labels[:, :2] = -100  # prompt
+    labels[1, 4:] = -100  # padding
+    return logits, labels
+
+
+def test_unit_weights_equal_transformers_causal_lm_loss():
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    logits, labels = _case()
+    n = (labels[:, 1:] != -100).sum()
+    ours = weighted_token_loss(logits, labels, torch.ones(3, dtype=torch.float64), n.double())
+    ref = ForCausalLMLoss(logits, labels, 11, num_items_in_batch=n)
+    assert ours.dtype == torch.float64
+    assert ours.item() == pytest.approx(ref.item(), abs=1e-6)
+
+
+def test_weighted_loss_golden_value_from_the_formula():
+    logits, labels = _case()
+    w = torch.tensor([1.0, 5.0, 0.5], dtype=torch.float64)
+    num, den = 0.0, 0.0
+    for b in range(3):
+        for t in range(5):  # position t predicts labels[b, t + 1]
+            y = int(labels[b, t + 1])
+            if y == -100:
+                continue
+            row = logits[b, t]
+            ce = math.log(sum(math.exp(v) for v in row.tolist())) - row[y].item()
+            num += w[b].item() * ce
+            den += w[b].item()
+    tw = token_weights(labels, w)
+    assert tw.shape == (3, 5) and tw.sum().item() == pytest.approx(den)
+    assert tw[1, 3:].eq(0).all() and tw[:, 0].eq(0).all()
+    assert weighted_token_loss(logits, labels, w, tw.sum()).item() == pytest.approx(num / den, abs=1e-12)
+
+
+def test_question_weight_rejects_nonpositive(tmp_path):
+    from mm.config import load_config
+    from mm.train.sft import TrainConfig
+
+    for bad in (0.0, -1.0, float("inf")):
+        path = tiny_train_config(tmp_path / "c.yaml", tasks={"question_weight": bad})
+        with pytest.raises(ValueError, match="question_weight"):
+            load_config(TrainConfig, path)
+
+
+def test_question_weight_scales_question_tokens_in_a_training_step(tmp_path):
+    """Weight 1 takes the model's own loss; a weight w gives the weighted mean over kinds."""
+    from mm.config import load_config
+    from mm.data.format import read_notes
+    from mm.train import common, sft
+    from mm.train.sft_data import SampleSet, load_note_images
+    from mm.train.tasks import build_samples
+
+    world = make_world(tmp_path / "notes", notes=10)
+    notes = read_notes(world, "train")[:3]
+    cfg = load_config(sft.TrainConfig, tiny_train_config(tmp_path / "c.yaml", tasks={"question_weight": 4.0}))
+    common.seed_everything(0)
+    model, proc, _ = sft.build_model_and_processor(cfg)
+    data = SampleSet(
+        processor=proc, images=load_note_images(notes, world, proc.image_size),
+        samples=build_samples(notes, questions_per_note=1),
+    )  # fmt: skip
+    idx = list(range(len(data)))
+    kinds = [data.samples[i].kind for i in idx]
+    assert {"caption", "question"} <= set(kinds)
+    w = sft.sample_weights(data, idx, cfg.tasks)
+    assert w.tolist() == [4.0 if k == "question" else 1.0 for k in kinds]
+    batch = data.batch(idx)
+    with torch.no_grad():
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        raw = logits
+        # a random-init model is near uniform: make the question answers easy so the two kinds' losses differ
+        logits = raw.clone()
+        for i in idx:
+            if kinds[i] == "question":
+                for t in range(logits.shape[1] - 1):
+                    if batch["labels"][i, t + 1] != -100:
+                        logits[i, t, batch["labels"][i, t + 1]] += 10.0
+        ce = torch.nn.functional.cross_entropy(
+            logits[:, :-1].transpose(1, 2), batch["labels"][:, 1:], ignore_index=-100, reduction="none"
+        )  # (B, T-1)
+        mask = batch["labels"][:, 1:] != -100
+        rows = {k: [i for i in idx if kinds[i] == k] for k in ("caption", "question")}
+        per_kind = {k: (ce[r].sum(), mask[r].sum()) for k, r in rows.items()}
+        want = (per_kind["caption"][0] + 4 * per_kind["question"][0]) / (
+            per_kind["caption"][1] + 4 * per_kind["question"][1]
+        )
+        div = sft.answer_token_divisor(batch["labels"], 1, w)
+        got = weighted_token_loss(logits, batch["labels"], w, div)
+        assert got.item() == pytest.approx(want.item(), rel=1e-5)
+        plain = model(**batch, num_items_in_batch=sft.answer_token_divisor(batch["labels"], 1)).loss
+        ones = weighted_token_loss(raw, batch["labels"], torch.ones(len(idx)), mask.sum())
+        assert ones.item() == pytest.approx(plain.item(), rel=1e-5)
+        mean = {k: (s / n).item() for k, (s, n) in per_kind.items()}
+        assert abs(mean["caption"] - mean["question"]) > 0.5 * mean["caption"]
+        unweighted = weighted_token_loss(logits, batch["labels"], torch.ones(len(idx)), mask.sum())
+        assert got.item() != pytest.approx(unweighted.item(), rel=1e-2)
+
+
+def test_train_cli_runs_with_a_question_weight(tmp_path):
+    from mm.cli import main
+
+    world = make_world(tmp_path / "notes", notes=16)
+    cfg = tiny_train_config(tmp_path / "c.yaml", tasks={"question_weight": 8.0}, data={"folder": str(world)})
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    import json
+
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["loss"]) for r in recs if "loss" in r)
+    assert (tmp_path / "run" / "model" / "config.json").exists()
