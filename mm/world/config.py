@@ -23,18 +23,18 @@ class WorldConfig:
     """Fewest objects in an image (before partners are added)."""
     objects_per_image_max: int = 4
     """Most objects in an image (before partners are added)."""
-    off_theme: float = 0.1
+    off_theme: float = 0.0
     """Probability that a sampled object comes from another theme than the note's."""
     anchor_prob: float = 0.75
     """Probability that an image's first object is an anchor of a partner pair (from the note's theme)."""
-    cooccurrence: float = 0.8
+    cooccurrence: float = 0.65
     """P(partner in the image | anchor in the image): the language prior that drives hallucination."""
     cooccurrence_scope: str = "note"
     """Where the co-occurrence draw is made: "image" (every image with the anchor) or "note" (once per
     note and anchor, so the partner is in all the note's anchor images or in none)."""
     partner_small: float = 0.7
     """Probability that a partner, when drawn next to its anchor, is small."""
-    partner_occluded: float = 0.8
+    partner_occluded: float = 1.0
     """Probability that a partner, when drawn next to its anchor, is placed partly behind it."""
     partner_overlap: float = 0.6
     """Least a hidden partner slides under its anchor (0 = touching, 1 = centred on it)."""

@@ -55,12 +55,12 @@ def test_occlusion_is_measured_from_masks():
 def test_default_world_has_the_cooccurrence_prior():
     stats = cooccurrence_stats(generate_notes(WorldConfig(notes=400)))
     o = stats["overall"]
-    assert 0.72 <= o["p_partner_given_anchor"] <= 0.88  # the knob is 0.8
+    assert 0.58 <= o["p_partner_given_anchor"] <= 0.72  # the knob is 0.65
     assert o["p_partner_given_no_anchor"] < 0.1
     assert o["partner_small_with_anchor"] > 0.5
     assert o["partner_occluded_with_anchor"] > 0.4
     assert o["partner_hidden_with_anchor"] > 0.2  # hard to see at all: named from context
-    assert 0.1 < o["absent_partner_images"] < 0.3  # chances to hallucinate a partner
+    assert 0.2 < o["absent_partner_images"] < 0.45  # chances to hallucinate a partner
     off = cooccurrence_stats(generate_notes(WorldConfig(notes=200, cooccurrence=0.0)))
     assert off["overall"]["p_partner_given_anchor"] == 0.0
 
