@@ -30,7 +30,7 @@ from mm.fusion import FusionConfig
 from mm.model.configuration import TINY_TEXT_CONFIG
 from mm.train import common
 from mm.train.tasks import CAPTION_PROMPT, IMAGE_CAPTION_PROMPT, TASK_KINDS
-from mm.train.token_loss import token_weights, weighted_token_loss
+from mm.train.token_loss import answer_positions_loss, token_weights, weighted_token_loss
 from mm.vision import VisionConfig
 
 STAGES = ("align", "sft")
@@ -509,14 +509,15 @@ def train(
         idx = common.batch_indices(len(train_data), cfg.train.batch_size, seed=cfg.train.seed, step=step)
         shard = common.shard(idx, rank=rank, world_size=world)
         batch = train_data.batch(shard)
-        if cfg.tasks.question_weight == 1.0:
-            divisor = answer_token_divisor(batch["labels"], world)
+        weights = None if cfg.tasks.question_weight == 1.0 else sample_weights(train_data, shard, cfg.tasks)
+        divisor = answer_token_divisor(batch["labels"], world, weights)
+        if world > 1 and weights is None:  # DDP must see the forward: the model's own loss
             loss = ddp(**batch, num_items_in_batch=divisor).loss
-        else:
-            weights = sample_weights(train_data, shard, cfg.tasks)  # (B,)
+        elif world > 1:
             labels = batch.pop("labels")
-            divisor = answer_token_divisor(labels, world, weights)
             loss = weighted_token_loss(ddp(**batch).logits, labels, weights, divisor)
+        else:  # one process: the LM head only on answer positions (same loss, ~35% less step time)
+            loss = answer_loss(model, batch, weights, divisor)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         params = [p for p in model.parameters() if p.requires_grad]
@@ -571,6 +572,20 @@ def train(
     return TrainResult(
         step=done, metrics=metrics, seconds=seconds, trainable=trainable, step_seconds=step_time / n_steps
     )
+
+
+def answer_loss(
+    model: Any, batch: dict[str, Any], weights: torch.Tensor | None, divisor: torch.Tensor
+) -> torch.Tensor:
+    """The SFT loss of ``batch`` (collated, with ``labels``) with logits computed at answer positions only.
+
+    Equals ``model(**batch, num_items_in_batch=divisor).loss`` (or :func:`weighted_token_loss` with
+    ``weights``); a PEFT model is unwrapped to its base, whose modules hold the adapters.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    hidden = base.model(**inputs).last_hidden_state  # (B, T, D)
+    return answer_positions_loss(hidden, base.lm_head, batch["labels"], weights, divisor)
 
 
 def sample_weights(data: Any, indices: Any, tasks: TaskConfig) -> torch.Tensor:

@@ -32,3 +32,27 @@ def weighted_token_loss(
     ce = F.cross_entropy(logits.transpose(1, 2), labels[:, 1:], ignore_index=-100, reduction="none")
     # ce: (B, T-1), 0 where ignored
     return (ce * token_weights(labels, sample_weights.to(ce.dtype))).sum() / divisor
+
+
+def answer_positions_loss(
+    hidden: torch.Tensor,
+    lm_head: torch.nn.Module,
+    labels: torch.Tensor,
+    sample_weights: torch.Tensor | None,
+    divisor: torch.Tensor | float,
+) -> torch.Tensor:
+    """:func:`weighted_token_loss` with the LM head applied only where there is an answer token.
+
+    hidden (B, T, D): the LM's last hidden states; labels (B, T) as above; sample_weights (B,) or None
+    (all 1). Same value as running the head over every position (the prompt and image positions are
+    masked out of the loss anyway), at a fraction of the cost: the head is D x V per position and
+    only ~1/4 of a note's positions are answer tokens.
+    """
+    target = labels[:, 1:]  # (B, T-1)
+    keep = target != -100  # (B, T-1)
+    logits = lm_head(hidden[:, :-1][keep])  # (N, V)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    ce = F.cross_entropy(logits, target[keep], reduction="none")  # (N,)
+    if sample_weights is not None:
+        ce = ce * sample_weights.to(ce.dtype)[:, None].expand_as(target)[keep]
+    return ce.sum() / divisor

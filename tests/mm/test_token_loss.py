@@ -125,3 +125,51 @@ def test_train_cli_runs_with_a_question_weight(tmp_path):
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(math.isfinite(r["loss"]) for r in recs if "loss" in r)
     assert (tmp_path / "run" / "model" / "config.json").exists()
+
+
+def test_answer_positions_loss_equals_the_full_head_loss():
+    from mm.train.token_loss import answer_positions_loss
+
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(3, 6, 5, generator=g, dtype=torch.float64)  # (B, T, D)
+    head = torch.nn.Linear(5, 11, bias=False).double()
+    _, labels = _case()
+    w = torch.tensor([2.0, 1.0, 0.25], dtype=torch.float64)
+    div = token_weights(labels, w).sum()
+    full = weighted_token_loss(head(hidden), labels, w, div)
+    assert answer_positions_loss(hidden, head, labels, w, div).item() == pytest.approx(full.item(), abs=1e-12)
+    n = (labels[:, 1:] != -100).sum().double()
+    ones = weighted_token_loss(head(hidden), labels, torch.ones(3, dtype=torch.float64), n)
+    got = answer_positions_loss(hidden, head, labels, None, n)
+    assert got.item() == pytest.approx(ones.item(), abs=1e-12)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_sft_answer_loss_equals_the_model_loss_and_its_gradients(tmp_path, lora):
+    """The training step's loss (head on answer positions only) = the model's own loss, same gradients."""
+    from mm.config import load_config
+    from mm.data.format import read_notes
+    from mm.train import common, sft
+    from mm.train.sft_data import SampleSet, load_note_images
+    from mm.train.tasks import build_samples
+
+    world = make_world(tmp_path / "notes", notes=10)
+    notes = read_notes(world, "train")[:3]
+    cfg = load_config(sft.TrainConfig, tiny_train_config(tmp_path / "c.yaml", lora={"enabled": lora}))
+    common.seed_everything(0)
+    model, proc, _ = sft.build_model_and_processor(cfg)
+    model, _ = sft.prepare_trainable(model, cfg)
+    data = SampleSet(
+        processor=proc, images=load_note_images(notes, world, proc.image_size),
+        samples=build_samples(notes, questions_per_note=1),
+    )  # fmt: skip
+    batch = data.batch(list(range(len(data))))
+    params = [p for p in model.parameters() if p.requires_grad]
+    div = sft.answer_token_divisor(batch["labels"], 1)
+    ref = model(**batch, num_items_in_batch=div).loss
+    ref_grads = torch.autograd.grad(ref, params)
+    ours = sft.answer_loss(model, batch, None, div)
+    grads = torch.autograd.grad(ours, params)
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-5)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
