@@ -195,6 +195,10 @@ def copy_weights(notevlm: Any, llava: Any) -> list[str]:
     return sorted(set(dst) - copied)
 
 
+MM_TRAIN = "notevlm mlp, mm train loss"
+"""Row of NoteVLM's step with the loss ``mm train`` uses (LM head on answer positions only)."""
+
+
 def make_batch(s: BenchSizes, seed: int = 0) -> dict[str, torch.Tensor]:
     """input_ids/attention_mask/labels (B, K + T_text) and pixel_values (B, 3, H, W), seeded."""
     g = torch.Generator().manual_seed(seed)
@@ -224,14 +228,23 @@ def model_inputs(model: Any, batch: dict[str, torch.Tensor], *, labels: bool) ->
     return out
 
 
-def train_step_fn(model: Any, batch: dict[str, torch.Tensor]) -> Callable[[], None]:
-    """One training step (forward + loss + backward + AdamW + zero_grad) as a closure."""
+def train_step_fn(
+    model: Any, batch: dict[str, torch.Tensor], *, answer_only: bool = False
+) -> Callable[[], None]:
+    """One training step (forward + loss + backward + AdamW + zero_grad) as a closure.
+
+    ``answer_only``: the loss of ``mm train`` (``mm.train.sft.answer_loss``: the LM head only on answer
+    positions, same value) instead of the model's own ``.loss``.
+    """
+    from mm.train.sft import answer_loss, answer_token_divisor
+
     inputs = model_inputs(model, batch, labels=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    divisor = answer_token_divisor(inputs["labels"], 1)
 
     def step() -> None:
         model.train()
-        loss = model(**inputs).loss
+        loss = answer_loss(model, inputs, None, divisor) if answer_only else model(**inputs).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -408,9 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     diff, same = parity(models["notevlm mlp"], llava, batch, args.new_tokens)
     print(f"same weights: max |logits NoteVLM(mlp) - LLaVA| = {diff:.2e}; same greedy tokens: {same}")
 
-    step_runs = time_interleaved(
-        {n: train_step_fn(m, batch) for n, m in models.items()}, runs=args.runs, warmup=args.warmup
-    )
+    step_fns = {n: train_step_fn(m, batch) for n, m in models.items()}
+    step_fns[MM_TRAIN] = train_step_fn(models["notevlm mlp"], batch, answer_only=True)
+    step_runs = time_interleaved(step_fns, runs=args.runs, warmup=args.warmup)
     gen_runs = time_interleaved(
         {n: generate_fn(m, batch, args.new_tokens) for n, m in models.items()},
         runs=args.runs,
@@ -437,6 +450,10 @@ def main(argv: list[str] | None = None) -> int:
             f"| {steps[n] * 1e3:.1f} | {steps[n] / steps['llava']:.2f}x | {new / gens[n]:.0f} "
             f"| {gens['llava'] / gens[n]:.2f}x |"
         )
+    print(
+        f"| {MM_TRAIN} | (same model) | | | | {steps[MM_TRAIN] * 1e3:.1f} "
+        f"| {steps[MM_TRAIN] / steps['llava']:.2f}x | | |"
+    )
     print()
     print(
         f"train step NoteVLM(mlp)/LLaVA = {steps['notevlm mlp'] / steps['llava']:.2f}x (target <= 1.0x); "

@@ -71,6 +71,10 @@ def test_train_step_changes_weights_and_generation_length(bench):
     before = model.lm_head.weight.detach().clone()
     bench.train_step_fn(model, batch)()
     assert not torch.equal(before, model.lm_head.weight)
+    notevlm = bench.build_notevlm(s, "mlp")
+    before = notevlm.lm_head.weight.detach().clone()
+    bench.train_step_fn(notevlm, batch, answer_only=True)()
+    assert not torch.equal(before, notevlm.lm_head.weight)
     out = bench.generate_fn(bench.build_notevlm(s, "resampler"), batch, new_tokens=3)()
     assert out.shape == (2, 7 + 3)
     assert not (out[:, 7:] == bench.IMAGE_TOKEN_ID).any()
@@ -79,7 +83,8 @@ def test_train_step_changes_weights_and_generation_length(bench):
 def test_table_prints_every_model(bench, capsys):
     assert bench.main([*TINY, "--profile", "--profile-rows", "3"]) == 0
     out = capsys.readouterr().out
-    for row in ("| notevlm mlp |", "| notevlm qformer |", "| notevlm resampler |", "| llava |"):
+    rows = ("| notevlm mlp |", "| notevlm qformer |", "| notevlm resampler |", "| llava |", "mm train loss |")
+    for row in rows:
         assert row in out
     assert "same greedy tokens: True" in out
     assert "params NoteVLM(mlp) - LLaVA = -32" in out
