@@ -23,6 +23,7 @@ processor's size (``rl.pairs.pair_images`` corrupts full-size files); same corru
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +106,10 @@ class DataConfig:
     """onpolicy: captions sampled per note."""
     temperature: float = 1.0
     """onpolicy: sampling temperature."""
+    hallucination_weight: float = 1.0
+    """onpolicy: weight of the hallucinated-mention penalty in the reward that ranks the samples (the
+    covered-object fraction has weight 1; :class:`rl.rewards.RewardConfig`). RLAIF-V ranks by
+    hallucinations; at 1 the best sample is often the one that names more objects, hallucinations too."""
     split: str = "train"
     """Note split pairs are built from."""
     notes: int = 0
@@ -128,6 +133,9 @@ class DataConfig:
                 f"data.build={self.build} captions every note with the policy first; set data.notes to how "
                 "many (e.g. 600)"
             )
+        hw = self.hallucination_weight
+        if not (hw >= 0 and math.isfinite(hw)):
+            raise ValueError(f"data.hallucination_weight must be a finite number >= 0, got {hw}")
         if self.samples < 2 or self.temperature <= 0:
             raise ValueError(
                 f"need data.samples >= 2 and data.temperature > 0, got {self.samples}, {self.temperature}"
@@ -276,9 +284,12 @@ def load_pairs(cfg: DataConfig, seed: int, policy: tuple[Any, Any] | None = None
         if cfg.build == "correction":
             pairs = correction_pairs(*policy, world_notes(), cfg.folder, prompt=cfg.prompt)
         else:
+            from rl.rewards import RewardConfig
+
             pairs = onpolicy_pairs(
                 *policy, world_notes(), cfg.folder, prompt=cfg.prompt, num_samples=cfg.samples,
                 temperature=cfg.temperature, seed=seed,
+                reward_cfg=RewardConfig(hallucination_weight=cfg.hallucination_weight),
             )  # fmt: skip
     else:
         pairs = corrupt_pairs(world_notes(), prompt=cfg.prompt, seed=seed)

@@ -124,6 +124,26 @@ def test_onpolicy_pairs_from_the_policy(tmp_path, dirs):
     assert set(result["pair_kinds"]) == {"onpolicy"} and 1 <= result["pair_kinds"]["onpolicy"] <= 3
 
 
+def test_onpolicy_ranking_reward_takes_the_hallucination_weight(monkeypatch, dirs):
+    import rl.pairs
+    from rl.trainers import dpo
+
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="data.hallucination_weight"):
+            dpo.DataConfig(build="onpolicy", notes=3, hallucination_weight=bad)
+    seen = {}
+
+    def fake(*args, reward_cfg=None, **kwargs):
+        seen["cfg"] = reward_cfg
+        return []
+
+    monkeypatch.setattr(rl.pairs, "onpolicy_pairs", fake)
+    cfg = dpo.DataConfig(folder=str(dirs[1]), build="onpolicy", notes=3, hallucination_weight=3.0)
+    with pytest.raises(Exception, match="no preference pairs"):
+        dpo.load_pairs(cfg, seed=0, policy=(None, None))
+    assert seen["cfg"].hallucination_weight == 3.0 and seen["cfg"].coverage_weight == 1.0
+
+
 def test_resume_gives_the_same_weights(tmp_path, dirs):
     from safetensors.torch import load_file
 
