@@ -511,9 +511,7 @@ def train(
         batch = train_data.batch(shard)
         weights = None if cfg.tasks.question_weight == 1.0 else sample_weights(train_data, shard, cfg.tasks)
         divisor = answer_token_divisor(batch["labels"], world, weights)
-        if world > 1 and weights is None:  # DDP must see the forward: the model's own loss
-            loss = ddp(**batch, num_items_in_batch=divisor).loss
-        elif world > 1:
+        if world > 1:  # DDP must run the forward itself: logits at every position
             labels = batch.pop("labels")
             loss = weighted_token_loss(ddp(**batch).logits, labels, weights, divisor)
         else:  # one process: the LM head only on answer positions (same loss, ~35% less step time)

@@ -20,18 +20,18 @@ def token_weights(labels: torch.Tensor, sample_weights: torch.Tensor) -> torch.T
 
 
 def weighted_token_loss(
-    logits: torch.Tensor, labels: torch.Tensor, sample_weights: torch.Tensor, divisor: torch.Tensor | float
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    sample_weights: torch.Tensor | None,
+    divisor: torch.Tensor | float,
 ) -> torch.Tensor:
     """sum_b,t w[b] * CE(logits[b, t], labels[b, t+1]) / divisor.
 
     logits (B, T, V); labels (B, T), -100 = not an answer token, shifted here as in transformers;
-    sample_weights (B,). ``divisor``: the summed token weights of the (global) batch, see
+    sample_weights (B,) or None (all 1). ``divisor``: the summed token weights of the (global) batch, see
     :func:`token_weights`; pass the weight sum over all ranks divided by the world size under DDP.
     """
-    logits = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32))  # (B, T-1, V)
-    ce = F.cross_entropy(logits.transpose(1, 2), labels[:, 1:], ignore_index=-100, reduction="none")
-    # ce: (B, T-1), 0 where ignored
-    return (ce * token_weights(labels, sample_weights.to(ce.dtype))).sum() / divisor
+    return answer_positions_loss(logits, torch.nn.Identity(), labels, sample_weights, divisor)
 
 
 def answer_positions_loss(
