@@ -20,7 +20,7 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass
+from collections import namedtuple
 
 EPILOG = """\
 examples:
@@ -279,16 +279,12 @@ def run_single(args) -> int:
 # ----------------------------------------------------------------------------------------------- batch
 
 
-@dataclass(frozen=True)
-class Match:
-    """One relative file name seen in folder A and/or folder B."""
+class Match(namedtuple("Match", "name in_a in_b")):
+    """One relative file name seen in folder A and/or folder B: ``name`` (path relative to the folder,
+    with ``/`` separators), ``in_a`` / ``in_b`` (present in A / in B). A named tuple: ``dataclasses``
+    would add ~7 ms to every CLI start."""
 
-    name: str
-    """Path relative to the folder, with ``/`` separators."""
-    in_a: bool
-    """Present in A."""
-    in_b: bool
-    """Present in B."""
+    __slots__ = ()
 
 
 def _files(root: str) -> set[str]:

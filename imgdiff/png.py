@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import mmap
 import struct
-from typing import TYPE_CHECKING
 
+TYPE_CHECKING = False  # not typing's: importing typing costs the CLI ~2 ms of start-up
 if TYPE_CHECKING:
     import numpy as np
 
@@ -105,6 +105,13 @@ def layout(data, checked: int = 0, *, idat_crc: bool = True) -> Layout | None:
         if kind == b"IDAT":
             idat.append(view[pos + 8 : pos + 8 + n])
             idat_at.append(pos + 8)
+            if not idat_crc:  # no per-chunk work left: take the run of chunks like this one at once
+                run = _same_headers(data, pos, 12 + n)
+                for k in range(1, run):
+                    at = pos + k * (12 + n) + 8
+                    idat.append(view[at : at + n])
+                    idat_at.append(at)
+                pos += (run - 1) * (12 + n)
         pos += 12 + n
         if kind == b"IEND":
             end = True
@@ -112,6 +119,26 @@ def layout(data, checked: int = 0, *, idat_crc: bool = True) -> Layout | None:
     if not end or not idat:
         raise PngDataError("the file is truncated (PNG ends before its IEND chunk)")
     return Layout(width=width, height=height, depth=depth, colour=colour, idat=idat, idat_at=idat_at)
+
+
+def _same_headers(data, pos: int, stride: int) -> int:
+    """How many chunks from ``pos`` on, ``stride`` bytes apart, have the 8-byte header (length, type)
+    of the one at ``pos``: encoders split the IDAT stream into equal chunks (a 4K PNG has ~1,200 of
+    8 KB), and 8 strided slices check them all in C instead of ~4 us of Python per chunk."""
+    count = (len(data) - pos) // stride  # whole chunks that fit (a cut-off one ends the walk as before)
+    head = bytes(data[pos : pos + 8])
+    for j in range(8):
+        column = data[pos + j : pos + j + (count - 1) * stride + 1 : stride]
+        lo, hi = 0, count  # longest prefix of column equal to head[j] repeated: binary search
+        if column != head[j : j + 1] * count:
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if column[:mid] == head[j : j + 1] * mid:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            count = lo
+    return max(count, 1)
 
 
 def check_idat_crcs(png: Layout, data, checked: int = 0) -> None:

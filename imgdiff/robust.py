@@ -222,7 +222,8 @@ def strong_mask(a: np.ndarray, b: np.ndarray, box: tuple[int, int, int, int], *,
 
 def _strong_boxes(a, b, crop, margin: float, ad=None, grid=None) -> list[tuple[int, int, int, int]]:
     """Boxes (y0, y1, x0, x1) that hold every strong pixel of the crop: its tiles where
-    ``max_c |d| > margin`` somewhere (a strong pixel needs that), or their bounding box when many."""
+    ``max_c |d| > margin`` somewhere (a strong pixel needs that), or their bounding box when many or
+    clustered (it fills <= 4x their area): a pixel outside them is never strong, so the mask is the same."""
     y0, y1, x0, x1 = crop
     if grid is not None:  # (th, tw) tiles of the crop (crop starts on a tile edge)
         cand = grid[y0 // TILE : -(-y1 // TILE), x0 // TILE : -(-x1 // TILE)] > margin
@@ -231,7 +232,8 @@ def _strong_boxes(a, b, crop, margin: float, ad=None, grid=None) -> list[tuple[i
             ad = pixel_delta(a[y0:y1, x0:x1], b[y0:y1, x0:x1])
         cand = _block_sum(ad > margin, TILE) > 0
     ty, tx = np.nonzero(cand)
-    if ty.size > 64:  # many: one pass over their bounding box
+    span = (int(ty.max()) - int(ty.min()) + 1) * (int(tx.max()) - int(tx.min()) + 1) if ty.size else 0
+    if ty.size > 64 or 0 < span <= 4 * ty.size:  # many, or clustered: one pass over their bounding box
         ty, tx, ty1, tx1 = [ty.min()], [tx.min()], [ty.max() + 1], [tx.max() + 1]
     else:
         ty1, tx1 = ty + 1, tx + 1

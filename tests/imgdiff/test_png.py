@@ -112,3 +112,47 @@ def test_read_pair_rows_band_and_whole(tmp_path):
     cv2.imwrite(str(tmp_path / "g.png"), a[:, :, 0])
     ra, rb, y0, height = iio.read_pair_rows(tmp_path / "a.png", tmp_path / "g.png", band=band)
     assert ra.shape == (300, 40, 3) and rb.shape == (300, 40) and (y0, height) == (0, 300)
+
+
+def _split_idat(data: bytes, sizes: list[int]) -> bytes:
+    """``data`` (one IDAT chunk) re-chunked into IDAT payloads of ``sizes`` (cycled), the rest last."""
+    ihdr_end = 8 + 25
+    (n,) = struct.unpack(">I", data[ihdr_end : ihdr_end + 4])
+    stream = data[ihdr_end + 8 : ihdr_end + 8 + n]
+    chunks, pos, k = [], 0, 0
+    while pos < len(stream):
+        size = sizes[k % len(sizes)]
+        chunks.append(_chunk(b"IDAT", stream[pos : pos + size]))
+        pos, k = pos + size, k + 1
+    return data[:ihdr_end] + b"".join(chunks) + _chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("sizes", [[64], [1], [64, 64, 64, 7], [5, 64], [100000]])
+def test_layout_run_skip_equals_chunk_walk(sizes):
+    """``idat_crc=False`` takes runs of equal IDAT chunks with strided slices: same payloads and
+    offsets as the chunk-by-chunk walk, and a cut-off file still fails as truncated."""
+    img = np.random.default_rng(5).integers(0, 256, (40, 33, 3), dtype=np.uint8)
+    data = _split_idat(_encode(img, [1, 2]), sizes)
+    walk, run = png.layout(data), png.layout(data, idat_crc=False)
+    assert run.idat_at == walk.idat_at
+    assert [bytes(v) for v in run.idat] == [bytes(v) for v in walk.idat]
+    np.testing.assert_array_equal(png.decode(data), img)
+    for cut in (len(data) - 12, len(data) - 30, len(data) // 2):  # inside IEND, the last IDATs, the middle
+        with pytest.raises(png.PngDataError, match="truncated"):
+            png.layout(data[:cut], idat_crc=False)
+
+
+@pytest.mark.parametrize("filters", [[1], [2], [2, 2, 1], [0, 2]])
+@pytest.mark.parametrize("rows", [(50, 50), (48, 55), (10, 90)])
+def test_read_pair_rows_thin_span_takes_b_from_a(tmp_path, filters, rows):
+    """B's band is A's band with only the changed span unfiltered from B (a thin span), or both
+    bands unfiltered (a wide one): either way the exact rows of both images, Up chains included."""
+    a = np.random.default_rng(7).integers(0, 256, (100, 24, 3), dtype=np.uint8)
+    b = a.copy()
+    b[rows[0] : rows[1] + 1, 5] ^= 0x21
+    (tmp_path / "a.png").write_bytes(_encode(a, filters))
+    (tmp_path / "b.png").write_bytes(_encode(b, filters))
+    ra, rb, y0, height = iio.read_pair_rows(tmp_path / "a.png", tmp_path / "b.png", band=lambda *_: (30, 95))
+    assert (y0, height) == (30, 100)
+    np.testing.assert_array_equal(ra, a[30:95])
+    np.testing.assert_array_equal(rb, b[30:95])
