@@ -289,16 +289,19 @@ def question_pairs(
     split: str = "adversarial",
     seed: int = 0,
     template: str | None = None,
+    answer_style: str = "word",
 ) -> list[PreferencePair]:
     """POPE-style yes/no pairs on single images of ``notes``: chosen = the right answer, rejected = the other.
 
     Per image, ``per_image`` present objects ("yes") and as many absent ones ("no"), the absent ones chosen
     by the POPE ``split`` rule (:func:`mm.eval.runners.pope_questions`: ``adversarial`` = the absent
-    categories that co-occur most with the image's objects in ``notes``). The answers are the world's
-    ("yes" / "no"), so they are single tokens the SFT model already emits. Build them from training notes;
-    the evaluation asks the same template on held-out notes.
+    categories that co-occur most with the image's objects in ``notes``). The answers are written as the
+    SFT model learned them, ``answer_style`` (:func:`mm.train.tasks.yes_no_answer`: "yes" or "A fork: yes"),
+    so they are what the model already emits. Build them from training notes; the evaluation asks the same
+    template on held-out notes.
     """
     from mm.eval.runners import WORLD_POPE_TEMPLATE, pope_questions
+    from mm.train.tasks import yes_no_answer
 
     if per_image < 1:
         raise ValueError(f"per_image must be >= 1, got {per_image}")
@@ -314,6 +317,7 @@ def question_pairs(
         note = note_of[q["image"]]
         k = note.images.index(q["image"])
         wrong = "no" if q["label"] == "yes" else "yes"
+        chosen, rejected = (yes_no_answer(x, q["object"], answer_style) for x in (q["label"], wrong))
         out.append(
             PreferencePair(
                 id=f"{note.id}-question-{k}-{q['question_id']}",
@@ -321,8 +325,8 @@ def question_pairs(
                 note_id=note.id,
                 images=[q["image"]],
                 prompt=q["text"],
-                chosen=q["label"],
-                rejected=wrong,
+                chosen=chosen,
+                rejected=rejected,
                 objects=sorted({a.category for a in note.objects[k]}),
                 chosen_reward=1.0,
                 rejected_reward=0.0,

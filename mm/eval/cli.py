@@ -86,7 +86,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--max-new-tokens",
         type=int,
         default=None,
-        help="generation length (default 4 for POPE, 96 for CHAIR)",
+        help='generation length (default 8 for POPE, room for "A fork: no"; 96 for CHAIR)',
     )
 
 
@@ -140,7 +140,7 @@ def _run_pope(args: argparse.Namespace) -> int:
         model, processor = load_model(args.model)
         res = run_pope(
             model, processor, notes, args.data, split=args.split, parser=args.parser, seed=args.seed,
-            batch_size=args.batch_size, max_new_tokens=args.max_new_tokens or 4,
+            batch_size=args.batch_size, max_new_tokens=args.max_new_tokens or 8,
         )  # fmt: skip
         n_questions = res["n_questions"]
         where = f"model {args.model} on {len(notes)} {args.eval_split} notes, split={args.split}"

@@ -93,7 +93,7 @@ def answer_questions(
     notes: Sequence[Any],
     questions: Sequence[str],
     batch_size: int = 32,
-    max_new_tokens: int = 4,
+    max_new_tokens: int = 8,
     *,
     root: str | Path | None = None,
 ) -> list[str]:

@@ -120,7 +120,7 @@ def run_pope(
     seed: int = 0,
     template: str = WORLD_POPE_TEMPLATE,
     batch_size: int = 64,
-    max_new_tokens: int = 4,
+    max_new_tokens: int = 8,
 ) -> dict[str, Any]:
     """POPE scores of ``model`` on per-image questions from ``notes`` (images resolved against ``root``).
 

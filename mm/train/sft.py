@@ -29,7 +29,7 @@ from mm.errors import UserError
 from mm.fusion import FusionConfig
 from mm.model.configuration import TINY_TEXT_CONFIG
 from mm.train import common
-from mm.train.tasks import CAPTION_PROMPT, IMAGE_CAPTION_PROMPT, TASK_KINDS
+from mm.train.tasks import ANSWER_STYLES, CAPTION_PROMPT, IMAGE_CAPTION_PROMPT, TASK_KINDS
 from mm.train.token_loss import answer_positions_loss, token_weights, weighted_token_loss
 from mm.vision import VisionConfig
 
@@ -101,6 +101,9 @@ class TaskConfig:
     question_weight: float = 1.0
     """Loss weight of a yes/no answer's tokens against a caption token's 1 (mm.train.token_loss): a question
     has 1 answer token to a caption's ~40, so in a plain token mean the questions get ~5% of the gradient."""
+    answer_style: str = "word"
+    """How yes/no answers are written (mm.train.tasks.yes_no_answer): "word" ("yes") or "object" ("A fork:
+    yes", the object first: a 2-layer LM learns to answer that way, README)."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.kinds if k not in TASK_KINDS]
@@ -108,6 +111,8 @@ class TaskConfig:
             raise ValueError(f"tasks.kinds must be a non-empty subset of {TASK_KINDS}, got {self.kinds}")
         if not (self.question_weight > 0 and math.isfinite(self.question_weight)):
             raise ValueError(f"tasks.question_weight must be a finite number > 0, got {self.question_weight}")
+        if self.answer_style not in ANSWER_STYLES:
+            raise ValueError(f"tasks.answer_style must be one of {ANSWER_STYLES}, got {self.answer_style!r}")
 
 
 @dataclass
@@ -369,6 +374,7 @@ class EvalData:
 def evaluate(model: Any, processor: Any, data: EvalData, cfg: TrainConfig) -> dict[str, float]:
     """Caption loss, CHAIR / recall / precision of greedy captions, yes/no accuracy on held-out notes."""
     from mm.eval.generate import answer_questions, generate_captions
+    from mm.eval.pope import parse_vlmevalkit
     from mm.train.caption_eval import caption_object_metrics
     from mm.train.sft_data import to_unit
 
@@ -392,9 +398,9 @@ def evaluate(model: Any, processor: Any, data: EvalData, cfg: TrainConfig) -> di
     if data.questions and "question" in cfg.tasks.kinds:
         qs = data.questions
         answers = answer_questions(
-            model, processor, [items[i] for i, _, _ in qs], [q for _, q, _ in qs], cfg.eval.batch_size, 3
+            model, processor, [items[i] for i, _, _ in qs], [q for _, q, _ in qs], cfg.eval.batch_size, 8
         )
-        ok = [a.strip().lower().startswith(gold) for a, (_, _, gold) in zip(answers, qs)]
+        ok = [parse_vlmevalkit(a) == gold for a, (_, _, gold) in zip(answers, qs)]  # "no" or "A fork: no"
         metrics["yesno_acc"] = sum(ok) / len(ok)
     model.train(was)
     metrics["_captions"] = caps[:5]
@@ -478,6 +484,7 @@ def train(
     samples = build_samples(
         train_notes, kinds=cfg.tasks.kinds, caption_prompt=cfg.tasks.caption_prompt,
         questions_per_note=cfg.tasks.questions_per_note, image_caption_prompt=cfg.tasks.image_caption_prompt,
+        answer_style=cfg.tasks.answer_style,
     )  # fmt: skip
     images = load_note_images(train_notes, root, processor.image_size)
     train_data = SampleSet(processor=processor, images=images, samples=samples)

@@ -8,7 +8,8 @@ answer and its ``<eos>`` are learned (labels -100 on images, separators and the 
 - ``image_caption``: prompt :data:`IMAGE_CAPTION_PROMPT` over ONE image of the note, answer = that
   image's caption (world notes). Shorter sequences (one image's tokens, one sentence) that tie each object
   name to the pixels that show it; the note caption then only has to walk through the images in order.
-- ``question``: each of the note's yes/no questions (world / POPE files), answer ``"yes"`` / ``"no"``.
+- ``question``: each of the note's yes/no questions (world / POPE files), answer ``"yes"`` / ``"no"``, or
+  with ``answer_style="object"`` the object first, ``"A fork: no"`` (:func:`yes_no_answer`).
 - ``conversation``: LLaVA files: each ``human`` turn followed by a ``gpt`` turn is one sample (single
   turn; the ``<image>`` marker is removed from the prompt since the processor places the images).
 
@@ -29,6 +30,9 @@ IMAGE_CAPTION_PROMPT = "Describe the photo."
 
 TASK_KINDS = ("caption", "image_caption", "question", "conversation")
 """Kinds of samples :func:`build_samples` can make."""
+
+ANSWER_STYLES = ("word", "object")
+"""How a yes/no answer is written (:func:`yes_no_answer`)."""
 
 
 @dataclass(frozen=True)
@@ -63,10 +67,35 @@ def image_caption_samples(index: int, note: Any, *, prompt: str = IMAGE_CAPTION_
     ]
 
 
-def question_samples(index: int, note: Any, *, limit: int | None = None) -> list[Sample]:
-    """One sample per yes/no question of ``note`` (the first ``limit`` when given)."""
+def yes_no_answer(label: str, obj: str | None, style: str = "word") -> str:
+    """The text a model learns for a yes/no object question whose answer is ``label``.
+
+    - ``word``: ``"yes"`` / ``"no"`` (POPE's single word; every POPE parser reads it).
+    - ``object``: the asked object first, then the word: ``"A fork: yes"``, ``"An umbrella: no"``
+      (``obj`` = the category; a question without one falls back to the word). The decision token then
+      comes after the object's own token, so a small LM checks the image for *that* token (one attention
+      hop) instead of first fetching the noun from inside the question (two hops, which a 2-layer LM
+      learned late or never: held-out yes/no accuracy 0.60 -> 0.90, README). POPE's ``original`` and
+      VLMEvalKit's parsers read it; lmms-eval's exact-word parser does not.
+    """
+    if style not in ANSWER_STYLES:
+        raise ValueError(f"answer style must be one of {ANSWER_STYLES}, got {style!r}")
+    if label not in ("yes", "no"):
+        raise ValueError(f"a yes/no label must be 'yes' or 'no', got {label!r}")
+    if style == "word" or not obj:
+        return label
+    return f"{'An' if obj[:1].lower() in 'aeiou' else 'A'} {obj}: {label}"
+
+
+def question_samples(
+    index: int, note: Any, *, limit: int | None = None, answer_style: str = "word"
+) -> list[Sample]:
+    """One sample per yes/no question of ``note`` (the first ``limit`` when given), answers written in
+    ``answer_style`` (:func:`yes_no_answer`)."""
     qs = note.questions if limit is None else note.questions[:limit]
-    return [Sample(note=index, kind="question", prompt=q.question, answer=q.answer) for q in qs]
+    return [
+        Sample(index, "question", q.question, yes_no_answer(q.answer, q.object, answer_style)) for q in qs
+    ]
 
 
 def conversation_samples(index: int, note: Any) -> list[Sample]:
@@ -89,8 +118,10 @@ def build_samples(
     caption_prompt: str = CAPTION_PROMPT,
     questions_per_note: int | None = None,
     image_caption_prompt: str = IMAGE_CAPTION_PROMPT,
+    answer_style: str = "word",
 ) -> list[Sample]:
-    """Every sample of ``kinds`` from ``notes``, note by note (caption, image captions, questions, chat)."""
+    """Every sample of ``kinds`` from ``notes``, note by note (caption, image captions, questions, chat);
+    yes/no answers in ``answer_style`` (:func:`yes_no_answer`)."""
     unknown = [k for k in kinds if k not in TASK_KINDS]
     if unknown:
         raise ValueError(f"unknown task kind(s) {unknown}; known kinds: {', '.join(TASK_KINDS)}")
@@ -101,7 +132,7 @@ def build_samples(
         if "image_caption" in kinds:
             out.extend(image_caption_samples(i, note, prompt=image_caption_prompt))
         if "question" in kinds:
-            out.extend(question_samples(i, note, limit=questions_per_note))
+            out.extend(question_samples(i, note, limit=questions_per_note, answer_style=answer_style))
         if "conversation" in kinds:
             out.extend(conversation_samples(i, note))
     return out

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from mm.errors import UserError
+from mm.train.tasks import ANSWER_STYLES
 from rl.trainers.common import (
     InitConfig,
     LoraConfig,
@@ -122,10 +123,15 @@ class DataConfig:
     """Add POPE-style yes/no pairs (:func:`rl.pairs.question_pairs`, one "yes" and one adversarial "no" per
     image of the ``split`` notes), this many per caption pair, drawn at random (0 = none; also with
     ``pairs``). They teach the model to say "no" to the absent partner that a caption pair punishes."""
+    answer_style: str = "word"
+    """How the yes/no pairs' answers are written: the SFT model's ``tasks.answer_style`` ("word": "yes";
+    "object": "A fork: yes"; :func:`mm.train.tasks.yes_no_answer`)."""
 
     def __post_init__(self) -> None:
         if self.question_ratio < 0:
             raise ValueError(f"data.question_ratio must be >= 0, got {self.question_ratio}")
+        if self.answer_style not in ANSWER_STYLES:
+            raise ValueError(f"data.answer_style must be one of {ANSWER_STYLES}, got {self.answer_style!r}")
         if self.build not in BUILDS:
             raise ValueError(f"data.build must be one of {', '.join(BUILDS)}, got {self.build!r}")
         if self.build in ("correction", "onpolicy") and self.pairs is None and self.notes == 0:
@@ -294,7 +300,7 @@ def load_pairs(cfg: DataConfig, seed: int, policy: tuple[Any, Any] | None = None
     else:
         pairs = corrupt_pairs(world_notes(), prompt=cfg.prompt, seed=seed)
     if cfg.question_ratio > 0:
-        pool = question_pairs(world_notes(), per_image=1, seed=seed)
+        pool = question_pairs(world_notes(), per_image=1, seed=seed, answer_style=cfg.answer_style)
         want = min(len(pool), round(cfg.question_ratio * len(pairs)))
         pick = np.random.default_rng(seed).choice(len(pool), size=want, replace=False)
         pairs += [pool[i] for i in sorted(pick.tolist())]

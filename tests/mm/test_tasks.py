@@ -7,7 +7,7 @@ import torch
 
 from mm.data.format import Note, ObjectAnnotation, Question
 from mm.model.processing import IGNORE_INDEX
-from mm.train.tasks import CAPTION_PROMPT, Sample, build_samples, count_kinds
+from mm.train.tasks import CAPTION_PROMPT, Sample, build_samples, count_kinds, yes_no_answer
 
 
 def _note(i=0, text="A photo from a kitchen. It shows a red fork.", convs=None):
@@ -22,6 +22,30 @@ def _note(i=0, text="A photo from a kitchen. It shows a red fork.", convs=None):
         ],
         conversations=convs,
     )
+
+
+def test_yes_no_answer_styles():
+    assert yes_no_answer("yes", "fork") == "yes" and yes_no_answer("no", "fork", "word") == "no"
+    assert yes_no_answer("yes", "fork", "object") == "A fork: yes"
+    assert yes_no_answer("no", "umbrella", "object") == "An umbrella: no"
+    assert yes_no_answer("no", None, "object") == "no"  # no object to name: the word
+    with pytest.raises(ValueError, match="answer style"):
+        yes_no_answer("yes", "fork", "sentence")
+    with pytest.raises(ValueError, match="'yes' or 'no'"):
+        yes_no_answer("Yes", "fork", "object")
+    # every parser the evaluation and the rewards use reads both styles
+    from mm.eval.pope import parse_original, parse_vlmevalkit
+
+    for label in ("yes", "no"):
+        for obj in ("fork", "notebook", "umbrella"):
+            text = yes_no_answer(label, obj, "object")
+            assert parse_original(text) == parse_vlmevalkit(text) == label, text
+
+
+def test_build_samples_object_first_answers():
+    s = build_samples([_note(0)], kinds=("question",), answer_style="object")
+    assert [x.answer for x in s] == ["A fork: yes", "A knife: no"]
+    assert [x.prompt for x in s] == ["Is there a fork in image 1?", "Is there a knife in this note?"]
 
 
 def test_build_samples_kinds_and_order():

@@ -58,6 +58,8 @@ def test_question_weight_rejects_nonpositive(tmp_path):
         path = tiny_train_config(tmp_path / "c.yaml", tasks={"question_weight": bad})
         with pytest.raises(ValueError, match="question_weight"):
             load_config(TrainConfig, path)
+    with pytest.raises(ValueError, match="answer_style"):
+        load_config(TrainConfig, tiny_train_config(tmp_path / "s.yaml", tasks={"answer_style": "sentence"}))
 
 
 def test_question_weight_scales_question_tokens_in_a_training_step(tmp_path):

@@ -86,6 +86,7 @@ def test_question_pairs_join_the_caption_pairs(tmp_path, dirs):
     assert _run(dirs, out, "data.question_ratio=0.5") == 0
     kinds = json.loads((out / "result.json").read_text())["pair_kinds"]
     assert kinds["question"] == round(0.5 * kinds["injection"]) and kinds["injection"] > 0
+    assert _run(dirs, tmp_path / "bad", "data.answer_style=sentence") == 2  # a clear config error
 
 
 def test_correction_pairs_from_the_policy(tmp_path, dirs, monkeypatch):

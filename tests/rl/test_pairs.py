@@ -157,6 +157,12 @@ def test_question_pairs_are_pope_style_and_balanced():
     assert len(question_pairs(notes, per_image=2, seed=0)) > len(pairs)
     with pytest.raises(ValueError, match="per_image"):
         question_pairs(notes, per_image=0)
+    styled = question_pairs(notes, per_image=1, seed=0, answer_style="object")  # same pairs, object first
+    assert [(p.prompt, p.meta["label"]) for p in styled] == [(p.prompt, p.meta["label"]) for p in pairs]
+    for p, o in zip(styled, pairs):
+        obj = p.meta["object"]
+        art = "An" if obj[0] in "aeiou" else "A"
+        assert (p.chosen, p.rejected) == (f"{art} {obj}: {o.chosen}", f"{art} {obj}: {o.rejected}")
     back = PreferencePair.from_json(pairs[0].to_json())
     assert back == pairs[0]
 
