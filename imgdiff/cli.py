@@ -208,9 +208,12 @@ def _same_files(args):
 
 
 def _import_kernels() -> None:
-    """Import the diff modules (NumPy, OpenCV); run in a thread while the images decode."""
+    """Import what the diff needs after the inflate (NumPy, the diff modules, the band unfilter's
+    ``imagecodecs.delta_decode``: ~4 ms to load); run in a thread while the images inflate."""
     try:
         import imgdiff.api  # noqa: F401
+        import imgdiff.band  # noqa: F401
+        from imagecodecs import delta_decode  # noqa: F401
     except Exception:  # noqa: BLE001 - the main thread imports it again and reports the error
         pass
 
@@ -230,12 +233,13 @@ def _diff_rows(args):
     """The default single-pair path (no image outputs): decode only the band of rows that can differ
     (:func:`imgdiff.io.read_pair_rows`) and diff it (:func:`imgdiff.band.diff_band`); whole images
     when the files are not two PNGs of one layout."""
-    from imgdiff.band import band_rows, diff_band
     from imgdiff.io import ImageIOError, probe, read_pair_rows
 
     try:
 
         def band(h: int, r0: int, r1: int) -> tuple[int, int]:
+            from imgdiff.band import band_rows  # not before the inflate: it imports dataclasses (~9 ms)
+
             rows = band_rows(h, r0, r1, mode=args.mode)
             _prefetch_opencv((r1 - r0 + 1) * probe(args.a).width * 4)  # rows that may differ
             return rows
@@ -247,6 +251,8 @@ def _diff_rows(args):
 
             return diff(a, b, **opts)
         del opts["allow_size_mismatch"]  # a band means two PNGs of one layout
+        from imgdiff.band import diff_band
+
         return diff_band(a, b, y0=y0, height=height, **opts)
     except (ImageIOError, ValueError) as e:  # SizeMismatchError is a ValueError
         raise Trouble(str(e).replace("\n", " ")) from None
