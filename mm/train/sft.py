@@ -91,7 +91,7 @@ class TaskConfig:
     """Which samples are made from each note (mm.train.tasks)."""
 
     kinds: list[str] = field(default_factory=lambda: ["caption", "question"])
-    """Task kinds: caption, image_caption, question, conversation."""
+    """Task kinds: caption, image_caption, question, pope_question, conversation."""
     caption_prompt: str = CAPTION_PROMPT
     """Prompt of the captioning task (training and evaluation)."""
     image_caption_prompt: str = IMAGE_CAPTION_PROMPT
@@ -101,9 +101,11 @@ class TaskConfig:
     question_weight: float = 1.0
     """Loss weight of a yes/no answer's tokens against a caption token's 1 (mm.train.token_loss): a question
     has 1 answer token to a caption's ~40, so in a plain token mean the questions get ~5% of the gradient."""
+    pope_questions_per_note: int = 1
+    """POPE-style one-image questions per note (kind pope_question: mm.train.tasks.pope_question_samples)."""
     answer_style: str = "word"
     """How yes/no answers are written (mm.train.tasks.yes_no_answer): "word" ("yes") or "object" ("A fork:
-    yes", the object first: a 2-layer LM learns to answer that way, README)."""
+    yes", the object first: the tiny 3-layer LM learns to answer that way, README)."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.kinds if k not in TASK_KINDS]
@@ -111,6 +113,9 @@ class TaskConfig:
             raise ValueError(f"tasks.kinds must be a non-empty subset of {TASK_KINDS}, got {self.kinds}")
         if not (self.question_weight > 0 and math.isfinite(self.question_weight)):
             raise ValueError(f"tasks.question_weight must be a finite number > 0, got {self.question_weight}")
+        if self.pope_questions_per_note < 0:
+            n = self.pope_questions_per_note
+            raise ValueError(f"tasks.pope_questions_per_note must be >= 0, got {n}")
         if self.answer_style not in ANSWER_STYLES:
             raise ValueError(f"tasks.answer_style must be one of {ANSWER_STYLES}, got {self.answer_style!r}")
 
@@ -484,7 +489,8 @@ def train(
     samples = build_samples(
         train_notes, kinds=cfg.tasks.kinds, caption_prompt=cfg.tasks.caption_prompt,
         questions_per_note=cfg.tasks.questions_per_note, image_caption_prompt=cfg.tasks.image_caption_prompt,
-        answer_style=cfg.tasks.answer_style,
+        answer_style=cfg.tasks.answer_style, pope_questions_per_note=cfg.tasks.pope_questions_per_note,
+        seed=cfg.train.seed,
     )  # fmt: skip
     images = load_note_images(train_notes, root, processor.image_size)
     train_data = SampleSet(processor=processor, images=images, samples=samples)
@@ -593,9 +599,13 @@ def answer_loss(
     return answer_positions_loss(hidden, base.lm_head, batch["labels"], weights, divisor)
 
 
+QUESTION_KINDS = ("question", "pope_question")
+"""Sample kinds whose answer tokens get ``tasks.question_weight``."""
+
+
 def sample_weights(data: Any, indices: Any, tasks: TaskConfig) -> torch.Tensor:
-    """(B,) loss weight of each sample of a batch: ``tasks.question_weight`` for questions, else 1."""
-    w = [tasks.question_weight if data.samples[i].kind == "question" else 1.0 for i in indices]
+    """(B,) loss weight of each sample of a batch: ``tasks.question_weight`` for yes/no questions, else 1."""
+    w = [tasks.question_weight if data.samples[i].kind in QUESTION_KINDS else 1.0 for i in indices]
     return torch.tensor(w, dtype=torch.float32)
 
 

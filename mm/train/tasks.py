@@ -10,6 +10,9 @@ answer and its ``<eos>`` are learned (labels -100 on images, separators and the 
   name to the pixels that show it; the note caption then only has to walk through the images in order.
 - ``question``: each of the note's yes/no questions (world / POPE files), answer ``"yes"`` / ``"no"``, or
   with ``answer_style="object"`` the object first, ``"A fork: no"`` (:func:`yes_no_answer`).
+- ``pope_question``: POPE-style questions about ONE image of the note (:func:`pope_question_samples`: the
+  negatives are absent objects that co-occur with the image's objects across the notes, POPE's adversarial
+  rule, instead of the world's partner-or-random ones), same answer style.
 - ``conversation``: LLaVA files: each ``human`` turn followed by a ``gpt`` turn is one sample (single
   turn; the ``<image>`` marker is removed from the prompt since the processor places the images).
 
@@ -28,7 +31,7 @@ CAPTION_PROMPT = "Describe the note."
 IMAGE_CAPTION_PROMPT = "Describe the photo."
 """Default prompt of the per-image captioning task."""
 
-TASK_KINDS = ("caption", "image_caption", "question", "conversation")
+TASK_KINDS = ("caption", "image_caption", "question", "pope_question", "conversation")
 """Kinds of samples :func:`build_samples` can make."""
 
 ANSWER_STYLES = ("word", "object")
@@ -74,7 +77,7 @@ def yes_no_answer(label: str, obj: str | None, style: str = "word") -> str:
     - ``object``: the asked object first, then the word: ``"A fork: yes"``, ``"An umbrella: no"``
       (``obj`` = the category; a question without one falls back to the word). The decision token then
       comes after the object's own token, so a small LM checks the image for *that* token (one attention
-      hop) instead of first fetching the noun from inside the question (two hops, which a 2-layer LM
+      hop) instead of first fetching the noun from inside the question (two hops, which the tiny 3-layer LM
       learned late or never: held-out yes/no accuracy 0.60 -> 0.90, README). POPE's ``original`` and
       VLMEvalKit's parsers read it; lmms-eval's exact-word parser does not.
     """
@@ -98,6 +101,45 @@ def question_samples(
     ]
 
 
+def pope_question_samples(
+    notes: Sequence[Any],
+    *,
+    per_note: int = 1,
+    split: str = "adversarial",
+    seed: int = 0,
+    answer_style: str = "word",
+) -> list[list[Sample]]:
+    """Per note, ``per_note`` POPE-style yes/no samples about single images of it, drawn at random from the
+    questions :func:`mm.eval.runners.pope_questions` builds over ``notes`` (as many "yes" as "no" per
+    image; ``split``: how the absent objects are chosen, POPE's random / popular / adversarial rule applied
+    to these notes' statistics). The world's own questions take their "no" objects from co-occurrence
+    partners or from any category (mostly another theme's); POPE's adversarial ones are absent objects that
+    co-occur with the image's objects, i.e. the note's theme, the hard case a captioner learns to guess."""
+    import random
+
+    from mm.eval.runners import pope_questions
+
+    where = {path: (i, k) for i, n in enumerate(notes) for k, path in enumerate(n.images)}
+    questions, _ = pope_questions(notes, split=split, seed=seed)
+    by_note: list[list[dict]] = [[] for _ in notes]
+    for q in questions:
+        by_note[where[q["image"]][0]].append(q)
+    rng = random.Random(seed)
+    out = []
+    for i, qs in enumerate(by_note):
+        pick = rng.sample(qs, min(per_note, len(qs)))
+        out.append(
+            [
+                Sample(
+                    i, "pope_question", q["text"], yes_no_answer(q["label"], q["object"], answer_style),
+                    image=where[q["image"]][1],
+                )  # fmt: skip
+                for q in pick
+            ]
+        )
+    return out
+
+
 def conversation_samples(index: int, note: Any) -> list[Sample]:
     """Single-turn samples from a LLaVA conversation: each human turn answered by the next gpt turn."""
     turns = note.conversations or []
@@ -119,12 +161,19 @@ def build_samples(
     questions_per_note: int | None = None,
     image_caption_prompt: str = IMAGE_CAPTION_PROMPT,
     answer_style: str = "word",
+    pope_questions_per_note: int = 1,
+    seed: int = 0,
 ) -> list[Sample]:
-    """Every sample of ``kinds`` from ``notes``, note by note (caption, image captions, questions, chat);
-    yes/no answers in ``answer_style`` (:func:`yes_no_answer`)."""
+    """Every sample of ``kinds`` from ``notes``, note by note (caption, image captions, questions, POPE-style
+    questions, chat); yes/no answers in ``answer_style`` (:func:`yes_no_answer`)."""
     unknown = [k for k in kinds if k not in TASK_KINDS]
     if unknown:
         raise ValueError(f"unknown task kind(s) {unknown}; known kinds: {', '.join(TASK_KINDS)}")
+    pope = (
+        pope_question_samples(notes, per_note=pope_questions_per_note, seed=seed, answer_style=answer_style)
+        if "pope_question" in kinds
+        else None
+    )
     out: list[Sample] = []
     for i, note in enumerate(notes):
         if "caption" in kinds:
@@ -133,6 +182,8 @@ def build_samples(
             out.extend(image_caption_samples(i, note, prompt=image_caption_prompt))
         if "question" in kinds:
             out.extend(question_samples(i, note, limit=questions_per_note, answer_style=answer_style))
+        if pope is not None:
+            out.extend(pope[i])
         if "conversation" in kinds:
             out.extend(conversation_samples(i, note))
     return out

@@ -7,7 +7,14 @@ import torch
 
 from mm.data.format import Note, ObjectAnnotation, Question
 from mm.model.processing import IGNORE_INDEX
-from mm.train.tasks import CAPTION_PROMPT, Sample, build_samples, count_kinds, yes_no_answer
+from mm.train.tasks import (
+    CAPTION_PROMPT,
+    Sample,
+    build_samples,
+    count_kinds,
+    pope_question_samples,
+    yes_no_answer,
+)
 
 
 def _note(i=0, text="A photo from a kitchen. It shows a red fork.", convs=None):
@@ -61,14 +68,15 @@ def test_build_samples_kinds_and_order():
     assert [x.answer for x in s[1:3]] == ["yes", "no"]
     assert s[1].prompt == "Is there a fork in image 1?"
     # note 1 has blank text: no caption sample; its chat turns are single-turn samples without <image>
-    assert count_kinds(s) == {"caption": 1, "image_caption": 0, "question": 4, "conversation": 2}
+    kinds = {"caption": 1, "image_caption": 0, "question": 4, "pope_question": 0, "conversation": 2}
+    assert count_kinds(s) == kinds
     chat = [x for x in s if x.kind == "conversation"]
     assert chat[0].prompt == "What is on the table?" and chat[0].answer == "A red fork."
     assert build_samples(notes, kinds=("question",), questions_per_note=1)[1].note == 1
 
 
 def test_unknown_kind_is_an_error():
-    with pytest.raises(ValueError, match="known kinds: caption, image_caption, question, conversation"):
+    with pytest.raises(ValueError, match="caption, image_caption, question, pope_question, conversation"):
         build_samples([_note()], kinds=("captions",))
 
 
@@ -174,3 +182,37 @@ def test_caption_metrics_golden():
     assert m["recall"] == pytest.approx(3 / 4)  # fork, cup of 2 + cup of 2
     assert m["halluc_partner"] == 1 and m["halluc_partner_frac"] == 1.0
     assert m["mean_length"] == pytest.approx((8 + 2) / 2)
+
+
+def test_pope_question_samples_ask_about_one_image_with_in_theme_negatives():
+    from mm.world import vocab
+    from mm.world.config import WorldConfig
+    from mm.world.generate import generate_notes
+
+    notes = generate_notes(WorldConfig(notes=80, image_size=64))
+    per = pope_question_samples(notes, per_note=2, answer_style="object")
+    assert len(per) == len(notes)
+    samples = [s for group in per for s in group]
+    assert all(len(group) == 2 for group in per)
+    def in_theme(s):  # is the asked object of the theme of the image's objects?
+        themes = {vocab.category(a.category).theme for a in notes[s.note].objects[s.image]}
+        return vocab.category(s.prompt.split()[3]).theme in themes
+
+    labels = []
+    for s in samples:
+        note = notes[s.note]
+        assert s.kind == "pope_question" and 0 <= s.image < len(note.images)
+        present = {a.category for a in note.objects[s.image]}
+        obj, label = s.answer.split(" ", 1)[1].split(": ")
+        assert s.prompt == f"Is there {'an' if obj[0] in 'aeiou' else 'a'} {obj} in this note?"
+        assert (label == "yes") == (obj in present)  # the truth about THAT image
+        labels.append(label)
+    assert 0.35 < labels.count("yes") / len(labels) < 0.65
+    # adversarial "no" objects co-occur with the image's objects: mostly absent objects of its own theme
+    adv = [in_theme(s) for s in samples if s.answer.endswith("no")]
+    groups = pope_question_samples(notes, per_note=2, split="random")
+    rand = [in_theme(s) for g in groups for s in g if s.answer == "no"]
+    assert sum(adv) / len(adv) > max(0.6, 2 * sum(rand) / len(rand))
+    again = build_samples(notes, kinds=("pope_question",), answer_style="object", pope_questions_per_note=2)
+    assert again == samples  # deterministic for a seed
+    assert build_samples(notes, kinds=("pope_question",), pope_questions_per_note=2, seed=1) != again
