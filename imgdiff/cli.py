@@ -211,9 +211,10 @@ def _import_kernels() -> None:
     """Import what the diff needs after the inflate (NumPy, the diff modules, the band unfilter's
     ``imagecodecs.delta_decode``: ~4 ms to load); run in a thread while the images inflate."""
     try:
+        from imagecodecs import delta_decode  # noqa: F401
+
         import imgdiff.api  # noqa: F401
         import imgdiff.band  # noqa: F401
-        from imagecodecs import delta_decode  # noqa: F401
     except Exception:  # noqa: BLE001 - the main thread imports it again and reports the error
         pass
 
