@@ -128,13 +128,11 @@ def pope_question_samples(
     out = []
     for i, qs in enumerate(by_note):
         pick = rng.sample(qs, min(per_note, len(qs)))
+        answers = [yes_no_answer(q["label"], q["object"], answer_style) for q in pick]
         out.append(
             [
-                Sample(
-                    i, "pope_question", q["text"], yes_no_answer(q["label"], q["object"], answer_style),
-                    image=where[q["image"]][1],
-                )  # fmt: skip
-                for q in pick
+                Sample(i, "pope_question", q["text"], a, image=where[q["image"]][1])
+                for q, a in zip(pick, answers)
             ]
         )
     return out

@@ -194,6 +194,7 @@ def test_pope_question_samples_ask_about_one_image_with_in_theme_negatives():
     assert len(per) == len(notes)
     samples = [s for group in per for s in group]
     assert all(len(group) == 2 for group in per)
+
     def in_theme(s):  # is the asked object of the theme of the image's objects?
         themes = {vocab.category(a.category).theme for a in notes[s.note].objects[s.image]}
         return vocab.category(s.prompt.split()[3]).theme in themes
