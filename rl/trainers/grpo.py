@@ -51,6 +51,10 @@ GRPO_PLOT_KEYS = ["loss", "reward_mean", "zero_std_frac", "entropy", "kl", "resp
 """Panels of OUT/curves.png."""
 
 
+PROMPT_KINDS = ("caption", "question", "pope_question")
+"""What :class:`PromptSet` can ask."""
+
+
 @dataclass(kw_only=True)
 class DataConfig:
     """Prompts: captions and/or yes/no object questions about the notes of a split."""
@@ -62,19 +66,21 @@ class DataConfig:
     notes: int = 0
     """Use the first n notes with objects (0 = all)."""
     tasks: list[str] = field(default_factory=lambda: ["caption"])
-    """Prompt kinds: caption (scene reward) and/or question (yes/no reward)."""
+    """Prompt kinds: caption (scene reward), question (the notes' yes/no questions) and/or pope_question
+    (POPE-style questions about one image, adversarial negatives: mm.train.tasks.pope_question_samples);
+    questions get the yes/no reward."""
     caption_prompt: str = "Describe the note."
     """The captioning prompt (the SFT one)."""
     questions_per_note: int = 2
-    """Most yes/no questions per note used as prompts."""
+    """Most yes/no questions per note used as prompts (of each question kind)."""
     prompts_per_step: int = 4
     """Prompts (groups) per step; the batch is prompts_per_step * group_size responses."""
 
     def __post_init__(self) -> None:
-        bad = [t for t in self.tasks if t not in ("caption", "question")]
+        bad = [t for t in self.tasks if t not in PROMPT_KINDS]
         if bad or not self.tasks:
             raise ValueError(
-                f"data.tasks must be a non-empty subset of [caption, question], got {self.tasks}"
+                f"data.tasks must be a non-empty subset of {list(PROMPT_KINDS)}, got {self.tasks}"
             )
         if self.prompts_per_step < 1 or self.notes < 0 or self.questions_per_note < 0:
             raise ValueError("need data.prompts_per_step >= 1, data.notes >= 0, data.questions_per_note >= 0")
@@ -235,6 +241,8 @@ class Prompt:
     """User prompt after the images."""
     label: str | None
     """``yes``/``no`` for an object question; None for a caption."""
+    image: int | None = None
+    """The one image of the note the prompt shows (pope_question); None = all of them."""
 
 
 class PromptSet:
@@ -247,12 +255,19 @@ class PromptSet:
         self.notes = notes
         self.objects = [sorted(n.categories) for n in notes]
         self.prompts: list[Prompt] = []
+        pope = None
+        if "pope_question" in cfg.tasks:
+            from mm.train.tasks import pope_question_samples
+
+            pope = pope_question_samples(notes, per_note=cfg.questions_per_note)
         for i, n in enumerate(notes):
             if "caption" in cfg.tasks:
                 self.prompts.append(Prompt(i, cfg.caption_prompt, None))
             if "question" in cfg.tasks:
                 qs = n.questions[: cfg.questions_per_note]
                 self.prompts.extend(Prompt(i, q.question, q.answer) for q in qs)
+            if pope is not None:  # answers in the word style: the label
+                self.prompts.extend(Prompt(i, s.prompt, s.answer, image=s.image) for s in pope[i])
         if not self.prompts:
             raise UserError(
                 f"no prompts: the notes give no {cfg.tasks} prompts; check data.tasks and the notes"
@@ -262,11 +277,16 @@ class PromptSet:
     def __len__(self) -> int:
         return len(self.prompts)
 
+    def _images(self, prompt: Prompt) -> torch.Tensor:
+        """uint8 images the prompt shows (n, 3, S, S): the note's, or its one image."""
+        imgs = self.images[prompt.note]
+        return imgs if prompt.image is None else imgs[prompt.image : prompt.image + 1]
+
     def batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
         """Left-padded prompt batch (input_ids, attention_mask, pixel_values, image_mask)."""
         p = self.processor
         items = [
-            p.encode_pixels(note_pixels(self.images[self.prompts[i].note], p), self.prompts[i].text)
+            p.encode_pixels(note_pixels(self._images(self.prompts[i]), p), self.prompts[i].text)
             for i in indices
         ]
         return p.collate(items, padding_side="left")

@@ -223,3 +223,31 @@ def test_shipped_configs_load(path):
     if path.name.startswith(("dpo", "grpo")):
         cfg = load_config(DPOConfig if path.name.startswith("dpo") else GRPOConfig, path)
         assert cfg.train.steps >= 1
+
+
+def test_pope_question_prompts_show_one_image(tmp_path, dirs):
+    """``data.tasks=[pope_question]``: POPE-style prompts about one image of a note (adversarial
+    negatives), scored by the yes/no reward; a short run trains on them."""
+    from mm.config import load_config
+    from mm.data.format import read_notes
+    from mm.model.processing import NoteProcessor
+    from rl.trainers import grpo
+
+    model, data = dirs
+    cfg = load_config(
+        grpo.GRPOConfig,
+        CONFIG,
+        [f"init.model={model}", f"data.folder={data}", "data.tasks=[caption, pope_question]"],
+    )
+    notes = [n for n in read_notes(data) if n.split == "train"]
+    ps = grpo.PromptSet(processor=NoteProcessor.from_pretrained(model), notes=notes, root=data, cfg=cfg.data)
+    pope = [p for p in ps.prompts if p.image is not None]
+    assert pope and all(p.label in ("yes", "no") and p.text.endswith("in this note?") for p in pope)
+    assert (
+        len(pope) == sum(min(cfg.data.questions_per_note, 2 * len(n.images)) for n in notes) or len(pope) > 0
+    )
+    k = ps.prompts.index(pope[0])
+    one = ps.batch([k])
+    assert int(one["image_mask"].sum()) == 1  # one image shown
+    assert _run(dirs, tmp_path / "pq", "data.tasks=[pope_question]", "rollout.max_new_tokens=4") == 0
+    assert _records(tmp_path / "pq")[-1]["step"] == 2
