@@ -296,6 +296,32 @@ def _config_dict(c: Any) -> Any:
     return json.loads(json.dumps(to_dict(c), default=str))
 
 
+def _defaults(c: Any) -> Any:
+    """The config dict of ``type(c)()`` (every option at its default), or {} when it needs arguments."""
+    try:
+        return _config_dict(type(c)())
+    except Exception:  # noqa: BLE001 - a config class without defaults: compare strictly
+        return {}
+
+
+def same_config(old: Any, new: Any, default: Any = None) -> bool:
+    """Whether a finished stage's recorded config ``old`` matches the resolved ``new``. A key that ``old``
+    lacks counts as unchanged when ``new`` holds its default (``default``: the defaults' dict): an option
+    added to notelens after the stage ran, left at its default, does not invalidate the stage."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return old == new
+    d = default if isinstance(default, dict) else {}
+    if any(k not in new for k in old):
+        return False
+    for k, v in new.items():
+        if k not in old:
+            if k not in d or v != d[k]:
+                return False
+        elif not same_config(old[k], v, d.get(k)):
+            return False
+    return True
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -335,11 +361,12 @@ def run_pipeline(
         folder = out / name
         marker = folder / "stage.json"
         base = name.removeprefix("eval_")
-        conf = _config_dict(configs[base]) if name == base else _config_dict(cfg.eval)
+        stage_cfg = configs[base] if name == base else cfg.eval
+        conf = _config_dict(stage_cfg)
         force = fresh or rerun_rest or i >= first_redo
         if marker.is_file() and not force:
             done = json.loads(marker.read_text())
-            if done.get("config") != conf:
+            if not same_config(done.get("config"), conf, _defaults(stage_cfg)):
                 raise UserError(
                     f"stage {name} in {out} was made with a different config; pass --redo {name} (redoes it "
                     "and the stages after it), --fresh, or choose a new --out"

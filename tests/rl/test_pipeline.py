@@ -159,6 +159,38 @@ def test_resume_skips_finished_stages_and_redo_reruns_the_tail(run_dir, capsys):
     assert [s["status"] == "ran" for s in m["stages"].values()] == [n in names[-2:] for n in names]
 
 
+def test_same_config_accepts_options_added_at_their_default():
+    from rl.pipeline import same_config
+
+    new = {"tasks": {"kinds": ["caption"], "answer_style": "word"}, "steps": 3}
+    default = {"tasks": {"kinds": ["caption", "question"], "answer_style": "word"}, "steps": 300}
+    assert same_config(new, new, default)
+    older = {"tasks": {"kinds": ["caption"]}, "steps": 3}  # recorded before answer_style existed
+    assert same_config(older, new, default)
+    assert not same_config(older, new, {})  # no known default: strict
+    assert not same_config(
+        older, {"tasks": {"kinds": ["caption"], "answer_style": "object"}, "steps": 3}, default
+    )
+    assert not same_config({**new, "steps": 4}, new, default)
+    assert not same_config({**new, "gone": 1}, new, default)  # an option that no longer exists
+
+
+def test_stage_recorded_before_a_new_option_is_still_skipped(run_dir, capsys):
+    cfg, out = run_dir
+    marker = out / "sft" / "stage.json"
+    rec = json.loads(marker.read_text())
+    before = marker.read_text()
+    del rec["config"]["tasks"]["answer_style"]  # as an older notelens wrote it
+    marker.write_text(json.dumps(rec))
+    try:
+        capsys.readouterr()
+        assert _run(cfg, out) == 0
+        m = json.loads((out / "metrics.json").read_text())
+        assert all(s["status"].startswith("skipped") for s in m["stages"].values())
+    finally:
+        marker.write_text(before)
+
+
 def test_changed_stage_config_is_refused(run_dir, capsys):
     cfg, out = run_dir
     assert _run(cfg, out, "--set", "eval.notes=2") == 2
