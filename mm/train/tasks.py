@@ -87,7 +87,9 @@ def yes_no_answer(label: str, obj: str | None, style: str = "word") -> str:
         raise ValueError(f"a yes/no label must be 'yes' or 'no', got {label!r}")
     if style == "word" or not obj:
         return label
-    return f"{'An' if obj[:1].lower() in 'aeiou' else 'A'} {obj}: {label}"
+    from mm.world.text import article
+
+    return f"{article(obj).capitalize()} {obj}: {label}"
 
 
 def question_samples(
