@@ -40,6 +40,13 @@ class WorldConfig:
     """Least a hidden partner slides under its anchor (0 = touching, 1 = centred on it)."""
     partner_overlap_max: float = 1.0
     """Most a hidden partner slides under its anchor; drawn uniformly in [partner_overlap, this]."""
+    caption_prior: float = 0.0
+    """Probability that the note's texts name the absent partner of an anchor it shows ("a fork and a
+    knife" with no knife in sight): an annotator writing from habit, as machine-written and crowd captions
+    of real training sets do. Drawn once per note and anchor; the phantom is named, without a colour, in
+    every caption of an image with the anchor. Only the texts lie: objects, questions and every evaluation
+    keep the true scene, so a model that learns the habit hallucinates what the image shows is not there
+    (which post-training can then remove without losing recall). 0 leaves the texts true."""
     placement: str = "grid"
     """Where objects (other than hidden partners) go: "free" (anywhere, kept apart) or "grid" (the centre of
     a free ``grid_cell`` x ``grid_cell`` cell, jittered): with ``grid_cell`` = the vision patch size, each
@@ -98,7 +105,7 @@ class WorldConfig:
             f"{self.objects_per_image_min}, {self.objects_per_image_max}",
         )
         for name in (
-            "off_theme", "anchor_prob", "cooccurrence", "partner_small", "partner_occluded",
+            "off_theme", "anchor_prob", "cooccurrence", "caption_prior", "partner_small", "partner_occluded",
             "partner_overlap", "partner_overlap_max", "duplicate_prob", "synonym_prob", "partner_negatives",
             "val_fraction", "test_fraction",
         ):  # fmt: skip

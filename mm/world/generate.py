@@ -1,8 +1,9 @@
 """Generate notes of the synthetic world and write them in the note format.
 
 Note ``i`` is a pure function of ``(cfg, i)``: scenes and texts use ``default_rng([cfg.seed, i])``
-and pixels (clutter, noise) a separate ``default_rng([cfg.seed, i, 1])``, so a note is the same
-whether 100 or 20,000 are generated and whichever worker makes it, and the visual difficulty knobs
+and pixels (clutter, noise) a separate ``default_rng([cfg.seed, i, 1])`` (``caption_prior`` draws from a
+third, ``[cfg.seed, i, 2]``), so a note is the same whether 100 or 20,000 are generated and whichever
+worker makes it, and the visual difficulty knobs
 (``clutter``, ``noise_std``) change pixels only, never scenes or texts.
 Writing goes to a temporary sibling folder that is renamed into place at the end, so an
 interrupted or failed run leaves nothing half-written.
@@ -21,7 +22,7 @@ import numpy as np
 import yaml
 
 from mm.config import to_dict
-from mm.data.format import Note, note_line, staged_folder, write_notes
+from mm.data.format import Note, ObjectAnnotation, note_line, staged_folder, write_notes
 from mm.world import text, vocab
 from mm.world.config import WorldConfig
 from mm.world.png import encode_png
@@ -71,13 +72,14 @@ def generate_note(cfg: WorldConfig, index: int) -> tuple[Note, list[np.ndarray]]
         images.append(img)
         objects.append(anns)
     S, sp = cfg.image_size, cfg.synonym_prob
+    told = caption_objects(objects, cfg.caption_prior, np.random.default_rng([cfg.seed, index, 2]))
     note = Note(
         id=nid,
         split=split,
         source="world",
         images=[f"{IMAGE_DIR}/{nid}_{k}.png" for k in range(n_img)],
-        text=text.note_caption(theme, objects, size=S, rng=rng, synonym_prob=sp),
-        image_captions=[text.image_caption(o, size=S, rng=rng, synonym_prob=sp) for o in objects],
+        text=text.note_caption(theme, told, size=S, rng=rng, synonym_prob=sp),
+        image_captions=[text.image_caption(o, size=S, rng=rng, synonym_prob=sp) for o in told],
         objects=objects,
         questions=text.questions(
             nid,
@@ -89,6 +91,36 @@ def generate_note(cfg: WorldConfig, index: int) -> tuple[Note, list[np.ndarray]]
         ),
     )
     return note, images
+
+
+def caption_objects(
+    objects: list[list[ObjectAnnotation]], prior: float, rng: np.random.Generator
+) -> list[list[ObjectAnnotation]]:
+    """The objects a note's texts name: ``objects`` plus, with probability ``prior`` per anchor whose
+    partner is absent from the whole note, a phantom partner (no colour or size, the anchor's box,
+    ``occluded`` 1) in every image with that anchor (:attr:`WorldConfig.caption_prior`). ``objects``
+    itself, the truth, is never changed; with ``prior`` 0 it is returned as is and ``rng`` is unused."""
+    if prior <= 0.0:
+        return objects
+    present = {o.category for objs in objects for o in objs}
+    told = {}  # anchor -> its phantom partner, in first-seen order (deterministic draws)
+    for objs in objects:
+        for o in objs:
+            p = _PARTNER_OF.get(o.category)
+            if p is not None and p not in present and o.category not in told:
+                told[o.category] = p if rng.random() < prior else None
+    out = []
+    for objs in objects:
+        extra = []
+        for o in objs:
+            p = told.get(o.category)
+            if p is not None and all(e.category != p for e in extra):
+                extra.append(ObjectAnnotation(category=p, bbox=o.bbox, occluded=1.0))
+        out.append(objs + extra)
+    return out
+
+
+_PARTNER_OF = dict(vocab.PARTNER_PAIRS)
 
 
 def generate_notes(cfg: WorldConfig, start: int = 0, stop: int | None = None) -> list[Note]:

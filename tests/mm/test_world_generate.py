@@ -1,6 +1,7 @@
 """The synthetic world: determinism, annotations, co-occurrence prior, captions, questions, CLI."""
 
 import json
+import re
 
 import cv2
 import numpy as np
@@ -265,3 +266,41 @@ def test_grid_placement_centres_objects_in_cells():
         WorldConfig(placement="poisson")
     with pytest.raises(ValueError, match="cooccurrence_scope"):
         WorldConfig(cooccurrence_scope="world")
+
+
+def test_caption_prior_names_absent_partners_in_texts_only():
+    """caption_prior: texts name an absent partner in every image with its anchor, without a colour; objects
+    and questions stay true; at 0 the notes are the same as without the knob."""
+    plain = generate_notes(WorldConfig(notes=300))
+    assert plain == generate_notes(WorldConfig(notes=300, caption_prior=0.0))
+    told = generate_notes(WorldConfig(notes=300, caption_prior=1.0))
+    partner_of = dict(vocab.PARTNER_PAIRS)
+    phantoms = 0
+    for a, b in zip(plain, told):
+        assert a.objects == b.objects and a.images == b.images
+        truth = a.categories
+        for q in b.questions:  # drawn after the texts, so other questions than in `a`, but still true
+            seen = truth if q.image is None else {o.category for o in b.objects[q.image]}
+            assert q.answer == ("yes" if q.object in seen else "no"), q
+        absent = {partner_of[c] for c in truth if c in partner_of} - truth
+        # at prior 1 every absent partner of a present anchor is named, and nothing else is added
+        assert set(vocab.find_mentions(b.text)) == truth | absent, b.text
+        for objs, cap in zip(b.objects, b.image_captions):
+            here = {o.category for o in objs}
+            want = here | ({partner_of[c] for c in here if c in partner_of} & absent)
+            assert set(vocab.find_mentions(cap)) == want, cap
+        for p in absent:
+            phantoms += 1
+            assert re.search(rf"\b(a|an) {p}\b", b.text) or any(
+                re.search(rf"\b(a|an) {s}\b", b.text) for s in vocab.synonym_table().get(p, [])
+            ), (p, b.text)  # "a knife": no colour or size word
+    assert phantoms > 30
+    half = generate_notes(WorldConfig(notes=300, caption_prior=0.5))
+    changed = sum(x.text != y.text for x, y in zip(plain, half))
+    full = sum(x.text != y.text for x, y in zip(plain, told))
+    assert 0.3 * full < changed < 0.7 * full
+
+
+def test_caption_prior_is_a_probability():
+    with pytest.raises(ValueError, match="caption_prior must be a probability"):
+        WorldConfig(caption_prior=1.5)
