@@ -15,7 +15,10 @@ ones). Sampling, for one image of a note with theme ``T``:
    between ``partner_overlap`` and ``partner_overlap_max`` of the way under its anchor and drawn
    before it, so it is partly or (for small partners under large anchors) wholly hidden. A
    captioner cannot always see it, so it learns to name it from the anchor: the prior that makes it
-   also name the partner in the images where it is absent (issue 4's main hallucination cause).
+   also name the partner in the images where it is absent. A partner that is not hidden goes next
+   to its anchor (``placement: free``) or, like any object, in a free cell (``placement: grid``).
+   The other way to plant the prior is in the texts (``caption_prior``, :mod:`mm.world.generate`):
+   captions that name an absent partner from habit, while the images show it is not there.
 3. Positions: other objects are placed by rejection sampling to keep them apart.
 """
 
@@ -166,7 +169,9 @@ def sample_scene(
         overlap = rng.uniform(cfg.partner_overlap, cfg.partner_overlap_max)
         dist = (anchor.r + r) * ((1.0 - overlap) if hidden else 1.1)
         spot = None
-        for _ in range(16):
+        if not hidden and cfg.placement == "grid":  # a visible partner gets its own cell, like any object
+            spot = free_spot(r)
+        for _ in range(0 if spot else 16):
             ang = rng.uniform(0, 2 * np.pi)
             cx, cy = anchor.cx + dist * np.cos(ang), anchor.cy + dist * np.sin(ang)
             if _fits(cx, cy, r, S):

@@ -249,8 +249,14 @@ def test_note_scope_cooccurrence_keeps_one_decision_per_note():
     assert mixed_img > 10  # per-image draws do mix within a note
 
 
-def test_grid_placement_centres_objects_in_cells():
-    cfg = WorldConfig(notes=40, placement="grid", grid_cell=16, grid_jitter=2.0, cooccurrence=0.0)
+@pytest.mark.parametrize(
+    "partners",
+    [dict(cooccurrence=0.0), dict(cooccurrence=1.0, partner_occluded=0.0)],
+    ids=["none", "visible"],
+)
+def test_grid_placement_centres_objects_in_cells(partners):
+    """Every (small, uncovered) object sits at its cell's centre, visible partners too."""
+    cfg = WorldConfig(notes=40, placement="grid", grid_cell=16, grid_jitter=2.0, **partners)
     for i in range(cfg.notes):
         note, _ = generate_note(cfg, i)
         for objs in note.objects:
