@@ -441,9 +441,10 @@ def _fast_layout(info: ImageInfo, data, checked: int = 0):
 
 def _inflate_shared(infos, data):
     """Stage 1 of :func:`read_pair_rows` for two PNGs of one layout whose files share a long prefix:
-    ``((layout A, inflated A), (layout B, inflated B), equal leading bytes, common file prefix)`` with
-    the common compressed prefix inflated once (:func:`imgdiff.png_shared.inflate_pair`), else None.
-    The IDAT CRCs are left to the caller (:func:`imgdiff.png.check_idat_crcs`)."""
+    ``((layout A, inflated A), (layout B, inflated B), equal leading bytes, common file prefix, b_from)``
+    with the common compressed prefix inflated once (:func:`imgdiff.png_shared.inflate_pair`; B's
+    buffer holds B's bytes from ``b_from`` on, see :func:`_fill_shared_rows`), else None. The IDAT
+    CRCs are left to the caller (:func:`imgdiff.png.check_idat_crcs`)."""
     if not (infos[0].format == infos[1].format == "PNG" and data[0][16:29] == data[1][16:29]):
         return None
     from imgdiff import png
@@ -460,7 +461,19 @@ def _inflate_shared(infos, data):
     got = png_shared.inflate_pair(la, data[0], lb, data[1], common)
     if got is None:
         return None
-    return (la, got[0]), (lb, got[1]), got[2], common
+    return (la, got[0]), (lb, got[1]), got[2], common, got[3]
+
+
+def _fill_shared_rows(sa, sb, b_from: int, y0: int) -> None:
+    """Make B's buffer from :func:`_inflate_shared` (B's bytes from ``b_from`` on) hold every row that
+    unfiltering B from row ``y0`` reads (:func:`imgdiff.png.chain_start`): the rows before ``b_from``
+    are A's (the shared prefix), copied over only when needed."""
+    if not b_from:
+        return
+    from imgdiff import png, png_shared
+
+    layout, (buf_b, filters) = sb
+    png_shared.fill_shared(sa[1][0], buf_b, b_from, png.chain_start(filters, y0) * layout.row_bytes)
 
 
 def _finish(info: ImageInfo, data: bytes, staged, rows=None):
@@ -494,8 +507,8 @@ def read_pair_rows(
     data = [_map_bytes(info) if info.format == "PNG" else _read_bytes(info) for info in infos]
     staged = _inflate_shared(infos, data)
     if staged is None:
-        staged = (*_in_two_threads(_inflate_or_decode, infos, data), 0, 0)
-    sa, sb, equal, common = staged
+        staged = (*_in_two_threads(_inflate_or_decode, infos, data), 0, 0, 0)
+    sa, sb, equal, common, b_from = staged
     for i, s, done in ((0, sa, 0), (1, sb, common)):  # B's chunks in the common prefix: A's CRCs
         if isinstance(s, tuple):
             try:
@@ -512,8 +525,10 @@ def read_pair_rows(
                 ra = _finish(infos[0], data[0], sa, rows)
                 rb = ra.copy()
                 if span is not None:
+                    _fill_shared_rows(sa, sb, b_from, r0)
                     rb[r0 - rows[0] : r1 + 1 - rows[0]] = _finish(infos[1], data[1], sb, (r0, r1 + 1))
             else:
+                _fill_shared_rows(sa, sb, b_from, rows[0])
                 ra, rb = _finish_both(infos, data, (sa, sb), rows)
             return ra, rb, rows[0], la.height
     ra, rb = _finish_both(infos, data, (sa, sb), None)

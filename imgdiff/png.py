@@ -151,15 +151,21 @@ def check_idat_crcs(png: Layout, data, checked: int = 0) -> None:
             raise PngDataError("image data is corrupt (IDAT chunk fails its CRC check)")
 
 
-def stream(png: Layout):
-    """The zlib stream (all IDAT payloads, in order) copied into one buffer, so that an inflater can
-    take it in a single call (slice copies hold the GIL for ~2 ms a 10 MB file: no per-chunk calls)."""
-    size = sum(len(payload) for payload in png.idat)
-    buf = _buffer(size)
+def stream(png: Layout, start: int = 0):
+    """The zlib stream (all IDAT payloads, in order) from stream offset ``start`` on, copied into one
+    buffer, so that an inflater can take it in a single call (slice copies hold the GIL for ~2 ms a
+    10 MB file: no per-chunk calls). ``start``: bytes another stream already covers (a shared prefix,
+    :mod:`imgdiff.png_shared`), which are neither copied nor touched."""
+    buf = _buffer(sum(len(payload) for payload in png.idat) - start)
     out, pos = memoryview(buf), 0
     for payload in png.idat:
-        out[pos : pos + len(payload)] = payload
-        pos += len(payload)
+        if start >= len(payload):
+            start -= len(payload)
+            continue
+        piece = payload[start:] if start else payload
+        start = 0
+        out[pos : pos + len(piece)] = piece
+        pos += len(piece)
     return buf
 
 
@@ -227,9 +233,7 @@ def unfilter(png: Layout, buf, filters: bytes, rows: tuple[int, int] | None = No
         return None
     h, w, c = png.height, png.width, CHANNELS[png.colour]
     y0, y1 = rows if rows is not None else (0, h)
-    start = y0
-    while start > 0 and filters[start] == UP:  # an Up row needs the unfiltered row above it
-        start -= 1
+    start = chain_start(filters, y0)
     bpp = c * png.depth // 8
     raw = np.frombuffer(buf, np.uint8, count=h * png.row_bytes).reshape(h, png.row_bytes)[:, 1:]  # (H, W*bpp)
     out = np.empty((y1 - start, w * bpp), np.uint8)  # (rows, W*bpp) bytes, big-endian samples for 16-bit
@@ -247,6 +251,15 @@ def unfilter(png: Layout, buf, filters: bytes, rows: tuple[int, int] | None = No
     if png.depth == 16:
         out = out.view(">u2").astype(np.uint16)  # (rows, W*C) native byte order
     return out.reshape(-1, w) if c == 1 else out.reshape(-1, w, c)
+
+
+def chain_start(filters: bytes, y0: int) -> int:
+    """The first row :func:`unfilter` reads to unfilter rows from ``y0`` on: an Up row needs the
+    unfiltered row above it, so a run of Up rows reaches back to the row before it."""
+    start = y0
+    while start > 0 and filters[start] == UP:
+        start -= 1
+    return start
 
 
 def changed_span(pa: Layout, a: tuple, pb: Layout, b: tuple, equal: int = 0) -> tuple[int, int] | None:
