@@ -423,9 +423,10 @@ def _inflate_or_decode(info: ImageInfo, data: bytes):
     return decode(info, data)
 
 
-def _fast_layout(info: ImageInfo, data, checked: int = 0):
+def _fast_layout(info: ImageInfo, data, checked: int = 0, *, peek: bool = True):
     """The :class:`imgdiff.png.Layout` of a PNG that :func:`imgdiff.png.unfilter` may finish (None for
-    other kinds, or when the first rows use Avg/Paeth); raises :class:`ImageIOError` on bad chunks."""
+    other kinds, or when the first rows use Avg/Paeth: ``peek``); raises :class:`ImageIOError` on bad
+    chunks."""
     from imgdiff import png
 
     if not (info.format == "PNG" and data[24] in (8, 16) and data[25] in _PNG_FAST_COLOURS):
@@ -434,7 +435,7 @@ def _fast_layout(info: ImageInfo, data, checked: int = 0):
         return None  # the plain path reports it
     try:
         layout = png.layout(data, checked, idat_crc=False)  # IDAT CRCs: read_pair_rows, after the inflate
-        return layout if layout is not None and png.plain_filters_ahead(layout) else None
+        return layout if layout is not None and (not peek or png.plain_filters_ahead(layout)) else None
     except png.PngDataError as e:
         raise _fail(info.path, str(e), "re-export or re-download it") from None
 
@@ -455,7 +456,9 @@ def _inflate_shared(infos, data):
     from imgdiff import png_shared
 
     la = _fast_layout(infos[0], data[0])
-    lb = _fast_layout(infos[1], data[1], common) if la is not None else None  # B's shared chunks: A's CRCs
+    # B's shared chunks are A's: their CRCs are checked, and B's first rows inflate to A's (no peek:
+    # B's rows, Avg/Paeth ones too, still decode right, through the full decoder, see _finish)
+    lb = _fast_layout(infos[1], data[1], common, peek=False) if la is not None else None
     if lb is None:
         return None
     got = png_shared.inflate_pair(la, data[0], lb, data[1], common)

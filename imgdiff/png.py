@@ -340,23 +340,55 @@ def decode(data) -> np.ndarray | None:
     return unfilter(png, buf, filters)
 
 
-PREFIX_CHUNK = 1 << 16
 MIN_SHARED = 1 << 16
 """Shortest common file prefix worth the shared inflate of :mod:`imgdiff.png_shared` (bytes)."""
-"""Bytes compared at a time by :func:`common_prefix`."""
+PREFIX_CHUNK = 1 << 16
+"""Bytes compared at a time by :func:`common_prefix` when it compares slices."""
 
 
 def common_prefix(a, b) -> int:
-    """Length of the longest common prefix of two bytes-like objects (chunked memcmp, then bisection)."""
-    n = min(len(a), len(b))
+    """Length of the longest common prefix of two bytes-like objects: C ``memcmp`` in place on 1 MB
+    steps then a bisection (:func:`_memcmp`), or the same on compared slices when a buffer has no
+    address."""
+    n, memcmp = min(len(a), len(b)), _memcmp(a, b)
+    if memcmp is None:
+        return _prefix_end(lambda lo, hi: a[lo:hi] == b[lo:hi], n, PREFIX_CHUNK)
+    return _prefix_end(lambda lo, hi: memcmp(lo, hi - lo) == 0, n, 1 << 20)
+
+
+def _prefix_end(equal, n: int, step: int) -> int:
+    """The largest ``p <= n`` with ``equal(0, p)``, given ``equal(lo, hi)`` for ranges: ``step``-sized
+    ranges while they are equal, then a bisection of the first unequal one."""
     pos = 0
-    while pos < n and a[pos : min(pos + PREFIX_CHUNK, n)] == b[pos : min(pos + PREFIX_CHUNK, n)]:
-        pos = min(pos + PREFIX_CHUNK, n)
-    lo, hi = pos, min(pos + PREFIX_CHUNK, n)  # the prefix ends in [lo, hi]
+    while pos < n and equal(pos, min(pos + step, n)):
+        pos = min(pos + step, n)
+    lo, hi = pos, min(pos + step, n)  # the prefix ends in [lo, hi]
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
+        if equal(lo, mid):
             lo = mid
         else:
             hi = mid - 1
     return lo
+
+
+def _memcmp(a, b):
+    """``f(offset, n)``: libc's ``memcmp`` of ``n`` bytes of ``a`` and ``b`` from ``offset``, or None when
+    a buffer has no address (read-only views) or there is no libc. Compares in place: slicing a 10 MB
+    mmap copies every slice (~0.7 ms of a 4K pair). Called through ``ctypes.PyDLL``, which keeps the
+    GIL: a call that released it would wait up to the 5 ms switch interval to take it back from the
+    CLI's import thread."""
+    import ctypes
+
+    try:
+        func = ctypes.PyDLL(None).memcmp
+        pa, pb = (
+            ctypes.cast(ctypes.c_char_p(x), ctypes.c_void_p).value
+            if isinstance(x, bytes)
+            else ctypes.addressof(ctypes.c_char.from_buffer(x))
+            for x in (a, b)
+        )
+    except (OSError, AttributeError, TypeError, ValueError):
+        return None
+    func.restype, func.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return lambda offset, n: func(pa + offset, pb + offset, n)

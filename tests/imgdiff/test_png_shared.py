@@ -22,18 +22,27 @@ def _chunk(kind: bytes, body: bytes) -> bytes:
 
 
 def _png(
-    img: np.ndarray, *, idat: int = 8192, filt: int = 0, level: int = 1, tail: bytes = b"", rows: int = 0
+    img: np.ndarray,
+    *,
+    idat: int = 8192,
+    filt: int = 0,
+    level: int = 1,
+    tail: bytes = b"",
+    rows: int = 0,
+    avg_from: int | None = None,
 ) -> bytes:
-    """An 8-bit RGB PNG whose rows all use filter ``filt`` (0 None, 1 Sub, 2 Up), its zlib stream cut
-    into IDAT chunks of ``idat`` bytes (as OpenCV writes them); ``tail`` is appended to the zlib stream;
-    ``rows``: the height its header declares (default: the image's)."""
+    """An 8-bit RGB PNG whose rows all use filter ``filt`` (0 None, 1 Sub, 2 Up), or Avg from row
+    ``avg_from`` on, its zlib stream cut into IDAT chunks of ``idat`` bytes (as OpenCV writes them);
+    ``tail`` is appended to the zlib stream; ``rows``: the height its header declares (default: the
+    image's)."""
     h, w, _ = img.shape
     px = img.reshape(h, -1).astype(np.int32)
-    if filt == 1:
-        px = (px - np.concatenate([np.zeros((h, 3), np.int32), px[:, :-3]], axis=1)) % 256
-    elif filt == 2:
-        px = (px - np.concatenate([np.zeros((1, px.shape[1]), np.int32), px[:-1]], axis=0)) % 256
-    raw = b"".join(bytes([filt]) + row.astype(np.uint8).tobytes() for row in px)
+    left = np.concatenate([np.zeros((h, 3), np.int32), px[:, :-3]], axis=1)
+    up = np.concatenate([np.zeros((1, px.shape[1]), np.int32), px[:-1]], axis=0)
+    kinds = [filt if avg_from is None or r < avg_from else 3 for r in range(h)]
+    pred = {0: 0 * px, 1: left, 2: up, 3: (left + up) // 2}
+    px = np.stack([(px[r] - pred[k][r]) % 256 for r, k in enumerate(kinds)])
+    raw = b"".join(bytes([k]) + row.astype(np.uint8).tobytes() for k, row in zip(kinds, px))
     stream = zlib.compress(raw, level) + tail
     body = b"".join(_chunk(b"IDAT", stream[i : i + idat]) for i in range(0, len(stream), idat))
     ihdr = struct.pack(">IIBBBBB", w, rows or h, 8, 2, 0, 0, 0)
@@ -181,6 +190,23 @@ def test_read_pair_rows_fills_the_shared_rows_b_needs(tmp_path, filt, band):
     np.testing.assert_array_equal(rb, b[y0:])
 
 
+def test_b_with_avg_rows_after_the_shared_prefix(tmp_path):
+    """B's filters are not peeked at (its first rows are A's): Avg rows in B's tail still decode
+    right, through the full decoder."""
+    a = _noise(200, 300, 9)
+    b = a.copy()
+    b[170:175, 40:60] = 0
+    pa, pb = tmp_path / "a.png", tmp_path / "b.png"
+    pa.write_bytes(_png(a, filt=1))
+    pb.write_bytes(_png(b, filt=1, avg_from=160))
+    got = iio._inflate_shared(*_staged_inputs(pa, pb))
+    assert got is not None and max(got[1][1][1]) == 3  # the shared path ran; B has Avg rows
+    for rows in [(100, 200), (165, 180)]:  # a thin span, a wide one
+        ra, rb, y0, _ = iio.read_pair_rows(pa, pb, band=lambda h, r0, r1, rows=rows: rows)
+        np.testing.assert_array_equal(ra, a[y0 : rows[1]])
+        np.testing.assert_array_equal(rb, b[y0 : rows[1]])
+
+
 def _staged_inputs(pa, pb):
     infos = (iio.probe(pa), iio.probe(pb))
     return infos, [iio._map_bytes(info) for info in infos]
@@ -195,6 +221,12 @@ def test_common_prefix():
         assert png.common_prefix(x, bytes(y)) == d
     assert png.common_prefix(x, x) == len(x)
     assert png.common_prefix(x, x[:1000]) == 1000
+    big = rng.integers(0, 256, 3_000_000, dtype=np.uint8).tobytes()  # several 1 MB memcmp steps
+    for d in (0, 1_048_576, 2_500_001):
+        y = bytearray(big)
+        y[d] ^= 1
+        assert png.common_prefix(big, y) == d  # bytes and a writable buffer: compared in place
+        assert png.common_prefix(memoryview(big).toreadonly(), bytes(y)) == d  # no address: slices
 
 
 def test_first_unequal_scans_both_ways(monkeypatch):
