@@ -45,18 +45,23 @@ def band_rows(height: int, r0: int, r1: int, *, mode: str = "robust", **mode_par
     return y0, y1
 
 
-def diff_band(a, b, *, y0: int, height: int, **options) -> Result:
+def diff_band(a, b, *, y0: int, height: int, x0: int = 0, width: int | None = None, **options) -> Result:
     """:func:`imgdiff.diff` of two ``height``-row images given only their rows ``[y0, y0 + len(a))``,
-    a band from :func:`band_rows` (the other rows are equal in both); boxes are in image rows. Only
-    the window of columns that :func:`window_columns` picks is diffed."""
+    a band from :func:`band_rows` (the other rows are equal in both); boxes are in image coordinates.
+    ``a``, ``b`` hold the columns ``[x0, x0 + a.shape[1])`` of ``width``-column images: a window
+    from :func:`band_rows` on the columns, or whole rows (default), which are cut to the window
+    that :func:`window_columns` picks before the diff."""
     from imgdiff.api import diff
 
     if options.get("allow_size_mismatch") or a.shape != b.shape:
         raise ValueError(f"diff_band needs two bands of one shape, got {a.shape} and {b.shape}")
-    mode_params = {k: v for k, v in options.items() if k not in _DIFF_OPTIONS}
-    x0, x1 = window_columns(a, b, mode=options.get("mode", "robust"), **mode_params)
+    width = a.shape[1] if width is None else width
+    if a.shape[1] == width:  # whole rows: cut them to the window
+        mode_params = {k: v for k, v in options.items() if k not in _DIFF_OPTIONS}
+        x0, x1 = window_columns(a, b, mode=options.get("mode", "robust"), **mode_params)
+        a, b = a[:, x0:x1], b[:, x0:x1]
     ignore = [(bx0 - x0, by0 - y0, bx1 - x0, by1 - y0) for bx0, by0, bx1, by1 in options.pop("ignore", ())]
-    res = diff(a[:, x0:x1], b[:, x0:x1], ignore=ignore, **options)
+    res = diff(a, b, ignore=ignore, **options)
 
     def shift(box):
         return (box[0] + x0, box[1] + y0, box[2] + x0, box[3] + y0)
@@ -65,7 +70,7 @@ def diff_band(a, b, *, y0: int, height: int, **options) -> Result:
         bbox=None if res.bbox is None else shift(res.bbox),
         regions=[replace(r, bbox=shift(r.bbox)) for r in res.regions],
         changed_pixels=res.changed_pixels,
-        width=a.shape[1],
+        width=width,
         height=height,
     )
 

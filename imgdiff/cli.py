@@ -279,16 +279,21 @@ def _diff_rows(args):
             _prefetch_opencv((r1 - r0 + 1) * probe(args.a).width * 4)  # rows that may differ
             return rows
 
-        a, b, y0, height = read_pair_rows(args.a, args.b, max_pixels=args.max_pixels, band=band)
-        opts = _diff_options(args)
-        if y0 == 0 and a.shape[0] == height:  # whole images (other formats or layouts): the plain diff
-            from imgdiff.api import diff
+        def window(w: int, c0: int, c1: int) -> tuple[int, int]:
+            from imgdiff.band import band_rows
 
-            return diff(a, b, **opts)
+            return band_rows(w, c0, c1, mode=args.mode)  # the columns: the same context as the rows
+
+        got = read_pair_rows(args.a, args.b, max_pixels=args.max_pixels, band=band, window=window)
+        opts = _diff_options(args)
+        if got.y0 == 0 and len(got.a) == got.height and got.x0 == 0 and got.a.shape[1] == got.width:
+            from imgdiff.api import diff  # whole images (other formats or layouts): the plain diff
+
+            return diff(got.a, got.b, **opts)
         del opts["allow_size_mismatch"]  # a band means two PNGs of one layout
         from imgdiff.band import diff_band
 
-        return diff_band(a, b, y0=y0, height=height, **opts)
+        return diff_band(got.a, got.b, y0=got.y0, height=got.height, x0=got.x0, width=got.width, **opts)
     except (ImageIOError, ValueError) as e:  # SizeMismatchError is a ValueError
         raise Trouble(str(e).replace("\n", " ")) from None
 

@@ -493,16 +493,33 @@ def _finish(info: ImageInfo, data: bytes, staged, rows=None):
     return arr
 
 
-def read_pair_rows(
-    a: str | os.PathLike, b: str | os.PathLike, *, band, max_pixels: int = DEFAULT_MAX_PIXELS
-) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Like :func:`read_pair`, but decodes only the rows a diff needs: ``(A rows, B rows, y0, height)``.
+class Band(namedtuple("Band", "a b y0 height x0 width")):
+    """What :func:`read_pair_rows` returns: ``a``, ``b`` the pixels of A and B in rows
+    ``[y0, y0 + len(a))`` and columns ``[x0, x0 + a.shape[1])`` of two ``height`` x ``width`` images
+    that are equal everywhere else (whole images: ``y0 = x0 = 0``)."""
 
-    Both files are validated and inflated in two threads (for PNGs of the :mod:`imgdiff.png` kind
-    this needs no NumPy, so it overlaps the caller's imports); when both are such PNGs of one layout,
-    only the rows ``band(height, r0, r1) -> (y0, y1)`` are unfiltered, ``r0..r1`` being the rows that
-    may differ (:func:`imgdiff.png.changed_span`). Otherwise (other formats, sizes or kinds) both
-    images are decoded whole and ``y0`` is 0. Errors as in :func:`read_pair`.
+    __slots__ = ()
+
+
+def read_pair_rows(
+    a: str | os.PathLike,
+    b: str | os.PathLike,
+    *,
+    band,
+    window=None,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> Band:
+    """Like :func:`read_pair`, but decodes only the rows a diff needs (and, with ``window``, cuts them
+    to the columns it needs): a :class:`Band`.
+
+    Both files are validated and inflated (for PNGs of the :mod:`imgdiff.png` kind this needs no
+    NumPy, so it overlaps the caller's imports); when both are such PNGs of one layout, only the rows
+    ``band(height, r0, r1) -> (y0, y1)`` are unfiltered, ``r0..r1`` being the rows that may differ
+    (:func:`imgdiff.png.changed_span`). When those few rows are all B needs of its own (a thin span),
+    ``window(width, c0, c1) -> (x0, x1)`` gets the columns ``c0..c1`` where they differ and the band
+    is cut to the columns it returns: B's band is then A's cut band with B's span rows written in,
+    no full-width copy. Otherwise (other formats, sizes or kinds) both images are decoded whole.
+    Errors as in :func:`read_pair`.
     """
     from imgdiff import png
 
@@ -524,18 +541,36 @@ def read_pair_rows(
             span = png.changed_span(la, sa[1], lb, sb[1], equal)
             r0, r1 = span if span is not None else (0, 0)
             rows = band(la.height, r0, r1)
-            if 2 * (r1 - r0 + 1) <= rows[1] - rows[0]:  # a thin span in its band: B's other rows are A's
-                ra = _finish(infos[0], data[0], sa, rows)
-                rb = ra.copy()
-                if span is not None:
-                    _fill_shared_rows(sa, sb, b_from, r0)
-                    rb[r0 - rows[0] : r1 + 1 - rows[0]] = _finish(infos[1], data[1], sb, (r0, r1 + 1))
-            else:
+            if 2 * (r1 - r0 + 1) > rows[1] - rows[0]:  # a wide span: both bands unfiltered
                 _fill_shared_rows(sa, sb, b_from, rows[0])
                 ra, rb = _finish_both(infos, data, (sa, sb), rows)
-            return ra, rb, rows[0], la.height
+                return Band(ra, rb, rows[0], la.height, 0, la.width)
+            ra = _finish(infos[0], data[0], sa, rows)
+            if span is None:
+                return Band(ra, ra, rows[0], la.height, 0, la.width)  # the same pixels
+            _fill_shared_rows(sa, sb, b_from, r0)
+            span_b = _finish(infos[1], data[1], sb, (r0, r1 + 1))  # (r1 - r0 + 1, W[, C]): B's own rows
+            span_at = slice(r0 - rows[0], r1 + 1 - rows[0])
+            x0, x1 = _columns(ra[span_at], span_b, window)
+            ra = ra[:, x0:x1]
+            rb = ra.copy()
+            rb[span_at] = span_b[:, x0:x1]
+            return Band(ra, rb, rows[0], la.height, x0, la.width)
     ra, rb = _finish_both(infos, data, (sa, sb), None)
-    return ra, rb, 0, ra.shape[0]
+    return Band(ra, rb, 0, ra.shape[0], 0, ra.shape[1])
+
+
+def _columns(span_a, span_b, window) -> tuple[int, int]:
+    """``window(width, c0, c1)`` for the columns ``c0..c1`` where two row spans differ; all columns
+    without a ``window`` or a difference."""
+    import numpy as np
+
+    w = span_a.shape[1]
+    if window is None:
+        return 0, w
+    differ = (span_a != span_b).reshape(len(span_a), -1).any(axis=0)  # (W*C,): contiguous reductions
+    cols = np.flatnonzero(differ.reshape(w, -1).any(axis=1))  # (W,) -> differing columns
+    return window(w, int(cols[0]), int(cols[-1])) if cols.size else (0, w)
 
 
 def _finish_both(infos, data, staged, rows):

@@ -158,7 +158,7 @@ def test_read_pair_rows_uses_the_shared_path(tmp_path, monkeypatch):
     calls = []
     real = png_shared.inflate_pair
     monkeypatch.setattr(png_shared, "inflate_pair", lambda *x: calls.append(real(*x)) or calls[-1])
-    ra, rb, y0, h = iio.read_pair_rows(pa, pb, band=lambda h, r0, r1: (r0, r1 + 1))
+    ra, rb, y0, h, _, _ = iio.read_pair_rows(pa, pb, band=lambda h, r0, r1: (r0, r1 + 1))
     assert calls and calls[0] is not None
     assert (y0, h) == (170, 200)
     np.testing.assert_array_equal(ra, a[170:175])
@@ -184,7 +184,7 @@ def test_read_pair_rows_fills_the_shared_rows_b_needs(tmp_path, filt, band):
         "thin": (0, 200),
         "wide inside B's tail": (tail + 20, 200),
     }
-    ra, rb, y0, h = iio.read_pair_rows(pa, pb, band=lambda h, r0, r1: rows[band])
+    ra, rb, y0, h, _, _ = iio.read_pair_rows(pa, pb, band=lambda h, r0, r1: rows[band])
     assert (y0, h) == (rows[band][0], 200)
     np.testing.assert_array_equal(ra, a[y0:])
     np.testing.assert_array_equal(rb, b[y0:])
@@ -202,7 +202,7 @@ def test_b_with_avg_rows_after_the_shared_prefix(tmp_path):
     got = iio._inflate_shared(*_staged_inputs(pa, pb))
     assert got is not None and max(got[1][1][1]) == 3  # the shared path ran; B has Avg rows
     for rows in [(100, 200), (165, 180)]:  # a thin span, a wide one
-        ra, rb, y0, _ = iio.read_pair_rows(pa, pb, band=lambda h, r0, r1, rows=rows: rows)
+        ra, rb, y0, *_ = iio.read_pair_rows(pa, pb, band=lambda h, r0, r1, rows=rows: rows)
         np.testing.assert_array_equal(ra, a[y0 : rows[1]])
         np.testing.assert_array_equal(rb, b[y0 : rows[1]])
 
