@@ -264,10 +264,11 @@ def _prefetch_opencv(elements: int) -> None:
         threading.Thread(target=morph.cv2, daemon=True).start()
 
 
-def _diff_rows(args):
+def _diff_rows(args, on_inflate=lambda: None):
     """The default single-pair path (no image outputs): decode only the band of rows that can differ
     (:func:`imgdiff.io.read_pair_rows`) and diff it (:func:`imgdiff.band.diff_band`); whole images
-    when the files are not two PNGs of one layout."""
+    when the files are not two PNGs of one layout. ``on_inflate()``: called once when the inflate
+    starts (:func:`run_single` starts its import thread there)."""
     from imgdiff.io import ImageIOError, probe, read_pair_rows
 
     try:
@@ -284,7 +285,9 @@ def _diff_rows(args):
 
             return band_rows(w, c0, c1, mode=args.mode)  # the columns: the same context as the rows
 
-        got = read_pair_rows(args.a, args.b, max_pixels=args.max_pixels, band=band, window=window)
+        got = read_pair_rows(
+            args.a, args.b, max_pixels=args.max_pixels, band=band, window=window, on_inflate=on_inflate
+        )
         opts = _diff_options(args)
         if got.y0 == 0 and len(got.a) == got.height and got.x0 == 0 and got.a.shape[1] == got.width:
             from imgdiff.api import diff  # whole images (other formats or layouts): the plain diff
@@ -309,12 +312,13 @@ def run_single(args) -> int:
         result = _same_files(args)
     if result is None:
         importer = threading.Thread(target=_import_kernels)  # imports overlap the inflate (no GIL held)
-        importer.start()
         if plain:
-            result = _diff_rows(args)
+            result = _diff_rows(args, on_inflate=importer.start)  # started once the inflate starts
         else:
+            importer.start()
             result = _diff_pair(args, args.a, args.b, args.out, args.mask_out)
-        importer.join()
+        if importer.ident is not None:
+            importer.join()
     if args.json:
         print(json.dumps(result.to_json()))
     else:

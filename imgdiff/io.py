@@ -440,12 +440,28 @@ def _fast_layout(info: ImageInfo, data, checked: int = 0, *, peek: bool = True):
         raise _fail(info.path, str(e), "re-export or re-download it") from None
 
 
-def _inflate_shared(infos, data):
+def _nothing() -> None:
+    """The default ``on_inflate`` of :func:`read_pair_rows`."""
+
+
+class _Once:
+    """``fn`` callable any number of times, run the first time only."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self) -> None:
+        fn, self.fn = self.fn, _nothing
+        fn()
+
+
+def _inflate_shared(infos, data, on_inflate=_nothing):
     """Stage 1 of :func:`read_pair_rows` for two PNGs of one layout whose files share a long prefix:
     ``((layout A, inflated A), (layout B, inflated B), equal leading bytes, common file prefix, b_from)``
     with the common compressed prefix inflated once (:func:`imgdiff.png_shared.inflate_pair`; B's
     buffer holds B's bytes from ``b_from`` on, see :func:`_fill_shared_rows`), else None. The IDAT
-    CRCs are left to the caller (:func:`imgdiff.png.check_idat_crcs`)."""
+    CRCs are left to the caller (:func:`imgdiff.png.check_idat_crcs`). ``on_inflate()`` is called
+    after the chunk walks, before the inflate (see :func:`read_pair_rows`)."""
     if not (infos[0].format == infos[1].format == "PNG" and data[0][16:29] == data[1][16:29]):
         return None
     from imgdiff import png
@@ -461,6 +477,7 @@ def _inflate_shared(infos, data):
     lb = _fast_layout(infos[1], data[1], common, peek=False) if la is not None else None
     if lb is None:
         return None
+    on_inflate()
     got = png_shared.inflate_pair(la, data[0], lb, data[1], common)
     if got is None:
         return None
@@ -507,6 +524,7 @@ def read_pair_rows(
     *,
     band,
     window=None,
+    on_inflate=_nothing,
     max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> Band:
     """Like :func:`read_pair`, but decodes only the rows a diff needs (and, with ``window``, cuts them
@@ -520,13 +538,20 @@ def read_pair_rows(
     is cut to the columns it returns: B's band is then A's cut band with B's span rows written in,
     no full-width copy. Otherwise (other formats, sizes or kinds) both images are decoded whole.
     Errors as in :func:`read_pair`.
+
+    ``on_inflate()`` is called once, when the GIL-holding checks and chunk walks are done and the
+    inflate (GIL released) starts: the CLI starts its NumPy import thread there, as a thread that
+    competes for the GIL from the start only stretches this thread's walks and gains nothing (the
+    GIL-held work is the same in total); measured 3.7 ms less wall on the 4K small-patch pair.
     """
     from imgdiff import png
 
     infos = (probe(a, max_pixels=max_pixels), probe(b, max_pixels=max_pixels))
     data = [_map_bytes(info) if info.format == "PNG" else _read_bytes(info) for info in infos]
-    staged = _inflate_shared(infos, data)
+    once = _Once(on_inflate)
+    staged = _inflate_shared(infos, data, once)
     if staged is None:
+        once()
         staged = (*_in_two_threads(_inflate_or_decode, infos, data), 0, 0, 0)
     sa, sb, equal, common, b_from = staged
     for i, s, done in ((0, sa, 0), (1, sb, common)):  # B's chunks in the common prefix: A's CRCs

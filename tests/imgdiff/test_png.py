@@ -105,7 +105,10 @@ def test_read_pair_rows_band_and_whole(tmp_path):
         seen.append((h, r0, r1))
         return 140, 160
 
-    ra, rb, y0, height, x0, width = iio.read_pair_rows(tmp_path / "a.png", tmp_path / "b.png", band=band)
+    calls = []
+    ra, rb, y0, height, x0, width = iio.read_pair_rows(
+        tmp_path / "a.png", tmp_path / "b.png", band=band, on_inflate=lambda: calls.append("band")
+    )
     assert seen == [(300, 150, 150)] and (y0, height, x0, width) == (140, 300, 0, 40)
     np.testing.assert_array_equal(ra, a[140:160, :, ::-1])
     np.testing.assert_array_equal(rb, b[140:160, :, ::-1])
@@ -116,8 +119,11 @@ def test_read_pair_rows_band_and_whole(tmp_path):
     np.testing.assert_array_equal(got.a, a[140:160, 4:12, ::-1])
     np.testing.assert_array_equal(got.b, b[140:160, 4:12, ::-1])
     cv2.imwrite(str(tmp_path / "g.png"), a[:, :, 0])
-    ra, rb, y0, height, x0, width = iio.read_pair_rows(tmp_path / "a.png", tmp_path / "g.png", band=band)
+    ra, rb, y0, height, x0, width = iio.read_pair_rows(
+        tmp_path / "a.png", tmp_path / "g.png", band=band, on_inflate=lambda: calls.append("whole")
+    )
     assert ra.shape == (300, 40, 3) and rb.shape == (300, 40) and (y0, height, x0, width) == (0, 300, 0, 40)
+    assert calls == ["band", "whole"]  # once per read, on either path
 
 
 def test_read_pair_rows_window_gets_the_changed_columns(tmp_path):

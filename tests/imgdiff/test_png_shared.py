@@ -158,8 +158,12 @@ def test_read_pair_rows_uses_the_shared_path(tmp_path, monkeypatch):
     calls = []
     real = png_shared.inflate_pair
     monkeypatch.setattr(png_shared, "inflate_pair", lambda *x: calls.append(real(*x)) or calls[-1])
-    ra, rb, y0, h, _, _ = iio.read_pair_rows(pa, pb, band=lambda h, r0, r1: (r0, r1 + 1))
+    started = []
+    ra, rb, y0, h, _, _ = iio.read_pair_rows(
+        pa, pb, band=lambda h, r0, r1: (r0, r1 + 1), on_inflate=lambda: started.append(len(calls))
+    )
     assert calls and calls[0] is not None
+    assert started == [0]  # once, before the inflate
     assert (y0, h) == (170, 200)
     np.testing.assert_array_equal(ra, a[170:175])
     np.testing.assert_array_equal(rb, b[170:175])
