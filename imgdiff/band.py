@@ -13,6 +13,10 @@ image coordinates. Why a band suffices (the rows outside it are equal in both im
   texture, and 2 px around changed tiles for the strong test. The band is the cells holding changed
   rows plus whole cells of context covering that reach, so every block the rule reads sees the same
   pixels and the same pyramid grid; everything else of the rule sums zero deltas.
+
+The same holds along the columns (the rule treats both axes alike), so :func:`diff_band` also cuts
+the band to a window of the columns that hold changes plus the same context (:func:`band_rows` on
+the columns): a small patch of a 4K band is diffed on ~384 columns instead of 3,840.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from imgdiff.result import Result
 
 
 def band_rows(height: int, r0: int, r1: int, *, mode: str = "robust", **mode_params) -> tuple[int, int]:
-    """``(y0, y1)``: the rows :func:`diff_band` needs when only rows ``r0..r1`` (inclusive) may differ."""
+    """``(y0, y1)``: the rows :func:`diff_band` needs when only rows ``r0..r1`` (inclusive) may differ
+    (or, with the width for ``height``, the columns it needs when only columns ``r0..r1`` may)."""
     from imgdiff.regions import TILE  # imports NumPy and OpenCV: not before the CLI starts inflating
 
     if mode == "exact":
@@ -40,24 +45,53 @@ def band_rows(height: int, r0: int, r1: int, *, mode: str = "robust", **mode_par
     return y0, y1
 
 
-def diff_band(a, b, *, y0: int, height: int, **options) -> Result:
+def diff_band(a, b, *, y0: int, height: int, x0: int = 0, width: int | None = None, **options) -> Result:
     """:func:`imgdiff.diff` of two ``height``-row images given only their rows ``[y0, y0 + len(a))``,
-    a band from :func:`band_rows` (the other rows are equal in both); boxes are in image rows."""
+    a band from :func:`band_rows` (the other rows are equal in both); boxes are in image coordinates.
+    ``a``, ``b`` hold the columns ``[x0, x0 + a.shape[1])`` of ``width``-column images: a window
+    from :func:`band_rows` on the columns, or whole rows (default), which are cut to the window
+    that :func:`window_columns` picks before the diff."""
     from imgdiff.api import diff
 
     if options.get("allow_size_mismatch") or a.shape != b.shape:
         raise ValueError(f"diff_band needs two bands of one shape, got {a.shape} and {b.shape}")
-    ignore = [(x0, by0 - y0, x1, by1 - y0) for x0, by0, x1, by1 in options.pop("ignore", ())]
-    ignore = [box for box in ignore if box[3] >= 0]
+    width = a.shape[1] if width is None else width
+    if a.shape[1] == width:  # whole rows: cut them to the window
+        mode_params = {k: v for k, v in options.items() if k not in _DIFF_OPTIONS}
+        x0, x1 = window_columns(a, b, mode=options.get("mode", "robust"), **mode_params)
+        a, b = a[:, x0:x1], b[:, x0:x1]
+    ignore = [(bx0 - x0, by0 - y0, bx1 - x0, by1 - y0) for bx0, by0, bx1, by1 in options.pop("ignore", ())]
     res = diff(a, b, ignore=ignore, **options)
 
     def shift(box):
-        return (box[0], box[1] + y0, box[2], box[3] + y0)
+        return (box[0] + x0, box[1] + y0, box[2] + x0, box[3] + y0)
 
     return Result(
         bbox=None if res.bbox is None else shift(res.bbox),
         regions=[replace(r, bbox=shift(r.bbox)) for r in res.regions],
         changed_pixels=res.changed_pixels,
-        width=res.width,
+        width=width,
         height=height,
     )
+
+
+_DIFF_OPTIONS = {"mode", "threshold", "ignore", "backend", "merge_gap", "allow_size_mismatch"}
+""":func:`imgdiff.diff` options that are not parameters of a mode."""
+
+
+def window_columns(a, b, *, mode: str = "robust", **mode_params) -> tuple[int, int]:
+    """``(x0, x1)``: the columns of two bands that :func:`diff_band` must see, :func:`band_rows` applied
+    to the columns: those holding changes (found on the rows that differ), plus the mode's context.
+    All columns when none differ."""
+    import numpy as np
+
+    from imgdiff.core import changed_rows
+
+    w = a.shape[1]
+    rows = changed_rows(a, b)  # (h,) bool
+    if not rows.any():
+        return 0, w
+    differ = (a[rows] != b[rows]).reshape(-1, a[0].size).any(axis=0)  # (W*C,): one contiguous reduction
+    differ = differ.reshape(w, -1).any(axis=1)  # (W,) columns (any over both axes at once: ~25x slower)
+    cols = np.flatnonzero(differ)
+    return band_rows(w, int(cols[0]), int(cols[-1]), mode=mode, **mode_params)

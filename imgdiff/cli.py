@@ -7,7 +7,8 @@ stderr, never a traceback (set ``IMGDIFF_DEBUG=1`` to see one for unexpected err
 file is ever half-written.
 
 Start-up (a single pair is mostly start-up and PNG decoding): parsing imports neither NumPy nor
-OpenCV (:mod:`imgdiff.options`); byte-identical files are answered "same" after a pixel-free
+OpenCV (:mod:`imgdiff.options`), and the plain ``A B [--json]`` form not even argparse
+(:func:`parse_args`); byte-identical files are answered "same" after a pixel-free
 validation (:func:`imgdiff.io.identical_pair`); otherwise the diff modules are imported in a thread
 while both images are inflated (:mod:`imgdiff.png`: no NumPy needed), only the band of rows that can
 differ is unfiltered and diffed (:mod:`imgdiff.band`) unless image outputs are asked for, and
@@ -16,11 +17,11 @@ differ is unfiltered and diffed (:mod:`imgdiff.band`) unless image outputs are a
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from collections import namedtuple
+from types import SimpleNamespace
 
 EPILOG = """\
 examples:
@@ -38,15 +39,10 @@ examples:
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad option as one line on stderr and exits 2."""
-
-    def error(self, message: str):  # noqa: D401 - argparse API
-        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
-
-
 def parse_box(text: str) -> tuple[int, int, int, int]:
     """``"x0,y0,x1,y1"`` (inclusive pixel box) -> tuple; argparse type."""
+    import argparse
+
     parts = text.split(",")
     try:
         x0, y0, x1, y1 = (int(p) for p in parts)
@@ -62,6 +58,8 @@ def parse_box(text: str) -> tuple[int, int, int, int]:
 
 
 def _positive_int(text: str) -> int:
+    import argparse
+
     try:
         value = int(text.replace("_", ""))
     except ValueError:
@@ -72,6 +70,8 @@ def _positive_int(text: str) -> int:
 
 
 def _threshold(text: str) -> float:
+    import argparse
+
     try:
         value = float(text)
     except ValueError:
@@ -81,8 +81,15 @@ def _threshold(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser():
+    """The ``argparse`` parser of every option; it reports a bad option as one line and exits 2."""
+    import argparse
+
     from imgdiff.options import BACKENDS, DEFAULT_MAX_PIXELS, MODES, SUPPORTED_FORMATS
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message: str):  # noqa: D401 - argparse API
+            self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
 
     p = _Parser(
         prog="imgdiff",
@@ -119,6 +126,30 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"refuse images whose header declares more pixels (default {DEFAULT_MAX_PIXELS:,} = 2x 8K)",
     )  # fmt: skip
     return p
+
+
+PLAIN_FLAGS = ("--json", "--allow-size-mismatch")
+"""The flags :func:`parse_args` reads without argparse (the common single-pair forms)."""
+
+
+def parse_args(argv: list[str] | None):
+    """The options of ``argv`` (default ``sys.argv[1:]``), as :func:`build_parser` parses them.
+
+    The plain form, two paths and only :data:`PLAIN_FLAGS`, is read directly: importing and building
+    argparse costs ~5 ms of a ~100 ms single-pair run. Anything else (other options, ``--help``, a path
+    that starts with ``-``, an error) goes through argparse, which also reports the errors."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    paths = [arg for arg in argv if not arg.startswith("-")]
+    flags = set(argv) - set(paths)
+    if len(paths) != 2 or not flags <= set(PLAIN_FLAGS):
+        return build_parser().parse_args(argv)
+    from imgdiff.options import DEFAULT_MAX_PIXELS
+
+    return SimpleNamespace(
+        a=paths[0], b=paths[1], json="--json" in flags, out=None, mask_out=None, threshold=None,
+        mode="robust", ignore=[], backend="auto", allow_size_mismatch="--allow-size-mismatch" in flags,
+        max_pixels=DEFAULT_MAX_PIXELS,
+    )  # fmt: skip
 
 
 class Trouble(Exception):
@@ -198,13 +229,16 @@ def _human(result, label: str) -> str:
 def _same_files(args):
     """The Result for byte-identical valid files (no decode of the pixels, no NumPy), else None."""
     from imgdiff.io import ImageIOError, identical_pair
-    from imgdiff.result import Result
 
     try:
         info = identical_pair(args.a, args.b, max_pixels=args.max_pixels)
     except ImageIOError as e:
         raise Trouble(str(e).replace("\n", " ")) from None
-    return None if info is None else Result(bbox=None, width=info.width, height=info.height)
+    if info is None:
+        return None
+    from imgdiff.result import Result  # only now: it imports dataclasses (~8 ms before NumPy's import)
+
+    return Result(bbox=None, width=info.width, height=info.height)
 
 
 def _import_kernels() -> None:
@@ -230,10 +264,11 @@ def _prefetch_opencv(elements: int) -> None:
         threading.Thread(target=morph.cv2, daemon=True).start()
 
 
-def _diff_rows(args):
+def _diff_rows(args, on_inflate=lambda: None):
     """The default single-pair path (no image outputs): decode only the band of rows that can differ
     (:func:`imgdiff.io.read_pair_rows`) and diff it (:func:`imgdiff.band.diff_band`); whole images
-    when the files are not two PNGs of one layout."""
+    when the files are not two PNGs of one layout. ``on_inflate()``: called once when the inflate
+    starts (:func:`run_single` starts its import thread there)."""
     from imgdiff.io import ImageIOError, probe, read_pair_rows
 
     try:
@@ -245,16 +280,23 @@ def _diff_rows(args):
             _prefetch_opencv((r1 - r0 + 1) * probe(args.a).width * 4)  # rows that may differ
             return rows
 
-        a, b, y0, height = read_pair_rows(args.a, args.b, max_pixels=args.max_pixels, band=band)
-        opts = _diff_options(args)
-        if y0 == 0 and a.shape[0] == height:  # whole images (other formats or layouts): the plain diff
-            from imgdiff.api import diff
+        def window(w: int, c0: int, c1: int) -> tuple[int, int]:
+            from imgdiff.band import band_rows
 
-            return diff(a, b, **opts)
+            return band_rows(w, c0, c1, mode=args.mode)  # the columns: the same context as the rows
+
+        got = read_pair_rows(
+            args.a, args.b, max_pixels=args.max_pixels, band=band, window=window, on_inflate=on_inflate
+        )
+        opts = _diff_options(args)
+        if got.y0 == 0 and len(got.a) == got.height and got.x0 == 0 and got.a.shape[1] == got.width:
+            from imgdiff.api import diff  # whole images (other formats or layouts): the plain diff
+
+            return diff(got.a, got.b, **opts)
         del opts["allow_size_mismatch"]  # a band means two PNGs of one layout
         from imgdiff.band import diff_band
 
-        return diff_band(a, b, y0=y0, height=height, **opts)
+        return diff_band(got.a, got.b, y0=got.y0, height=got.height, x0=got.x0, width=got.width, **opts)
     except (ImageIOError, ValueError) as e:  # SizeMismatchError is a ValueError
         raise Trouble(str(e).replace("\n", " ")) from None
 
@@ -270,12 +312,13 @@ def run_single(args) -> int:
         result = _same_files(args)
     if result is None:
         importer = threading.Thread(target=_import_kernels)  # imports overlap the inflate (no GIL held)
-        importer.start()
         if plain:
-            result = _diff_rows(args)
+            result = _diff_rows(args, on_inflate=importer.start)  # started once the inflate starts
         else:
+            importer.start()
             result = _diff_pair(args, args.a, args.b, args.out, args.mask_out)
-        importer.join()
+        if importer.ident is not None:
+            importer.join()
     if args.json:
         print(json.dumps(result.to_json()))
     else:
@@ -429,7 +472,7 @@ def _main(argv: list[str] | None) -> int:
 
         gc.disable()  # a single pair is one short pass (the imports alone trigger ~5 ms of collections)
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(argv)
     except SystemExit as e:  # --help (0) or a bad option (2, already printed as one line)
         return int(e.code or 0)
     try:

@@ -18,7 +18,7 @@ boxes), so the global bbox is exactly the brute-force box in exact mode.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import namedtuple
 
 import numpy as np
 
@@ -29,18 +29,14 @@ TILE = 16
 """Side of the statistics tiles in pixels (equal to :data:`imgdiff.core.BLOCK`)."""
 
 
-@dataclass(frozen=True)
-class TileStats:
-    """Changed-pixel statistics per ``TILE`` tile (arrays of shape (Ht, Wt))."""
+class TileStats(namedtuple("TileStats", "count total peak box")):
+    """Changed-pixel statistics per ``TILE`` tile, arrays of shape (Ht, Wt): ``count`` int64 changed
+    pixels; ``total`` int64 sum of their raw deltas; ``peak`` int64 largest raw delta; ``box``
+    (Ht, Wt, 4) int64 inclusive pixel box (x0, y0, x1, y1), meaningless where count == 0.
 
-    count: np.ndarray
-    """(Ht, Wt) int64 changed pixels."""
-    total: np.ndarray
-    """(Ht, Wt) int64 sum of the changed pixels' raw deltas."""
-    peak: np.ndarray
-    """(Ht, Wt) int64 largest raw delta."""
-    box: np.ndarray
-    """(Ht, Wt, 4) int64 inclusive pixel box (x0, y0, x1, y1); meaningless where count == 0."""
+    A named tuple: a frozen dataclass costs ~0.5 ms to create at import, on the CLI's critical path."""
+
+    __slots__ = ()
 
 
 def empty_stats(h: int, w: int) -> TileStats:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from imgdiff import diff
-from imgdiff.band import band_rows, diff_band
+from imgdiff.band import band_rows, diff_band, window_columns
 from imgdiff.cases import CASE_NAMES, jpeg, make_case, photo
 
 
@@ -55,6 +55,52 @@ def test_golden_cases_and_jpeg_noise():
             _check(case.a, case.b, "robust")
     a = photo(300, 64, seed=1)
     _check(a, jpeg(a), "robust")
+
+
+@pytest.mark.parametrize("mode", ["exact", "robust"])
+@pytest.mark.parametrize("seed", range(4))
+def test_random_patches_wide_image_window(mode, seed):
+    """A wide band: diff_band diffs only a window of columns, and must still give diff's answer,
+    ignore boxes across the window's edges included."""
+    rng = np.random.default_rng(seed)
+    a = photo(400, 900, seed=seed)
+    b = a.copy()
+    for _ in range(int(rng.integers(1, 3))):
+        y, x = int(rng.integers(150, 250)), int(rng.integers(0, 890))
+        hh, ww = int(rng.integers(1, 20)), int(rng.integers(1, 30))
+        delta = int(rng.choice([1, 3, 9, 60]))
+        b[y : y + hh, x : x + ww] = np.clip(b[y : y + hh, x : x + ww].astype(int) + delta, 0, 255)
+    got, (y0, y1) = _check(a, b, mode)
+    x0, x1 = window_columns(a[y0:y1], b[y0:y1], mode=mode)
+    cols = np.flatnonzero((a != b).any(axis=(0, 2)))
+    assert x0 <= cols[0] and cols[-1] < x1
+    _check(a, b, mode, ignore=[(x0 - 5, 0, x0 + 30, 399), (x1 - 3, y0 + 3, 899, y1 + 50)])
+
+
+def test_window_is_a_strict_part_of_a_wide_band():
+    a = photo(300, 1200, seed=3)
+    b = a.copy()
+    b[140:150, 600:610] = 255 - b[140:150, 600:610]
+    got, (y0, y1) = _check(a, b, "robust")
+    assert got.bbox == (600, 140, 609, 149) and got.width == 1200
+    assert window_columns(a[y0:y1], b[y0:y1]) == (512 - 128, 640 + 128)
+    assert window_columns(a[y0:y1], b[y0:y1], spread=200) == band_rows(1200, 600, 609, spread=200)
+    gray = np.ascontiguousarray(a[:, :, 0])  # (H, W) arrays: the window works on them too
+    _check(gray, np.ascontiguousarray(b[:, :, 0]), "robust")
+
+
+def test_texture_just_left_of_a_cell_is_in_the_window():
+    """test_texture_just_above_a_cell_is_in_the_band, turned by 90 degrees: the window's columns need
+    the same context as the band's rows."""
+    rng = np.random.default_rng(0)
+    a = np.full((64, 512, 3), 100, np.uint8)
+    a[:, 120:128] = rng.integers(0, 256, (64, 8, 3), dtype=np.uint8)
+    b = a.copy()
+    b[:, 128:136] += 3
+    assert diff(a, b).same  # the texture explains the bump away
+    assert diff_band(a, b, y0=0, height=64).same
+    x0, _ = window_columns(a, b)
+    assert x0 < 120
 
 
 def test_band_rows_aligned_and_clipped():

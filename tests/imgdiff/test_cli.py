@@ -7,12 +7,13 @@ import os
 import subprocess
 import sys
 
+import cv2
 import numpy as np
 import pytest
 from PIL import Image
 
 from imgdiff import io as iio
-from imgdiff.cli import main, match_folders, parse_box
+from imgdiff.cli import build_parser, main, match_folders, parse_args, parse_box
 
 BOX = (10, 5, 17, 9)  # inclusive x0, y0, x1, y1 of the change in B
 
@@ -61,6 +62,31 @@ def test_json_exit_codes_and_exact_box(tmp_path, capsys, mode):
     assert code == 0 and json.loads(out) == {
         "bbox": None, "regions": [], "changed_pixels": 0, "width": 48, "height": 32,
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["exact", "robust"])
+def test_band_and_window_path_equals_the_whole_image_diff(tmp_path, capsys, monkeypatch, mode):
+    """A small change in a wide, tall PNG pair: the CLI decodes a band of rows cut to a window of
+    columns (imgdiff.io.read_pair_rows, imgdiff.band.diff_band) and must print diff's answer on
+    the whole images, ignore boxes included."""
+    from imgdiff import diff
+    from imgdiff.cases import photo
+
+    a = photo(600, 1000, seed=2)
+    b = a.copy()
+    b[300:306, 610:640] = np.clip(b[300:306, 610:640].astype(int) + 40, 0, 255)
+    b[303, 700] ^= 0x7F
+    pa, pb = tmp_path / "a.png", tmp_path / "b.png"
+    cv2.imwrite(str(pa), a[:, :, ::-1])  # OpenCV's PNGs (Sub rows): the fast path
+    cv2.imwrite(str(pb), b[:, :, ::-1])
+    real, seen = iio.read_pair_rows, []
+    monkeypatch.setattr(iio, "read_pair_rows", lambda *x, **k: seen.append(real(*x, **k)) or seen[-1])
+    for extra, ignore in [((), []), (("--ignore", "600,0,615,599"), [(600, 0, 615, 599)])]:
+        code, out, _ = _run(capsys, pa, pb, "--json", "--mode", mode, *extra)
+        want = diff(a, b, mode=mode, ignore=ignore)
+        assert code == 1 and json.loads(out) == json.loads(json.dumps(want.to_json()))
+    band = seen[0]
+    assert len(band.a) < 600 and band.a.shape[1] < 1000 and band.x0 > 0  # a band cut to a window
 
 
 def test_human_line_threshold_and_ignore(tmp_path, capsys):
@@ -156,6 +182,25 @@ def test_bad_inputs_one_line_exit_2_no_output(tmp_path, capsys):
 def test_bad_options(tmp_path, capsys, argv, word):
     a, b = _pair(tmp_path)
     _trouble(capsys, a, b, *argv, words=[word])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["a.png", "b.png"],
+        ["a.png", "b.png", "--json"],
+        ["--json", "a.png", "b.png", "--allow-size-mismatch"],
+        ["a.png", "--allow-size-mismatch", "b.png", "--json", "--json"],
+        ["", "b.png"],
+        ["a.png", "b.png", "--mode", "exact"],  # the rest go through argparse: same result by definition
+        ["a.png", "b.png", "--js"],
+        ["a.png", "-", "--json"],
+    ],
+)
+def test_plain_argv_parses_as_argparse_does(argv):
+    """parse_args reads the plain forms without argparse: every option must come out as argparse's
+    (a new option with a default that the plain path lacks fails here)."""
+    assert vars(parse_args(argv)) == vars(build_parser().parse_args(argv))
 
 
 def test_parse_box():

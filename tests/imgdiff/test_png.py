@@ -105,13 +105,57 @@ def test_read_pair_rows_band_and_whole(tmp_path):
         seen.append((h, r0, r1))
         return 140, 160
 
-    ra, rb, y0, height = iio.read_pair_rows(tmp_path / "a.png", tmp_path / "b.png", band=band)
-    assert seen == [(300, 150, 150)] and (y0, height) == (140, 300)
+    calls = []
+    ra, rb, y0, height, x0, width = iio.read_pair_rows(
+        tmp_path / "a.png", tmp_path / "b.png", band=band, on_inflate=lambda: calls.append("band")
+    )
+    assert seen == [(300, 150, 150)] and (y0, height, x0, width) == (140, 300, 0, 40)
     np.testing.assert_array_equal(ra, a[140:160, :, ::-1])
     np.testing.assert_array_equal(rb, b[140:160, :, ::-1])
+    got = iio.read_pair_rows(
+        tmp_path / "a.png", tmp_path / "b.png", band=band, window=lambda w, c0, c1: (4, 12)
+    )
+    assert (got.y0, got.height, got.x0, got.width) == (140, 300, 4, 40)
+    np.testing.assert_array_equal(got.a, a[140:160, 4:12, ::-1])
+    np.testing.assert_array_equal(got.b, b[140:160, 4:12, ::-1])
     cv2.imwrite(str(tmp_path / "g.png"), a[:, :, 0])
-    ra, rb, y0, height = iio.read_pair_rows(tmp_path / "a.png", tmp_path / "g.png", band=band)
-    assert ra.shape == (300, 40, 3) and rb.shape == (300, 40) and (y0, height) == (0, 300)
+    ra, rb, y0, height, x0, width = iio.read_pair_rows(
+        tmp_path / "a.png", tmp_path / "g.png", band=band, on_inflate=lambda: calls.append("whole")
+    )
+    assert ra.shape == (300, 40, 3) and rb.shape == (300, 40) and (y0, height, x0, width) == (0, 300, 0, 40)
+    assert calls == ["band", "whole"]  # once per read, on either path
+
+
+def test_read_pair_rows_window_gets_the_changed_columns(tmp_path):
+    """A thin span: the window callback sees the columns where the span's rows differ, and the band
+    comes back cut to the window it returns (wide spans and equal images are not cut)."""
+    a = np.random.default_rng(8).integers(0, 256, (200, 90, 3), dtype=np.uint8)
+    b = a.copy()
+    b[100:104, 30:41] ^= 0x11
+    b[102, 55] ^= 0x01
+    cv2.imwrite(str(tmp_path / "a.png"), a)
+    cv2.imwrite(str(tmp_path / "b.png"), b)
+    seen = []
+
+    def window(w, c0, c1):
+        seen.append((w, c0, c1))
+        return 16, 64
+
+    got = iio.read_pair_rows(
+        tmp_path / "a.png", tmp_path / "b.png", band=lambda h, r0, r1: (80, 120), window=window
+    )
+    assert seen == [(90, 30, 55)] and (got.y0, got.x0, got.width) == (80, 16, 90)
+    np.testing.assert_array_equal(got.a, a[80:120, 16:64, ::-1])
+    np.testing.assert_array_equal(got.b, b[80:120, 16:64, ::-1])
+    wide = iio.read_pair_rows(
+        tmp_path / "a.png", tmp_path / "b.png", band=lambda h, r0, r1: (99, 105), window=window
+    )
+    assert (wide.x0, wide.a.shape[1]) == (0, 90) and len(seen) == 1
+    same = iio.read_pair_rows(
+        tmp_path / "a.png", tmp_path / "a.png", band=lambda h, r0, r1: (0, 10), window=window
+    )
+    assert same.a.shape == (10, 90, 3) and len(seen) == 1
+    np.testing.assert_array_equal(same.b, a[:10, :, ::-1])
 
 
 def _split_idat(data: bytes, sizes: list[int]) -> bytes:
@@ -152,7 +196,9 @@ def test_read_pair_rows_thin_span_takes_b_from_a(tmp_path, filters, rows):
     b[rows[0] : rows[1] + 1, 5] ^= 0x21
     (tmp_path / "a.png").write_bytes(_encode(a, filters))
     (tmp_path / "b.png").write_bytes(_encode(b, filters))
-    ra, rb, y0, height = iio.read_pair_rows(tmp_path / "a.png", tmp_path / "b.png", band=lambda *_: (30, 95))
+    ra, rb, y0, height, _, _ = iio.read_pair_rows(
+        tmp_path / "a.png", tmp_path / "b.png", band=lambda *_: (30, 95)
+    )
     assert (y0, height) == (30, 100)
     np.testing.assert_array_equal(ra, a[30:95])
     np.testing.assert_array_equal(rb, b[30:95])

@@ -22,16 +22,27 @@ def _chunk(kind: bytes, body: bytes) -> bytes:
 
 
 def _png(
-    img: np.ndarray, *, idat: int = 8192, filt: int = 0, level: int = 1, tail: bytes = b"", rows: int = 0
+    img: np.ndarray,
+    *,
+    idat: int = 8192,
+    filt: int = 0,
+    level: int = 1,
+    tail: bytes = b"",
+    rows: int = 0,
+    avg_from: int | None = None,
 ) -> bytes:
-    """An 8-bit RGB PNG whose rows all use filter ``filt`` (0 None, 1 Sub), its zlib stream cut into IDAT
-    chunks of ``idat`` bytes (as OpenCV writes them); ``tail`` is appended to the zlib stream; ``rows``:
-    the height its header declares (default: the image's)."""
+    """An 8-bit RGB PNG whose rows all use filter ``filt`` (0 None, 1 Sub, 2 Up), or Avg from row
+    ``avg_from`` on, its zlib stream cut into IDAT chunks of ``idat`` bytes (as OpenCV writes them);
+    ``tail`` is appended to the zlib stream; ``rows``: the height its header declares (default: the
+    image's)."""
     h, w, _ = img.shape
     px = img.reshape(h, -1).astype(np.int32)
-    if filt == 1:
-        px = (px - np.concatenate([np.zeros((h, 3), np.int32), px[:, :-3]], axis=1)) % 256
-    raw = b"".join(bytes([filt]) + row.astype(np.uint8).tobytes() for row in px)
+    left = np.concatenate([np.zeros((h, 3), np.int32), px[:, :-3]], axis=1)
+    up = np.concatenate([np.zeros((1, px.shape[1]), np.int32), px[:-1]], axis=0)
+    kinds = [filt if avg_from is None or r < avg_from else 3 for r in range(h)]
+    pred = {0: 0 * px, 1: left, 2: up, 3: (left + up) // 2}
+    px = np.stack([(px[r] - pred[k][r]) % 256 for r, k in enumerate(kinds)])
+    raw = b"".join(bytes([k]) + row.astype(np.uint8).tobytes() for k, row in zip(kinds, px))
     stream = zlib.compress(raw, level) + tail
     body = b"".join(_chunk(b"IDAT", stream[i : i + idat]) for i in range(0, len(stream), idat))
     ihdr = struct.pack(">IIBBBBB", w, rows or h, 8, 2, 0, 0, 0)
@@ -46,13 +57,18 @@ def _check_equal_to_plain(da: bytes, db: bytes):
     la, lb = png.layout(da), png.layout(db)
     got = png_shared.inflate_pair(la, da, lb, db)
     assert got is not None
-    (buf_a, fa), (buf_b, fb), equal = got
+    (buf_a, fa), (buf_b, fb), equal, b_from = got
     ra, rb = png.inflate(la), png.inflate(lb)
     assert bytes(buf_a) == bytes(ra[0]) and fa == ra[1]
-    assert bytes(buf_b) == bytes(rb[0]) and fb == rb[1]
+    assert fb == rb[1]  # every row's filter type, those B's buffer does not hold included
     assert 0 < equal and bytes(ra[0])[:equal] == bytes(rb[0])[:equal]
+    assert b_from % la.row_bytes == 0 and b_from <= max(equal - png_shared.HISTORY, 0) < b_from + la.row_bytes
+    assert b_from <= equal and bytes(buf_b)[b_from:] == bytes(rb[0])[b_from:]
+    assert not any(bytes(buf_b)[:b_from])  # the shared rows are left unwritten (A's)
     span = png.changed_span(la, ra, lb, rb)
     assert png.changed_span(la, got[0], lb, got[1], equal) == span
+    assert png_shared.fill_shared(buf_a, buf_b, b_from, 0) == 0
+    assert bytes(buf_b) == bytes(rb[0])  # completed with A's rows, B's buffer is the plain inflate
     return got, span
 
 
@@ -62,7 +78,7 @@ def test_shared_prefix_equals_plain_inflate(row, idat):
     a = _noise(200, 300, 1)
     b = a.copy()
     b[row, 7] ^= 0xFF
-    (_, _, equal), span = _check_equal_to_plain(_png(a, idat=idat), _png(b, idat=idat))
+    (_, _, equal, _), span = _check_equal_to_plain(_png(a, idat=idat), _png(b, idat=idat))
     assert span == (row, row) and equal <= row * png.layout(_png(a)).row_bytes + 1 + 7 * 3  # first diff
 
 
@@ -105,7 +121,7 @@ def test_not_applicable_returns_none():
     assert got is not None
     ro = memoryview(db2).toreadonly()  # read-only input is fine: the stream is copied before the inflate
     got_ro = png_shared.inflate_pair(png.layout(da), da, png.layout(ro), ro)
-    assert got_ro is not None and bytes(got_ro[1][0]) == bytes(got[1][0]) and got_ro[2] == got[2]
+    assert got_ro is not None and bytes(got_ro[1][0]) == bytes(got[1][0]) and got_ro[2:] == got[2:]
 
 
 def test_bad_streams_fall_back_to_the_plain_errors(tmp_path):
@@ -142,11 +158,62 @@ def test_read_pair_rows_uses_the_shared_path(tmp_path, monkeypatch):
     calls = []
     real = png_shared.inflate_pair
     monkeypatch.setattr(png_shared, "inflate_pair", lambda *x: calls.append(real(*x)) or calls[-1])
-    ra, rb, y0, h = iio.read_pair_rows(pa, pb, band=lambda h, r0, r1: (r0, r1 + 1))
+    started = []
+    ra, rb, y0, h, _, _ = iio.read_pair_rows(
+        pa, pb, band=lambda h, r0, r1: (r0, r1 + 1), on_inflate=lambda: started.append(len(calls))
+    )
     assert calls and calls[0] is not None
+    assert started == [0]  # once, before the inflate
     assert (y0, h) == (170, 200)
     np.testing.assert_array_equal(ra, a[170:175])
     np.testing.assert_array_equal(rb, b[170:175])
+
+
+@pytest.mark.parametrize("filt", [1, 2])
+@pytest.mark.parametrize("band", ["wide from above B's tail", "thin", "wide inside B's tail"])
+def test_read_pair_rows_fills_the_shared_rows_b_needs(tmp_path, filt, band):
+    """B's buffer holds only B's tail (png_shared leaves the shared rows to A's): a wide span whose band
+    starts above it, or a chain of Up rows reaching back into it, still gets B's exact rows."""
+    a = _noise(200, 300, 8)
+    b = a.copy()
+    b[150:200, 10:20] = 7
+    pa, pb = tmp_path / "a.png", tmp_path / "b.png"
+    pa.write_bytes(_png(a, filt=filt))
+    pb.write_bytes(_png(b, filt=filt))
+    got = iio._inflate_shared(*_staged_inputs(pa, pb))
+    assert got is not None and got[4] > 0  # the shared path ran and left B's leading rows unwritten
+    tail = got[4] // got[0][0].row_bytes  # B's first row of its own
+    rows = {
+        "wide from above B's tail": (tail - 5, 200),
+        "thin": (0, 200),
+        "wide inside B's tail": (tail + 20, 200),
+    }
+    ra, rb, y0, h, _, _ = iio.read_pair_rows(pa, pb, band=lambda h, r0, r1: rows[band])
+    assert (y0, h) == (rows[band][0], 200)
+    np.testing.assert_array_equal(ra, a[y0:])
+    np.testing.assert_array_equal(rb, b[y0:])
+
+
+def test_b_with_avg_rows_after_the_shared_prefix(tmp_path):
+    """B's filters are not peeked at (its first rows are A's): Avg rows in B's tail still decode
+    right, through the full decoder."""
+    a = _noise(200, 300, 9)
+    b = a.copy()
+    b[170:175, 40:60] = 0
+    pa, pb = tmp_path / "a.png", tmp_path / "b.png"
+    pa.write_bytes(_png(a, filt=1))
+    pb.write_bytes(_png(b, filt=1, avg_from=160))
+    got = iio._inflate_shared(*_staged_inputs(pa, pb))
+    assert got is not None and max(got[1][1][1]) == 3  # the shared path ran; B has Avg rows
+    for rows in [(100, 200), (165, 180)]:  # a thin span, a wide one
+        ra, rb, y0, *_ = iio.read_pair_rows(pa, pb, band=lambda h, r0, r1, rows=rows: rows)
+        np.testing.assert_array_equal(ra, a[y0 : rows[1]])
+        np.testing.assert_array_equal(rb, b[y0 : rows[1]])
+
+
+def _staged_inputs(pa, pb):
+    infos = (iio.probe(pa), iio.probe(pb))
+    return infos, [iio._map_bytes(info) for info in infos]
 
 
 def test_common_prefix():
@@ -158,6 +225,12 @@ def test_common_prefix():
         assert png.common_prefix(x, bytes(y)) == d
     assert png.common_prefix(x, x) == len(x)
     assert png.common_prefix(x, x[:1000]) == 1000
+    big = rng.integers(0, 256, 3_000_000, dtype=np.uint8).tobytes()  # several 1 MB memcmp steps
+    for d in (0, 1_048_576, 2_500_001):
+        y = bytearray(big)
+        y[d] ^= 1
+        assert png.common_prefix(big, y) == d  # bytes and a writable buffer: compared in place
+        assert png.common_prefix(memoryview(big).toreadonly(), bytes(y)) == d  # no address: slices
 
 
 def test_first_unequal_scans_both_ways(monkeypatch):
