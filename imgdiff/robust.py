@@ -259,14 +259,69 @@ def strong_in_crop(
 
 
 def strong_points(a: np.ndarray, b: np.ndarray, crop, *, window: int, margin: float, grid=None):
-    """``(ys, xs)`` image coordinates of the crop's strong pixels (same pixels as :func:`strong_in_crop`),
-    without a crop-sized mask (a strong pixel is rare, and ``np.nonzero`` of a 4K mask costs ~L)."""
+    """``(ys, xs)`` image coordinates of the crop's strong pixels (same pixels as :func:`strong_in_crop`,
+    in no particular order), without a crop-sized mask (a strong pixel is rare, and ``np.nonzero`` of a
+    4K mask costs ~L). With ``grid`` and few tiles over ``margin`` (JPEG q90 noise: a few dozen), their
+    candidate pixels are tested together (:func:`_strong_pixels`); else box by box (:func:`strong_mask`)."""
+    if grid is not None:
+        y0, y1, x0, x1 = crop
+        ty, tx = np.nonzero(grid[y0 // TILE : -(-y1 // TILE), x0 // TILE : -(-x1 // TILE)] > margin)
+        if ty.size * TILE * TILE <= STRONG_PIXELS:
+            return _strong_pixels(a, b, crop, ty + y0 // TILE, tx + x0 // TILE, window=window, margin=margin)
     ys, xs = [np.zeros(0, np.intp)], [np.zeros(0, np.intp)]
     for by0, by1, bx0, bx1 in _strong_boxes(a, b, crop, margin, None, grid):
         yy, xx = np.nonzero(strong_mask(a, b, (by0, by1, bx0, bx1), window=window, margin=margin))
         ys.append(yy + by0)
         xs.append(xx + bx0)
     return np.concatenate(ys), np.concatenate(xs)
+
+
+STRONG_PIXELS = 1 << 14
+""":func:`strong_points` tests the pixels of the tiles over the margin together while they are at most
+this many (64 tiles); beyond, box by box. A module constant so tests can force either path."""
+
+
+def _absmax(a: np.ndarray, b: np.ndarray, ys, xs) -> np.ndarray:
+    """Raw ``max_c |b - a|`` (int32) at the gathered pixels ``(ys, xs)`` (any broadcastable shapes)."""
+    return np.abs(b[ys, xs].astype(np.int32) - a[ys, xs]).max(axis=-1)
+
+
+def _strong_pixels(a, b, crop, ty: np.ndarray, tx: np.ndarray, *, window: int, margin: float):
+    """``(ys, xs)``: the strong pixels of the tiles ``(ty, tx)`` (image tile indices) inside the crop.
+
+    The same rule as :func:`strong_mask`, one candidate pixel (``max_c |d| > margin``, which a strong pixel
+    needs) at a time, on neighbourhoods gathered with clipped indices: for a min or max that equals
+    clipping the window. The 3x3 opening reads the 5x5 ``|d| > margin`` flags around each pixel: a
+    window centred on an image pixel is full when its pixels inside the image all pass (numba's
+    ``_in_strong_block``). One vectorised pass instead of a ``strong_mask`` per tile (~0.07 ms each)."""
+    y0, y1, x0, x1 = crop
+    h, w, _ = a.shape
+    off = np.arange(TILE)
+    ys = np.broadcast_to((ty[:, None] * TILE + off)[:, :, None], (ty.size, TILE, TILE))  # (K, T, T)
+    xs = np.broadcast_to((tx[:, None] * TILE + off)[:, None, :], (ty.size, TILE, TILE))
+    inside = (ys >= y0) & (ys < y1) & (xs >= x0) & (xs < x1)
+    ys, xs = ys[inside], xs[inside]  # (P,) the tiles' pixels
+    big = _absmax(a, b, ys, xs) > margin
+    ys, xs = ys[big], xs[big]  # (P',) candidates
+    r = window // 2
+    o = np.arange(-r, r + 1)
+    ny = np.clip(ys[:, None] + o, 0, h - 1)[:, :, None]  # (P', win, 1)
+    nx = np.clip(xs[:, None] + o, 0, w - 1)[:, None, :]  # (P', 1, win)
+    pa, pb = a[ys, xs].astype(np.int32), b[ys, xs].astype(np.int32)  # (P', C)
+    strong = np.zeros(ys.size, bool)
+    for ref, other in ((a, pb), (b, pa)):
+        nb = ref[ny, nx]  # (P', win, win, C)
+        hi, lo = nb.max(axis=(1, 2)).astype(np.int32), nb.min(axis=(1, 2)).astype(np.int32)  # (P', C)
+        strong |= ((other - hi > margin) | (lo - other > margin)).any(axis=1)
+    o = np.arange(-2, 3)
+    qy, qx = ys[:, None] + o, xs[:, None] + o  # (P', 5)
+    vy, vx = (qy >= 0) & (qy < h), (qx >= 0) & (qx < w)
+    flags = _absmax(a, b, np.clip(qy, 0, h - 1)[:, :, None], np.clip(qx, 0, w - 1)[:, None, :])
+    ok = (flags > margin) | ~(vy[:, :, None] & vx[:, None, :])  # (P', 5, 5) outside the image: no veto
+    for cy in (1, 2, 3):  # window centres p + (cy - 2, cx - 2), on the image only
+        for cx in (1, 2, 3):
+            strong |= vy[:, cy] & vx[:, cx] & ok[:, cy - 1 : cy + 2, cx - 1 : cx + 2].all(axis=(1, 2))
+    return ys[strong], xs[strong]
 
 
 def block_sums_numpy(a: np.ndarray, b: np.ndarray, crop, params: RobustParams, margin: float, *, grid=None):
@@ -367,19 +422,39 @@ class _Texture:
         return self.G
 
     def require(self, need: np.ndarray) -> np.ndarray:
-        """Make ``Rb`` valid on the (ph, pw) bool ``need``; returns ``Rb`` (ph, pw, C)."""
+        """Make ``Rb`` valid on the (ph, pw) bool ``need``; returns ``Rb`` (ph, pw, C).
+
+        Few blocks (the usual case: on JPEG q90 noise a few dozen): their (2k+1)^2 neighbourhoods are
+        gathered (indices clipped to the grid, which for a max equals clipping the neighbourhood) and
+        reduced; many: one dilation of the whole grid (:func:`_dilate_grid`). Same numbers."""
         need = need & ~self.done
+        need[self.hb :] = need[:, self.wb :] = False  # padding: Rb = 0 (never read: N = 0 there)
         if not need.any():
             return self.Rb
-        k = self.k
-        near = morph.dilate(need.view(np.uint8), 2 * k + 1).astype(bool) if k else need
-        G = self.own(near)
-        hb, wb = self.hb, self.wb
-        Rb = G[:hb, :wb] if not k else _dilate_grid(G[:hb, :wb], k)  # (hb, wb, C), exact where ``need``
-        sub = need[:hb, :wb]
-        self.Rb[:hb, :wb][sub] = Rb[sub]
+        k, hb, wb = self.k, self.hb, self.wb
+        idx = np.argwhere(need)  # (K, 2)
+        if not k:
+            self.Rb[idx[:, 0], idx[:, 1]] = self.own(need)[idx[:, 0], idx[:, 1]]
+        elif len(idx) * (2 * k + 1) ** 2 <= GATHER_BLOCKS * hb * wb:
+            off = np.arange(-k, k + 1)
+            rows = np.clip(idx[:, 0, None] + off, 0, hb - 1)  # (K, 2k+1)
+            cols = np.clip(idx[:, 1, None] + off, 0, wb - 1)
+            near = np.zeros_like(need)
+            near[rows[:, :, None], cols[:, None, :]] = True
+            G = self.own(near)[rows[:, :, None], cols[:, None, :]]  # (K, 2k+1, 2k+1, C)
+            self.Rb[idx[:, 0], idx[:, 1]] = G.max(axis=(1, 2))
+        else:
+            near = morph.dilate(need.view(np.uint8), 2 * k + 1).astype(bool)
+            Rb = _dilate_grid(self.own(near)[:hb, :wb], k)  # (hb, wb, C), exact where ``need``
+            self.Rb[idx[:, 0], idx[:, 1]] = Rb[idx[:, 0], idx[:, 1]]
         self.done |= need
         return self.Rb
+
+
+GATHER_BLOCKS = 1.0
+""":meth:`_Texture.require` gathers each needed block's neighbourhood while that reads at most this many
+blocks per block of the grid (else it dilates the whole grid). A module constant so tests can force
+either path."""
 
 
 def _dilate_grid(G: np.ndarray, k: int) -> np.ndarray:
@@ -390,19 +465,24 @@ def _dilate_grid(G: np.ndarray, k: int) -> np.ndarray:
 
 def _cells(i: np.ndarray, j: np.ndarray, shape: tuple[int, int], side: int) -> np.ndarray:
     """(ph, pw) bool: the level-0 blocks under the level cells ``(i, j)`` of a grid of ``shape``."""
-    cells = np.zeros(shape, bool)
-    cells[i, j] = True
-    return np.repeat(np.repeat(cells, side, axis=0), side, axis=1)
+    cells = np.zeros((shape[0] * side, shape[1] * side), bool)
+    off = np.arange(side)
+    cells[(i[:, None] * side + off)[:, :, None], (j[:, None] * side + off)[:, None, :]] = True
+    return cells
 
 
 def _var(tab, need, i, j, k, side: int, N0, N, s0: float, g: float) -> np.ndarray:
     """(K,) ``V`` (levels**2) of the level cells ``(i, j)``, channel ``k``, with the per-block texture
-    ``tab`` (ph, pw, C): ``sum R = sum of N0 * tab`` over the weak level-0 blocks (``need``)."""
+    ``tab`` (ph, pw, C): ``sum R = sum of N0 * tab`` over the weak level-0 blocks (``need``).
+
+    Only the cells' own level-0 blocks are gathered, (K, side, side): the cells are few (they passed the
+    ``min_mean`` test), and a whole-grid product per level cost ~1 ms on a 4K image."""
     if side > 1:
-        W = np.where(need, N0, 0)[:, :, None] * tab  # (ph, pw, C)
-        ph, pw = N0.shape
-        Wv = W.reshape(ph // side, side, pw // side, side, -1)[i, :, j, :, k]  # (K, side, side)
-        Tv = tab.reshape(ph // side, side, pw // side, side, -1)[i, :, j, :, k]
+        off = np.arange(side)
+        rows = (i[:, None] * side + off)[:, :, None]  # (K, side, 1) level-0 block rows
+        cols = (j[:, None] * side + off)[:, None, :]  # (K, 1, side)
+        Tv = tab[rows, cols, k[:, None, None]]  # (K, side, side) int64
+        Wv = np.where(need[rows, cols], N0[rows, cols], 0) * Tv
         R1, R2 = Wv.sum(axis=(1, 2)), (Wv * Tv).sum(axis=(1, 2))  # (K,)
     else:
         R1 = N0[i, j] * tab[i, j, k]  # (K,)
@@ -410,17 +490,45 @@ def _var(tab, need, i, j, k, side: int, N0, N, s0: float, g: float) -> np.ndarra
     return N[i, j] * (s0 * s0) + (2 * s0 * g) * R1 + (g * g) * R2
 
 
+def sum_dtype(params: RobustParams, scale: int):
+    """Narrowest exact dtype of the pyramid's sums: int32 when the largest block's ``|S|`` (every pixel
+    at the dtype's max delta) fits, as for 8- and 16-bit data at the defaults, else int64."""
+    side = params.block << (params.levels - 1)
+    return np.int32 if side * side * 255 * scale <= np.iinfo(np.int32).max else np.int64
+
+
+def _candidates(S: np.ndarray, N: np.ndarray, min_mean: float, scale: int):
+    """``(aS, (i, j, k))``: ``|S|`` in levels and the cells/channels where ``|S| > min_mean * n`` (levels).
+
+    8-bit (``scale`` 1): integer sums against ``floor(min_mean * n)`` (``x > t <=> x > floor(t)`` for an
+    integer ``x``), so the test needs no float copy of ``S``. Indices from the flat mask: a 1-D
+    ``nonzero`` is several times faster than a 3-D one."""
+    if scale == 1:
+        aS = np.abs(S)  # (hb_l, wb_l, C) levels
+        lim = np.minimum(np.floor(min_mean * N), np.iinfo(S.dtype).max).astype(S.dtype)  # (hb_l, wb_l)
+        cand = aS > lim[:, :, None]
+    else:
+        aS = np.abs(S) / scale
+        cand = aS > min_mean * N[:, :, None]
+    return aS, np.unravel_index(np.flatnonzero(cand), cand.shape)
+
+
 def flag_area(a: np.ndarray, S: np.ndarray, N: np.ndarray, params: RobustParams, scale: int) -> np.ndarray:
     """(Hb, Wb) bool: level-0 blocks inside a flagged block of any pyramid level (see module docstring).
 
     ``a``: the reference (H, W, C) in raw units, read only around candidate blocks for the texture.
+    ``S`` (Hb, Wb, C), ``N`` (Hb, Wb): pass 1's sums (any integer dtype).
     """
     p = params
     f = 1 << (p.levels - 1)
     hb, wb = N.shape
     ph, pw = -(-hb // f) * f, -(-wb // f) * f
-    S = np.pad(S, ((0, ph - hb), (0, pw - wb), (0, 0)))  # (ph, pw, C)
-    N0 = N = np.pad(N, ((0, ph - hb), (0, pw - wb)))  # (ph, pw)
+    dt = sum_dtype(p, scale)
+    S_, N_ = S, N
+    S = np.zeros((ph, pw, S_.shape[2]), dt)  # (ph, pw, C) padded with empty blocks
+    S[:hb, :wb] = S_
+    N0 = N = np.zeros((ph, pw), dt)  # (ph, pw)
+    N[:hb, :wb] = N_
     tex = _Texture(a, p.block, -(-p.spread // p.block), (ph, pw))
     s0, g = float(p.sigma0), float(p.texture_gain) / scale
     area = np.zeros((ph, pw), bool)
@@ -428,11 +536,9 @@ def flag_area(a: np.ndarray, S: np.ndarray, N: np.ndarray, params: RobustParams,
         side = 1 << lev
         if lev:
             S, N = _pool2(S), _pool2(N)
-        aS = np.abs(S) / scale if scale != 1 else np.abs(S)  # (hb_l, wb_l, C) levels (int64 when 8-bit)
-        cand = aS > p.min_mean * N[:, :, None]  # cheap test first; texture and V only where it passes
+        aS, (i, j, k) = _candidates(S, N, p.min_mean, scale)  # cheap test first; texture and V only there
         flag = np.zeros(N.shape, bool)
-        if cand.any():
-            i, j, k = np.nonzero(cand)
+        if i.size:
             # V with G (a block's own texture) in place of Rb >= G is a lower bound: a block that fails
             # the test with it fails it with Rb, so the neighbours' texture is read only for the rest.
             need = _cells(i, j, N.shape, side) & ~area  # (ph, pw) their weak level-0 blocks
