@@ -182,8 +182,14 @@ def _block_sum_diff(b: np.ndarray, a: np.ndarray, s: int) -> np.ndarray:
 
 
 def _pool2(x: np.ndarray) -> np.ndarray:
-    """Sum 2x2 neighbours over the first two axes."""
-    return x[0::2, 0::2] + x[1::2, 0::2] + x[0::2, 1::2] + x[1::2, 1::2]  # elementwise: faster than a reduce
+    """Sum 2x2 neighbours over the first two axes (even sizes).
+
+    Row pairs first (long contiguous rows), then column pairs as the two halves of each pair's
+    ``2 * C`` elements: elementwise adds, ~1.6x faster than four strided 2-D slices and than a reduce."""
+    rows = x[0::2] + x[1::2]  # (h/2, w, ...)
+    pairs = rows.reshape(rows.shape[0], rows.shape[1] // 2, -1)  # (h/2, w/2, 2 * C)
+    half = pairs.shape[2] // 2
+    return (pairs[:, :, :half] + pairs[:, :, half:]).reshape(rows.shape[0], rows.shape[1] // 2, *x.shape[2:])
 
 
 def margin_raw(params: RobustParams, scale: int) -> float:
@@ -261,46 +267,47 @@ def strong_in_crop(
 def strong_points(a: np.ndarray, b: np.ndarray, crop, *, window: int, margin: float, grid=None):
     """``(ys, xs)`` image coordinates of the crop's strong pixels (same pixels as :func:`strong_in_crop`,
     in no particular order), without a crop-sized mask (a strong pixel is rare, and ``np.nonzero`` of a
-    4K mask costs ~L). With ``grid`` and few tiles over ``margin`` (JPEG q90 noise: a few dozen), their
-    candidate pixels are tested together (:func:`_strong_pixels`); else box by box (:func:`strong_mask`)."""
-    if grid is not None:
-        y0, y1, x0, x1 = crop
-        ty, tx = np.nonzero(grid[y0 // TILE : -(-y1 // TILE), x0 // TILE : -(-x1 // TILE)] > margin)
-        if ty.size * TILE * TILE <= STRONG_PIXELS:
-            return _strong_pixels(a, b, crop, ty + y0 // TILE, tx + x0 // TILE, window=window, margin=margin)
+    4K mask costs ~L). Scattered tiles over ``margin`` (JPEG q90 noise: a few dozen) have their candidate
+    pixels tested together (:func:`_strong_pixels`); one box (clustered tiles) with :func:`strong_mask`."""
+    boxes = _strong_boxes(a, b, crop, margin, None, grid)
+    if len(boxes) > 1:  # single tiles (at most 64, else _strong_boxes merges them)
+        return _strong_pixels(a, b, np.array(boxes).reshape(-1, 4), window=window, margin=margin)
     ys, xs = [np.zeros(0, np.intp)], [np.zeros(0, np.intp)]
-    for by0, by1, bx0, bx1 in _strong_boxes(a, b, crop, margin, None, grid):
+    for by0, by1, bx0, bx1 in boxes:
         yy, xx = np.nonzero(strong_mask(a, b, (by0, by1, bx0, bx1), window=window, margin=margin))
         ys.append(yy + by0)
         xs.append(xx + bx0)
     return np.concatenate(ys), np.concatenate(xs)
 
 
-STRONG_PIXELS = 1 << 14
-""":func:`strong_points` tests the pixels of the tiles over the margin together while they are at most
-this many (64 tiles); beyond, box by box. A module constant so tests can force either path."""
+def _chmax(x: np.ndarray) -> np.ndarray:
+    """Max over the last (channel) axis by elementwise maxima: a reduction over a short axis is slow."""
+    out = x[..., 0].copy()
+    for k in range(1, x.shape[-1]):
+        np.maximum(out, x[..., k], out=out)
+    return out
 
 
 def _absmax(a: np.ndarray, b: np.ndarray, ys, xs) -> np.ndarray:
     """Raw ``max_c |b - a|`` (int32) at the gathered pixels ``(ys, xs)`` (any broadcastable shapes)."""
-    return np.abs(b[ys, xs].astype(np.int32) - a[ys, xs]).max(axis=-1)
+    return _chmax(np.abs(b[ys, xs].astype(np.int32) - a[ys, xs]))
 
 
-def _strong_pixels(a, b, crop, ty: np.ndarray, tx: np.ndarray, *, window: int, margin: float):
-    """``(ys, xs)``: the strong pixels of the tiles ``(ty, tx)`` (image tile indices) inside the crop.
+def _strong_pixels(a, b, boxes: np.ndarray, *, window: int, margin: float):
+    """``(ys, xs)``: the strong pixels of ``boxes`` (K, 4) = (y0, y1, x0, x1), each at most a tile.
 
-    The same rule as :func:`strong_mask`, one candidate pixel (``max_c |d| > margin``, which a strong pixel
-    needs) at a time, on neighbourhoods gathered with clipped indices: for a min or max that equals
+    The rule of :func:`strong_mask`, for all candidate pixels (``max_c |d| > margin``, which a strong pixel
+    needs) at once, on neighbourhoods gathered with clipped indices: for a min or max that equals
     clipping the window. The 3x3 opening reads the 5x5 ``|d| > margin`` flags around each pixel: a
     window centred on an image pixel is full when its pixels inside the image all pass (numba's
-    ``_in_strong_block``). One vectorised pass instead of a ``strong_mask`` per tile (~0.07 ms each)."""
-    y0, y1, x0, x1 = crop
+    ``_in_strong_block``). Reductions over the short window axes are written as elementwise ops.
+    One vectorised pass instead of a ``strong_mask`` per tile (~0.07 ms each)."""
     h, w, _ = a.shape
     off = np.arange(TILE)
-    ys = np.broadcast_to((ty[:, None] * TILE + off)[:, :, None], (ty.size, TILE, TILE))  # (K, T, T)
-    xs = np.broadcast_to((tx[:, None] * TILE + off)[:, None, :], (ty.size, TILE, TILE))
-    inside = (ys >= y0) & (ys < y1) & (xs >= x0) & (xs < x1)
-    ys, xs = ys[inside], xs[inside]  # (P,) the tiles' pixels
+    ys, xs = boxes[:, 0, None] + off, boxes[:, 2, None] + off  # (K, T)
+    inside = (ys < boxes[:, 1, None])[:, :, None] & (xs < boxes[:, 3, None])[:, None, :]  # (K, T, T)
+    ys = np.broadcast_to(ys[:, :, None], inside.shape)[inside]  # (P,) the boxes' pixels
+    xs = np.broadcast_to(xs[:, None, :], inside.shape)[inside]
     big = _absmax(a, b, ys, xs) > margin
     ys, xs = ys[big], xs[big]  # (P',) candidates
     r = window // 2
@@ -310,17 +317,23 @@ def _strong_pixels(a, b, crop, ty: np.ndarray, tx: np.ndarray, *, window: int, m
     pa, pb = a[ys, xs].astype(np.int32), b[ys, xs].astype(np.int32)  # (P', C)
     strong = np.zeros(ys.size, bool)
     for ref, other in ((a, pb), (b, pa)):
-        nb = ref[ny, nx]  # (P', win, win, C)
-        hi, lo = nb.max(axis=(1, 2)).astype(np.int32), nb.min(axis=(1, 2)).astype(np.int32)  # (P', C)
-        strong |= ((other - hi > margin) | (lo - other > margin)).any(axis=1)
+        nb = ref[ny, nx].reshape(ys.size, window * window, -1)  # (P', win*win, C)
+        hi, lo = nb[:, 0].copy(), nb[:, 0].copy()  # (P', C) the window's range
+        for t in range(1, window * window):
+            np.maximum(hi, nb[:, t], out=hi)
+            np.minimum(lo, nb[:, t], out=lo)
+        strong |= _chmax(np.maximum(other - hi, lo - other)) > margin  # how far outside the range
     o = np.arange(-2, 3)
     qy, qx = ys[:, None] + o, xs[:, None] + o  # (P', 5)
     vy, vx = (qy >= 0) & (qy < h), (qx >= 0) & (qx < w)
     flags = _absmax(a, b, np.clip(qy, 0, h - 1)[:, :, None], np.clip(qx, 0, w - 1)[:, None, :])
     ok = (flags > margin) | ~(vy[:, :, None] & vx[:, None, :])  # (P', 5, 5) outside the image: no veto
-    for cy in (1, 2, 3):  # window centres p + (cy - 2, cx - 2), on the image only
-        for cx in (1, 2, 3):
-            strong |= vy[:, cy] & vx[:, cx] & ok[:, cy - 1 : cy + 2, cx - 1 : cx + 2].all(axis=(1, 2))
+    run = ok[:, :, 0:3] & ok[:, :, 1:4] & ok[:, :, 2:5]  # (P', 5, 3) 3-wide runs, centre columns 1..3
+    full = run[:, 0:3] & run[:, 1:4] & run[:, 2:5]  # (P', 3, 3) full windows, centres p + (-1..1, -1..1)
+    full &= vy[:, 1:4, None] & vx[:, None, 1:4]  # centred on the image only
+    full = full.reshape(ys.size, 9)
+    for t in range(9):
+        strong |= full[:, t]
     return ys[strong], xs[strong]
 
 
@@ -416,7 +429,7 @@ class _Texture:
         todo = need & ~self.have
         todo[self.hb :] = todo[:, self.wb :] = False  # padding: G = 0
         if todo.any():
-            idx = np.argwhere(todo)  # (K, 2)
+            idx = _argwhere2(todo)  # (K, 2)
             self.G[idx[:, 0], idx[:, 1]] = block_texture(self.a, idx, self.bs)
         self.have |= need
         return self.G
@@ -432,7 +445,7 @@ class _Texture:
         if not need.any():
             return self.Rb
         k, hb, wb = self.k, self.hb, self.wb
-        idx = np.argwhere(need)  # (K, 2)
+        idx = _argwhere2(need)  # (K, 2)
         if not k:
             self.Rb[idx[:, 0], idx[:, 1]] = self.own(need)[idx[:, 0], idx[:, 1]]
         elif len(idx) * (2 * k + 1) ** 2 <= GATHER_BLOCKS * hb * wb:
@@ -449,6 +462,13 @@ class _Texture:
             self.Rb[idx[:, 0], idx[:, 1]] = Rb[idx[:, 0], idx[:, 1]]
         self.done |= need
         return self.Rb
+
+
+def _argwhere2(mask: np.ndarray) -> np.ndarray:
+    """``np.argwhere`` of a 2-D bool array (K, 2), from the flat indices: a 1-D ``nonzero`` is ~5x
+    faster than a 2-D one (0.05 vs 0.24 ms on a 4K image's block grid)."""
+    flat = np.flatnonzero(mask)
+    return np.stack(np.divmod(flat, mask.shape[1]), axis=1)
 
 
 GATHER_BLOCKS = 1.0
