@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from imgdiff.morph import absdiff
+from imgdiff.morph import absdiff, transpose
 
 BLOCK = 16
 """Side of the coarse grid's blocks in pixels."""
@@ -188,13 +188,16 @@ def _block_max_numpy(a: np.ndarray, b: np.ndarray, block: int) -> np.ndarray:
         y0, y1 = i * block, min(h, (i + 1) * block)
         d = absdiff(a2[y0:y1], b2[y0:y1], work=work)  # (h_i, W*C)
         colmax[k, : w * c] = d.max(axis=0)  # over the rows: contiguous inner axis, vectorised
-    x = colmax.reshape(bands.size, wb, block * c)  # (nb, Wb, block*C)
-    while x.shape[2] > c and x.shape[2] % (2 * c) == 0:  # halving: short-axis reductions are slow
-        x = np.maximum(x[:, :, : x.shape[2] // 2], x[:, :, x.shape[2] // 2 :])
-    x = x.reshape(bands.size, wb, -1, c).max(axis=2)  # (nb, Wb, C); a no-op axis when block is 2**k
-    out = x[:, :, 0].copy()
+    # Over each tile's block*C columns. On the transpose the tile's columns are rows and the bands the
+    # contiguous axis, so the halving maxima run over long rows: ~5x faster than on the short last axis.
+    x = transpose(colmax).reshape(wb, block * c, bands.size)  # (Wb, block*C, nb)
+    while x.shape[1] > c and x.shape[1] % (2 * c) == 0:
+        x = np.maximum(x[:, : x.shape[1] // 2], x[:, x.shape[1] // 2 :])
+    x = x.reshape(wb, -1, c, bands.size).max(axis=1)  # (Wb, C, nb); a no-op axis when block is 2**k
+    out = x[:, 0].copy()
     for k in range(1, c):
-        np.maximum(out, x[:, :, k], out=out)
+        np.maximum(out, x[:, k], out=out)
+    out = out.T  # (nb, Wb)
     grid[bands] = out
     return grid
 

@@ -162,11 +162,14 @@ def _block_sum(x: np.ndarray, s: int) -> np.ndarray:
 
 
 def _block_sum_diff(b: np.ndarray, a: np.ndarray, s: int) -> np.ndarray:
-    """``_block_sum(b, s) - _block_sum(a, s)`` (int64), in one column pass for 8-bit input.
+    """``_block_sum(b, s) - _block_sum(a, s)``: int32 for 8-bit input (in one column pass), else int64.
 
     Both row passes run in uint16 (exact: at most ``s * 255``); their difference, taken modulo 2**16,
-    is the exact signed row sum as int16 (``|.| <= 16 * 255``), so a single column pass in int32 over
-    that difference replaces two (and their int64 casts)."""
+    is the exact signed row sum as int16 (``|.| <= 16 * 255``), so a single column pass over that
+    difference replaces two (and their int64 casts). The column pass runs on the transpose, where a
+    block's ``s`` columns are rows: halving adds over long contiguous rows (int16 while the partial sums
+    of ``s/2`` row sums fit, ``<= 16/2 * 16 * 255``, the last add in int32), ~2.7x faster than ``s``
+    strided adds of ``(hb, wb, C)`` slices."""
     if a.dtype != np.uint8 or s > 16 or a.shape[:2] != b.shape[:2] or (a.shape[0] % s or a.shape[1] % s):
         return _block_sum(b, s) - _block_sum(a, s)
     rb, ra = b[0::s].astype(np.uint16), a[0::s].astype(np.uint16)  # (hb, W, ...)
@@ -174,11 +177,14 @@ def _block_sum_diff(b: np.ndarray, a: np.ndarray, s: int) -> np.ndarray:
         rb += b[k::s]
         ra += a[k::s]
     rb -= ra  # modulo 2**16: the int16 bit pattern of the exact signed difference
-    cols = rb.view(np.int16).reshape(a.shape[0] // s, a.shape[1] // s, s, *a.shape[2:])  # (hb, wb, s, ...)
-    out = cols[:, :, 0].astype(np.int32)
-    for k in range(1, s):
-        out += cols[:, :, k]
-    return out.astype(np.int64)
+    hb, wb, c = a.shape[0] // s, a.shape[1] // s, rb[0, 0].size
+    t = morph.transpose(rb.view(np.int16).reshape(hb, wb * s * c)).reshape(wb, s, c * hb)  # (wb, s, C*hb)
+    while t.shape[1] > 2:
+        t = t[:, : t.shape[1] // 2] + t[:, t.shape[1] // 2 :]
+    out = t[:, 0].astype(np.int32)  # (wb, C*hb)
+    if t.shape[1] == 2:
+        out += t[:, 1]
+    return out.reshape(wb, c, hb).transpose(2, 0, 1).reshape(hb, wb, *a.shape[2:])  # (hb, wb, ...)
 
 
 def _pool2(x: np.ndarray) -> np.ndarray:
@@ -338,12 +344,13 @@ def _strong_pixels(a, b, boxes: np.ndarray, *, window: int, margin: float):
 
 
 def block_sums_numpy(a: np.ndarray, b: np.ndarray, crop, params: RobustParams, margin: float, *, grid=None):
-    """Pass 1 on the crop (y0, y1, x0, x1). Returns ``S`` (Hb, Wb, C) int64, ``N`` (Hb, Wb) int64,
-    strong-tile flags (Ht, Wt) bool. Blocks outside the crop have ``S = 0`` and full ``N``.
+    """Pass 1 on the crop (y0, y1, x0, x1). Returns ``S`` (Hb, Wb, C) int32 (exact: at most
+    ``16 * 16 * 65535``), ``N`` (Hb, Wb) int64, strong-tile flags (Ht, Wt) bool. Blocks outside the crop
+    have ``S = 0`` and full ``N``.
     ``grid``: the (Ht, Wt) max-pooled raw ``|d|`` per tile when known (saves a pass, same result)."""
     h, w, c = a.shape
     bs = params.block
-    S, N = init_sums(h, w, c, bs)
+    S, N = init_sums(h, w, c, bs, np.int32)
     y0, y1, x0, x1 = crop
     A, B = a[y0:y1, x0:x1], b[y0:y1, x0:x1]  # (h', w', C)
     sl = (slice(y0 // bs, -(-y1 // bs)), slice(x0 // bs, -(-x1 // bs)))
@@ -352,18 +359,19 @@ def block_sums_numpy(a: np.ndarray, b: np.ndarray, crop, params: RobustParams, m
     ys, xs = strong_points(a, b, crop, window=params.window, margin=margin, grid=grid)
     if ys.size:  # take the strong pixels back out of the sums
         by, bx = ys // bs, xs // bs
-        np.subtract.at(S, (by, bx), b[ys, xs].astype(np.int64) - a[ys, xs])
+        np.subtract.at(S, (by, bx), b[ys, xs].astype(np.int32) - a[ys, xs])
         np.subtract.at(N, (by, bx), 1)
         tiles[ys // TILE, xs // TILE] = True
     return S, N, tiles
 
 
-def init_sums(h: int, w: int, c: int, bs: int) -> tuple[np.ndarray, np.ndarray]:
-    """Zero ``S`` (Hb, Wb, C) and ``N`` (Hb, Wb) = pixels per block (edge blocks clipped)."""
+def init_sums(h: int, w: int, c: int, bs: int, dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
+    """Zero ``S`` (Hb, Wb, C) of ``dtype`` and ``N`` (Hb, Wb) int64 = pixels per block (edge blocks
+    clipped)."""
     hb, wb = -(-h // bs), -(-w // bs)
     rows = np.minimum(bs, h - np.arange(hb) * bs)
     cols = np.minimum(bs, w - np.arange(wb) * bs)
-    return np.zeros((hb, wb, c), np.int64), (rows[:, None] * cols[None, :]).astype(np.int64)
+    return np.zeros((hb, wb, c), dtype), (rows[:, None] * cols[None, :]).astype(np.int64)
 
 
 def block_texture(a: np.ndarray, blocks: np.ndarray, bs: int) -> np.ndarray:
