@@ -529,15 +529,17 @@ def _candidates(S: np.ndarray, N: np.ndarray, min_mean: float, scale: int):
     """``(aS, (i, j, k))``: ``|S|`` in levels and the cells/channels where ``|S| > min_mean * n`` (levels).
 
     8-bit (``scale`` 1): integer sums against ``floor(min_mean * n)`` (``x > t <=> x > floor(t)`` for an
-    integer ``x``), so the test needs no float copy of ``S``. Indices from the flat mask: a 1-D
-    ``nonzero`` is several times faster than a 3-D one."""
+    integer ``x``), so the test needs no float copy of ``S``; the cells are found on the channel maximum
+    (2-D, contiguous; a 1-D ``nonzero`` of its flat mask), and only their channels tested after."""
     if scale == 1:
         aS = np.abs(S)  # (hb_l, wb_l, C) levels
         lim = np.minimum(np.floor(min_mean * N), np.iinfo(S.dtype).max).astype(S.dtype)  # (hb_l, wb_l)
-        cand = aS > lim[:, :, None]
-    else:
-        aS = np.abs(S) / scale
-        cand = aS > min_mean * N[:, :, None]
+        cells = np.flatnonzero(_chmax(aS) > lim)  # (K,) flat cell indices
+        hit = aS.reshape(-1, aS.shape[2])[cells] > lim.reshape(-1)[cells, None]  # (K, C)
+        cell, k = np.nonzero(hit)
+        return aS, (*np.divmod(cells[cell], N.shape[1]), k)
+    aS = np.abs(S) / scale
+    cand = aS > min_mean * N[:, :, None]
     return aS, np.unravel_index(np.flatnonzero(cand), cand.shape)
 
 
