@@ -62,7 +62,10 @@ every backend gets bit-identical flags):
   ``R`` (``G <= R``) is a lower bound, so a block that fails the test with it fails it exactly; only
   the others read ``G`` of the ``k`` blocks around (:func:`block_texture`: the blocks are gathered
   with a 1-px border and reduced with vectorised 1-D shifts; results are memoised across levels).
-  Strong pixels are found only in tiles whose max-pooled ``|d|`` exceeds ``margin`` and are taken
+  Everything past the ``min_mean`` test works on gathered candidates, never on whole-grid arrays;
+  sums are int32 where exact (:func:`sum_dtype`).
+  Strong pixels are found only in tiles whose max-pooled ``|d|`` exceeds ``margin`` (scattered
+  tiles: all their candidate pixels in one gathered pass, :func:`_strong_pixels`) and are taken
   out of the block sums one by one.
 - The changed pixels are then read only in tiles that hold a flagged block or a strong pixel.
 
