@@ -50,6 +50,13 @@ def absdiff(a: np.ndarray, b: np.ndarray, *, work: int = 0) -> np.ndarray:
     return np.subtract(np.maximum(a, b), np.minimum(a, b))
 
 
+def transpose(x: np.ndarray) -> np.ndarray:
+    """Contiguous transpose of a 2-D array (OpenCV's blocked transpose for large arrays)."""
+    if _opencv(x.size):
+        return cv2().transpose(x)
+    return np.ascontiguousarray(x.T)
+
+
 def _clipped(x: np.ndarray, op, lo: int, hi: int, axis: int) -> np.ndarray:
     """``out[p] = op over x[p + d]`` for ``d`` in ``[lo, hi]`` along ``axis``, positions outside ignored."""
     out = x.copy()

@@ -62,7 +62,10 @@ every backend gets bit-identical flags):
   ``R`` (``G <= R``) is a lower bound, so a block that fails the test with it fails it exactly; only
   the others read ``G`` of the ``k`` blocks around (:func:`block_texture`: the blocks are gathered
   with a 1-px border and reduced with vectorised 1-D shifts; results are memoised across levels).
-  Strong pixels are found only in tiles whose max-pooled ``|d|`` exceeds ``margin`` and are taken
+  Everything past the ``min_mean`` test works on gathered candidates, never on whole-grid arrays;
+  sums are int32 where exact (:func:`sum_dtype`).
+  Strong pixels are found only in tiles whose max-pooled ``|d|`` exceeds ``margin`` (scattered
+  tiles: all their candidate pixels in one gathered pass, :func:`_strong_pixels`) and are taken
   out of the block sums one by one.
 - The changed pixels are then read only in tiles that hold a flagged block or a strong pixel.
 
@@ -162,11 +165,14 @@ def _block_sum(x: np.ndarray, s: int) -> np.ndarray:
 
 
 def _block_sum_diff(b: np.ndarray, a: np.ndarray, s: int) -> np.ndarray:
-    """``_block_sum(b, s) - _block_sum(a, s)`` (int64), in one column pass for 8-bit input.
+    """``_block_sum(b, s) - _block_sum(a, s)``: int32 for 8-bit input (in one column pass), else int64.
 
     Both row passes run in uint16 (exact: at most ``s * 255``); their difference, taken modulo 2**16,
-    is the exact signed row sum as int16 (``|.| <= 16 * 255``), so a single column pass in int32 over
-    that difference replaces two (and their int64 casts)."""
+    is the exact signed row sum as int16 (``|.| <= 16 * 255``), so a single column pass over that
+    difference replaces two (and their int64 casts). The column pass runs on the transpose, where a
+    block's ``s`` columns are rows: halving adds over long contiguous rows (int16 while the partial sums
+    of ``s/2`` row sums fit, ``<= 16/2 * 16 * 255``, the last add in int32), ~2.7x faster than ``s``
+    strided adds of ``(hb, wb, C)`` slices."""
     if a.dtype != np.uint8 or s > 16 or a.shape[:2] != b.shape[:2] or (a.shape[0] % s or a.shape[1] % s):
         return _block_sum(b, s) - _block_sum(a, s)
     rb, ra = b[0::s].astype(np.uint16), a[0::s].astype(np.uint16)  # (hb, W, ...)
@@ -174,16 +180,25 @@ def _block_sum_diff(b: np.ndarray, a: np.ndarray, s: int) -> np.ndarray:
         rb += b[k::s]
         ra += a[k::s]
     rb -= ra  # modulo 2**16: the int16 bit pattern of the exact signed difference
-    cols = rb.view(np.int16).reshape(a.shape[0] // s, a.shape[1] // s, s, *a.shape[2:])  # (hb, wb, s, ...)
-    out = cols[:, :, 0].astype(np.int32)
-    for k in range(1, s):
-        out += cols[:, :, k]
-    return out.astype(np.int64)
+    hb, wb, c = a.shape[0] // s, a.shape[1] // s, rb[0, 0].size
+    t = morph.transpose(rb.view(np.int16).reshape(hb, wb * s * c)).reshape(wb, s, c * hb)  # (wb, s, C*hb)
+    while t.shape[1] > 2:
+        t = t[:, : t.shape[1] // 2] + t[:, t.shape[1] // 2 :]
+    out = t[:, 0].astype(np.int32)  # (wb, C*hb)
+    if t.shape[1] == 2:
+        out += t[:, 1]
+    return out.reshape(wb, c, hb).transpose(2, 0, 1).reshape(hb, wb, *a.shape[2:])  # (hb, wb, ...)
 
 
 def _pool2(x: np.ndarray) -> np.ndarray:
-    """Sum 2x2 neighbours over the first two axes."""
-    return x[0::2, 0::2] + x[1::2, 0::2] + x[0::2, 1::2] + x[1::2, 1::2]  # elementwise: faster than a reduce
+    """Sum 2x2 neighbours over the first two axes (even sizes).
+
+    Row pairs first (long contiguous rows), then column pairs as the two halves of each pair's
+    ``2 * C`` elements: elementwise adds, ~1.6x faster than four strided 2-D slices and than a reduce."""
+    rows = x[0::2] + x[1::2]  # (h/2, w, ...)
+    pairs = rows.reshape(rows.shape[0], rows.shape[1] // 2, -1)  # (h/2, w/2, 2 * C)
+    half = pairs.shape[2] // 2
+    return (pairs[:, :, :half] + pairs[:, :, half:]).reshape(rows.shape[0], rows.shape[1] // 2, *x.shape[2:])
 
 
 def margin_raw(params: RobustParams, scale: int) -> float:
@@ -259,23 +274,86 @@ def strong_in_crop(
 
 
 def strong_points(a: np.ndarray, b: np.ndarray, crop, *, window: int, margin: float, grid=None):
-    """``(ys, xs)`` image coordinates of the crop's strong pixels (same pixels as :func:`strong_in_crop`),
-    without a crop-sized mask (a strong pixel is rare, and ``np.nonzero`` of a 4K mask costs ~L)."""
+    """``(ys, xs)`` image coordinates of the crop's strong pixels (same pixels as :func:`strong_in_crop`,
+    in no particular order), without a crop-sized mask (a strong pixel is rare, and ``np.nonzero`` of a
+    4K mask costs ~L). Scattered tiles over ``margin`` (JPEG q90 noise: a few dozen) have their candidate
+    pixels tested together (:func:`_strong_pixels`); one box (clustered tiles) with :func:`strong_mask`."""
+    boxes = _strong_boxes(a, b, crop, margin, None, grid)
+    if len(boxes) > 1:  # single tiles (at most 64, else _strong_boxes merges them)
+        return _strong_pixels(a, b, np.array(boxes).reshape(-1, 4), window=window, margin=margin)
     ys, xs = [np.zeros(0, np.intp)], [np.zeros(0, np.intp)]
-    for by0, by1, bx0, bx1 in _strong_boxes(a, b, crop, margin, None, grid):
+    for by0, by1, bx0, bx1 in boxes:
         yy, xx = np.nonzero(strong_mask(a, b, (by0, by1, bx0, bx1), window=window, margin=margin))
         ys.append(yy + by0)
         xs.append(xx + bx0)
     return np.concatenate(ys), np.concatenate(xs)
 
 
+def _chmax(x: np.ndarray) -> np.ndarray:
+    """Max over the last (channel) axis by elementwise maxima: a reduction over a short axis is slow."""
+    out = x[..., 0].copy()
+    for k in range(1, x.shape[-1]):
+        np.maximum(out, x[..., k], out=out)
+    return out
+
+
+def _absmax(a: np.ndarray, b: np.ndarray, ys, xs) -> np.ndarray:
+    """Raw ``max_c |b - a|`` (int32) at the gathered pixels ``(ys, xs)`` (any broadcastable shapes)."""
+    return _chmax(np.abs(b[ys, xs].astype(np.int32) - a[ys, xs]))
+
+
+def _strong_pixels(a, b, boxes: np.ndarray, *, window: int, margin: float):
+    """``(ys, xs)``: the strong pixels of ``boxes`` (K, 4) = (y0, y1, x0, x1), each at most a tile.
+
+    The rule of :func:`strong_mask`, for all candidate pixels (``max_c |d| > margin``, which a strong pixel
+    needs) at once, on neighbourhoods gathered with clipped indices: for a min or max that equals
+    clipping the window. The 3x3 opening reads the 5x5 ``|d| > margin`` flags around each pixel: a
+    window centred on an image pixel is full when its pixels inside the image all pass (numba's
+    ``_in_strong_block``). Reductions over the short window axes are written as elementwise ops.
+    One vectorised pass instead of a ``strong_mask`` per tile (~0.07 ms each)."""
+    h, w, _ = a.shape
+    off = np.arange(TILE)
+    ys, xs = boxes[:, 0, None] + off, boxes[:, 2, None] + off  # (K, T)
+    inside = (ys < boxes[:, 1, None])[:, :, None] & (xs < boxes[:, 3, None])[:, None, :]  # (K, T, T)
+    ys = np.broadcast_to(ys[:, :, None], inside.shape)[inside]  # (P,) the boxes' pixels
+    xs = np.broadcast_to(xs[:, None, :], inside.shape)[inside]
+    big = _absmax(a, b, ys, xs) > margin
+    ys, xs = ys[big], xs[big]  # (P',) candidates
+    r = window // 2
+    o = np.arange(-r, r + 1)
+    ny = np.clip(ys[:, None] + o, 0, h - 1)[:, :, None]  # (P', win, 1)
+    nx = np.clip(xs[:, None] + o, 0, w - 1)[:, None, :]  # (P', 1, win)
+    pa, pb = a[ys, xs].astype(np.int32), b[ys, xs].astype(np.int32)  # (P', C)
+    strong = np.zeros(ys.size, bool)
+    for ref, other in ((a, pb), (b, pa)):
+        nb = ref[ny, nx].reshape(ys.size, window * window, -1)  # (P', win*win, C)
+        hi, lo = nb[:, 0].copy(), nb[:, 0].copy()  # (P', C) the window's range
+        for t in range(1, window * window):
+            np.maximum(hi, nb[:, t], out=hi)
+            np.minimum(lo, nb[:, t], out=lo)
+        strong |= _chmax(np.maximum(other - hi, lo - other)) > margin  # how far outside the range
+    o = np.arange(-2, 3)
+    qy, qx = ys[:, None] + o, xs[:, None] + o  # (P', 5)
+    vy, vx = (qy >= 0) & (qy < h), (qx >= 0) & (qx < w)
+    flags = _absmax(a, b, np.clip(qy, 0, h - 1)[:, :, None], np.clip(qx, 0, w - 1)[:, None, :])
+    ok = (flags > margin) | ~(vy[:, :, None] & vx[:, None, :])  # (P', 5, 5) outside the image: no veto
+    run = ok[:, :, 0:3] & ok[:, :, 1:4] & ok[:, :, 2:5]  # (P', 5, 3) 3-wide runs, centre columns 1..3
+    full = run[:, 0:3] & run[:, 1:4] & run[:, 2:5]  # (P', 3, 3) full windows, centres p + (-1..1, -1..1)
+    full &= vy[:, 1:4, None] & vx[:, None, 1:4]  # centred on the image only
+    full = full.reshape(ys.size, 9)
+    for t in range(9):
+        strong |= full[:, t]
+    return ys[strong], xs[strong]
+
+
 def block_sums_numpy(a: np.ndarray, b: np.ndarray, crop, params: RobustParams, margin: float, *, grid=None):
-    """Pass 1 on the crop (y0, y1, x0, x1). Returns ``S`` (Hb, Wb, C) int64, ``N`` (Hb, Wb) int64,
-    strong-tile flags (Ht, Wt) bool. Blocks outside the crop have ``S = 0`` and full ``N``.
+    """Pass 1 on the crop (y0, y1, x0, x1). Returns ``S`` (Hb, Wb, C) int32 (exact: at most
+    ``16 * 16 * 65535``), ``N`` (Hb, Wb) int64, strong-tile flags (Ht, Wt) bool. Blocks outside the crop
+    have ``S = 0`` and full ``N``.
     ``grid``: the (Ht, Wt) max-pooled raw ``|d|`` per tile when known (saves a pass, same result)."""
     h, w, c = a.shape
     bs = params.block
-    S, N = init_sums(h, w, c, bs)
+    S, N = init_sums(h, w, c, bs, np.int32)
     y0, y1, x0, x1 = crop
     A, B = a[y0:y1, x0:x1], b[y0:y1, x0:x1]  # (h', w', C)
     sl = (slice(y0 // bs, -(-y1 // bs)), slice(x0 // bs, -(-x1 // bs)))
@@ -284,18 +362,19 @@ def block_sums_numpy(a: np.ndarray, b: np.ndarray, crop, params: RobustParams, m
     ys, xs = strong_points(a, b, crop, window=params.window, margin=margin, grid=grid)
     if ys.size:  # take the strong pixels back out of the sums
         by, bx = ys // bs, xs // bs
-        np.subtract.at(S, (by, bx), b[ys, xs].astype(np.int64) - a[ys, xs])
+        np.subtract.at(S, (by, bx), b[ys, xs].astype(np.int32) - a[ys, xs])
         np.subtract.at(N, (by, bx), 1)
         tiles[ys // TILE, xs // TILE] = True
     return S, N, tiles
 
 
-def init_sums(h: int, w: int, c: int, bs: int) -> tuple[np.ndarray, np.ndarray]:
-    """Zero ``S`` (Hb, Wb, C) and ``N`` (Hb, Wb) = pixels per block (edge blocks clipped)."""
+def init_sums(h: int, w: int, c: int, bs: int, dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
+    """Zero ``S`` (Hb, Wb, C) of ``dtype`` and ``N`` (Hb, Wb) int64 = pixels per block (edge blocks
+    clipped)."""
     hb, wb = -(-h // bs), -(-w // bs)
     rows = np.minimum(bs, h - np.arange(hb) * bs)
     cols = np.minimum(bs, w - np.arange(wb) * bs)
-    return np.zeros((hb, wb, c), np.int64), (rows[:, None] * cols[None, :]).astype(np.int64)
+    return np.zeros((hb, wb, c), dtype), (rows[:, None] * cols[None, :]).astype(np.int64)
 
 
 def block_texture(a: np.ndarray, blocks: np.ndarray, bs: int) -> np.ndarray:
@@ -361,25 +440,52 @@ class _Texture:
         todo = need & ~self.have
         todo[self.hb :] = todo[:, self.wb :] = False  # padding: G = 0
         if todo.any():
-            idx = np.argwhere(todo)  # (K, 2)
+            idx = _argwhere2(todo)  # (K, 2)
             self.G[idx[:, 0], idx[:, 1]] = block_texture(self.a, idx, self.bs)
         self.have |= need
         return self.G
 
     def require(self, need: np.ndarray) -> np.ndarray:
-        """Make ``Rb`` valid on the (ph, pw) bool ``need``; returns ``Rb`` (ph, pw, C)."""
+        """Make ``Rb`` valid on the (ph, pw) bool ``need``; returns ``Rb`` (ph, pw, C).
+
+        Few blocks (the usual case: on JPEG q90 noise a few dozen): their (2k+1)^2 neighbourhoods are
+        gathered (indices clipped to the grid, which for a max equals clipping the neighbourhood) and
+        reduced; many: one dilation of the whole grid (:func:`_dilate_grid`). Same numbers."""
         need = need & ~self.done
+        need[self.hb :] = need[:, self.wb :] = False  # padding: Rb = 0 (never read: N = 0 there)
         if not need.any():
             return self.Rb
-        k = self.k
-        near = morph.dilate(need.view(np.uint8), 2 * k + 1).astype(bool) if k else need
-        G = self.own(near)
-        hb, wb = self.hb, self.wb
-        Rb = G[:hb, :wb] if not k else _dilate_grid(G[:hb, :wb], k)  # (hb, wb, C), exact where ``need``
-        sub = need[:hb, :wb]
-        self.Rb[:hb, :wb][sub] = Rb[sub]
+        k, hb, wb = self.k, self.hb, self.wb
+        idx = _argwhere2(need)  # (K, 2)
+        if not k:
+            self.Rb[idx[:, 0], idx[:, 1]] = self.own(need)[idx[:, 0], idx[:, 1]]
+        elif len(idx) * (2 * k + 1) ** 2 <= GATHER_BLOCKS * hb * wb:
+            off = np.arange(-k, k + 1)
+            rows = np.clip(idx[:, 0, None] + off, 0, hb - 1)  # (K, 2k+1)
+            cols = np.clip(idx[:, 1, None] + off, 0, wb - 1)
+            near = np.zeros_like(need)
+            near[rows[:, :, None], cols[:, None, :]] = True
+            G = self.own(near)[rows[:, :, None], cols[:, None, :]]  # (K, 2k+1, 2k+1, C)
+            self.Rb[idx[:, 0], idx[:, 1]] = G.max(axis=(1, 2))
+        else:
+            near = morph.dilate(need.view(np.uint8), 2 * k + 1).astype(bool)
+            Rb = _dilate_grid(self.own(near)[:hb, :wb], k)  # (hb, wb, C), exact where ``need``
+            self.Rb[idx[:, 0], idx[:, 1]] = Rb[idx[:, 0], idx[:, 1]]
         self.done |= need
         return self.Rb
+
+
+def _argwhere2(mask: np.ndarray) -> np.ndarray:
+    """``np.argwhere`` of a 2-D bool array (K, 2), from the flat indices: a 1-D ``nonzero`` is ~5x
+    faster than a 2-D one (0.05 vs 0.24 ms on a 4K image's block grid)."""
+    flat = np.flatnonzero(mask)
+    return np.stack(np.divmod(flat, mask.shape[1]), axis=1)
+
+
+GATHER_BLOCKS = 1.0
+""":meth:`_Texture.require` gathers each needed block's neighbourhood while that reads at most this many
+blocks per block of the grid (else it dilates the whole grid). A module constant so tests can force
+either path."""
 
 
 def _dilate_grid(G: np.ndarray, k: int) -> np.ndarray:
@@ -390,19 +496,24 @@ def _dilate_grid(G: np.ndarray, k: int) -> np.ndarray:
 
 def _cells(i: np.ndarray, j: np.ndarray, shape: tuple[int, int], side: int) -> np.ndarray:
     """(ph, pw) bool: the level-0 blocks under the level cells ``(i, j)`` of a grid of ``shape``."""
-    cells = np.zeros(shape, bool)
-    cells[i, j] = True
-    return np.repeat(np.repeat(cells, side, axis=0), side, axis=1)
+    cells = np.zeros((shape[0] * side, shape[1] * side), bool)
+    off = np.arange(side)
+    cells[(i[:, None] * side + off)[:, :, None], (j[:, None] * side + off)[:, None, :]] = True
+    return cells
 
 
 def _var(tab, need, i, j, k, side: int, N0, N, s0: float, g: float) -> np.ndarray:
     """(K,) ``V`` (levels**2) of the level cells ``(i, j)``, channel ``k``, with the per-block texture
-    ``tab`` (ph, pw, C): ``sum R = sum of N0 * tab`` over the weak level-0 blocks (``need``)."""
+    ``tab`` (ph, pw, C): ``sum R = sum of N0 * tab`` over the weak level-0 blocks (``need``).
+
+    Only the cells' own level-0 blocks are gathered, (K, side, side): the cells are few (they passed the
+    ``min_mean`` test), and a whole-grid product per level cost ~1 ms on a 4K image."""
     if side > 1:
-        W = np.where(need, N0, 0)[:, :, None] * tab  # (ph, pw, C)
-        ph, pw = N0.shape
-        Wv = W.reshape(ph // side, side, pw // side, side, -1)[i, :, j, :, k]  # (K, side, side)
-        Tv = tab.reshape(ph // side, side, pw // side, side, -1)[i, :, j, :, k]
+        off = np.arange(side)
+        rows = (i[:, None] * side + off)[:, :, None]  # (K, side, 1) level-0 block rows
+        cols = (j[:, None] * side + off)[:, None, :]  # (K, 1, side)
+        Tv = tab[rows, cols, k[:, None, None]]  # (K, side, side) int64
+        Wv = np.where(need[rows, cols], N0[rows, cols], 0) * Tv
         R1, R2 = Wv.sum(axis=(1, 2)), (Wv * Tv).sum(axis=(1, 2))  # (K,)
     else:
         R1 = N0[i, j] * tab[i, j, k]  # (K,)
@@ -410,17 +521,47 @@ def _var(tab, need, i, j, k, side: int, N0, N, s0: float, g: float) -> np.ndarra
     return N[i, j] * (s0 * s0) + (2 * s0 * g) * R1 + (g * g) * R2
 
 
+def sum_dtype(params: RobustParams, scale: int):
+    """Narrowest exact dtype of the pyramid's sums: int32 when the largest block's ``|S|`` (every pixel
+    at the dtype's max delta) fits, as for 8- and 16-bit data at the defaults, else int64."""
+    side = params.block << (params.levels - 1)
+    return np.int32 if side * side * 255 * scale <= np.iinfo(np.int32).max else np.int64
+
+
+def _candidates(S: np.ndarray, N: np.ndarray, min_mean: float, scale: int):
+    """``(aS, (i, j, k))``: ``|S|`` in levels and the cells/channels where ``|S| > min_mean * n`` (levels).
+
+    8-bit (``scale`` 1): integer sums against ``floor(min_mean * n)`` (``x > t <=> x > floor(t)`` for an
+    integer ``x``), so the test needs no float copy of ``S``; the cells are found on the channel maximum
+    (2-D, contiguous; a 1-D ``nonzero`` of its flat mask), and only their channels tested after."""
+    if scale == 1:
+        aS = np.abs(S)  # (hb_l, wb_l, C) levels
+        lim = np.minimum(np.floor(min_mean * N), np.iinfo(S.dtype).max).astype(S.dtype)  # (hb_l, wb_l)
+        cells = np.flatnonzero(_chmax(aS) > lim)  # (K,) flat cell indices
+        hit = aS.reshape(-1, aS.shape[2])[cells] > lim.reshape(-1)[cells, None]  # (K, C)
+        cell, k = np.nonzero(hit)
+        return aS, (*np.divmod(cells[cell], N.shape[1]), k)
+    aS = np.abs(S) / scale
+    cand = aS > min_mean * N[:, :, None]
+    return aS, np.unravel_index(np.flatnonzero(cand), cand.shape)
+
+
 def flag_area(a: np.ndarray, S: np.ndarray, N: np.ndarray, params: RobustParams, scale: int) -> np.ndarray:
     """(Hb, Wb) bool: level-0 blocks inside a flagged block of any pyramid level (see module docstring).
 
     ``a``: the reference (H, W, C) in raw units, read only around candidate blocks for the texture.
+    ``S`` (Hb, Wb, C), ``N`` (Hb, Wb): pass 1's sums (any integer dtype).
     """
     p = params
     f = 1 << (p.levels - 1)
     hb, wb = N.shape
     ph, pw = -(-hb // f) * f, -(-wb // f) * f
-    S = np.pad(S, ((0, ph - hb), (0, pw - wb), (0, 0)))  # (ph, pw, C)
-    N0 = N = np.pad(N, ((0, ph - hb), (0, pw - wb)))  # (ph, pw)
+    dt = sum_dtype(p, scale)
+    S_, N_ = S, N
+    S = np.zeros((ph, pw, S_.shape[2]), dt)  # (ph, pw, C) padded with empty blocks
+    S[:hb, :wb] = S_
+    N0 = N = np.zeros((ph, pw), dt)  # (ph, pw)
+    N[:hb, :wb] = N_
     tex = _Texture(a, p.block, -(-p.spread // p.block), (ph, pw))
     s0, g = float(p.sigma0), float(p.texture_gain) / scale
     area = np.zeros((ph, pw), bool)
@@ -428,11 +569,9 @@ def flag_area(a: np.ndarray, S: np.ndarray, N: np.ndarray, params: RobustParams,
         side = 1 << lev
         if lev:
             S, N = _pool2(S), _pool2(N)
-        aS = np.abs(S) / scale if scale != 1 else np.abs(S)  # (hb_l, wb_l, C) levels (int64 when 8-bit)
-        cand = aS > p.min_mean * N[:, :, None]  # cheap test first; texture and V only where it passes
+        aS, (i, j, k) = _candidates(S, N, p.min_mean, scale)  # cheap test first; texture and V only there
         flag = np.zeros(N.shape, bool)
-        if cand.any():
-            i, j, k = np.nonzero(cand)
+        if i.size:
             # V with G (a block's own texture) in place of Rb >= G is a lower bound: a block that fails
             # the test with it fails it with Rb, so the neighbours' texture is read only for the rest.
             need = _cells(i, j, N.shape, side) & ~area  # (ph, pw) their weak level-0 blocks

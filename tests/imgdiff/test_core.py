@@ -214,3 +214,21 @@ def test_row_halves_in_two_threads_equal_one_pass(monkeypatch, h):
 
     with pytest.raises(ValueError, match="rows"):  # an error in either half reaches the caller
         core.in_row_halves(boom, a, b, unit=4)
+
+
+def test_changed_bands_equals_changed_rows_per_band():
+    # First rows' prefixes compared first, then runs of bands in full: same as reducing changed_rows per
+    # band, with changes on first rows, past the prefix, on other rows only, ragged last bands and odd
+    # row byte lengths.
+    rng = np.random.default_rng(1)
+    for it in range(300):
+        h, w, c = int(rng.integers(1, 80)), int(rng.choice([5, 20, 400])), int(rng.choice([1, 3, 4]))
+        a = rng.integers(0, 3, (h, w, c)).astype(np.uint8 if it % 2 else np.uint16)
+        b = a.copy()
+        for _ in range(int(rng.integers(0, 5))):
+            b[rng.integers(0, h), rng.integers(0, w), rng.integers(0, c)] += 1
+        if rng.random() < 0.3:
+            b[rng.integers(0, h) :] += 1
+        block = int(rng.choice([1, 2, 4, 8, 16]))
+        ref = np.add.reduceat(core.changed_rows(a, b), np.arange(0, h, block)) > 0
+        np.testing.assert_array_equal(core.changed_bands(a, b, block), ref)

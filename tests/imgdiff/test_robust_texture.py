@@ -1,5 +1,7 @@
 """Robust-mode texture allowance: per-block ``G`` and the lazy pyramid vs dense brute-force references."""
 
+from unittest import mock
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -89,8 +91,11 @@ def _flag_area_dense(a, S, N, p: robust.RobustParams, scale: int) -> np.ndarray:
     st.sampled_from([(40, 70), (130, 90), (17, 5)]),
     st.sampled_from([0, 4, 8, 20]),
     st.sampled_from([3, 5]),
+    st.sampled_from([0.0, 1.0, float("inf")]),
+    st.sampled_from([1, 257]),
 )
-def test_lazy_pyramid_matches_dense_rule(seed, shape, spread, levels):
+def test_lazy_pyramid_matches_dense_rule(seed, shape, spread, levels, gather, scale):
+    # gather: robust.GATHER_BLOCKS, 0 = always dilate the whole grid, inf = always gather neighbourhoods
     rng = np.random.default_rng(seed)
     h, w = shape
     a = (rng.integers(0, 40, (h, w, 3)) + np.linspace(0, 200, w)[None, :, None]).astype(np.uint8)
@@ -98,9 +103,15 @@ def test_lazy_pyramid_matches_dense_rule(seed, shape, spread, levels):
     y0, x0 = int(rng.integers(0, h)), int(rng.integers(0, w))
     b[y0 : y0 + 20, x0 : x0 + 30] += int(rng.integers(3, 9))  # a weak coherent bump
     b = b.clip(0, 255).astype(np.uint8)
+    ly, lx = int(rng.integers(0, h)), min(w - 1, x0 + 30 + int(rng.integers(0, 12)))  # next to the bump
+    a[ly, :] = a[:, lx] = b[ly, :] = b[:, lx] = 255  # unchanged texture that only some blocks' neighbours see
+    if scale == 257:  # 16-bit: float test of |S| / scale against min_mean * n
+        a, b = a.astype(np.uint16) * np.uint16(257), b.astype(np.uint16) * np.uint16(257)
     p = robust.RobustParams(spread=spread, levels=levels, block=4, z=3.0)
-    S, N, _ = robust.block_sums_numpy(a, b, (0, h, 0, w), p, robust.margin_raw(p, 1))
-    np.testing.assert_array_equal(robust.flag_area(a, S, N, p, 1), _flag_area_dense(a, S, N, p, 1))
+    S, N, _ = robust.block_sums_numpy(a, b, (0, h, 0, w), p, robust.margin_raw(p, scale))
+    with mock.patch.object(robust, "GATHER_BLOCKS", gather):
+        got = robust.flag_area(a, S, N, p, scale)
+    np.testing.assert_array_equal(got, _flag_area_dense(a, S, N, p, scale))
 
 
 def test_flat_reference_has_no_texture_allowance():
