@@ -44,7 +44,13 @@ VOCAB_SIZE = 2048
 CORPUS_NOTES = 3000
 """World notes (seed 0, :data:`CORPUS_WORLD`) whose captions and questions enter the corpus."""
 
-CORPUS_WORLD = {"off_theme": 0.1, "cooccurrence": 0.8, "partner_occluded": 0.8}
+CORPUS_WORLD = {
+    "off_theme": 0.1,
+    "cooccurrence": 0.8,
+    "partner_occluded": 0.8,
+    "caption_prior": 0.0,
+    "partner_spot": "anchor",
+}
 """World settings of the corpus that differ from today's ``WorldConfig`` defaults: the defaults of the
 world the shipped tokenizer was built on. Pinned so that tuning the world does not change the tokenizer
 (and with it every trained model's vocabulary)."""

@@ -34,19 +34,22 @@ class WorldConfig:
     note and anchor, so the partner is in all the note's anchor images or in none)."""
     partner_small: float = 0.7
     """Probability that a partner, when drawn next to its anchor, is small."""
-    partner_occluded: float = 1.0
+    partner_occluded: float = 0.0
     """Probability that a partner, when drawn next to its anchor, is placed partly behind it."""
     partner_overlap: float = 0.6
     """Least a hidden partner slides under its anchor (0 = touching, 1 = centred on it)."""
     partner_overlap_max: float = 1.0
     """Most a hidden partner slides under its anchor; drawn uniformly in [partner_overlap, this]."""
-    caption_prior: float = 0.0
+    caption_prior: float = 0.55
     """Probability that the note's texts name the absent partner of an anchor it shows ("a fork and a
     knife" with no knife in sight): an annotator writing from habit, as machine-written and crowd captions
     of real training sets do. Drawn once per note and anchor; the phantom is named, without a colour, in
     every caption of an image with the anchor. Only the texts lie: objects, questions and every evaluation
     keep the true scene, so a model that learns the habit hallucinates what the image shows is not there
     (which post-training can then remove without losing recall). 0 leaves the texts true."""
+    partner_spot: str = "cell"
+    """Where a partner that is not hidden goes: "cell" (a free spot like any object: its own grid cell with
+    ``placement: grid``) or "anchor" (right next to its anchor, the behaviour before session 7)."""
     placement: str = "grid"
     """Where objects (other than hidden partners) go: "free" (anywhere, kept apart) or "grid" (the centre of
     a free ``grid_cell`` x ``grid_cell`` cell, jittered): with ``grid_cell`` = the vision patch size, each
@@ -87,6 +90,10 @@ class WorldConfig:
         )
         need(
             self.placement in ("free", "grid"), f"placement must be 'free' or 'grid', got {self.placement!r}"
+        )
+        need(
+            self.partner_spot in ("cell", "anchor"),
+            f"partner_spot must be 'cell' or 'anchor', got {self.partner_spot!r}",
         )
         need(
             self.placement != "grid" or (self.grid_cell >= 4 and self.image_size % self.grid_cell == 0),

@@ -15,8 +15,9 @@ ones). Sampling, for one image of a note with theme ``T``:
    between ``partner_overlap`` and ``partner_overlap_max`` of the way under its anchor and drawn
    before it, so it is partly or (for small partners under large anchors) wholly hidden. A
    captioner cannot always see it, so it learns to name it from the anchor: the prior that makes it
-   also name the partner in the images where it is absent. A partner that is not hidden goes next
-   to its anchor (``placement: free``) or, like any object, in a free cell (``placement: grid``).
+   also name the partner in the images where it is absent. A partner that is not hidden goes, like
+   any object, to a free spot (its own cell with ``placement: grid``), or next to its anchor with
+   ``partner_spot: anchor``.
    The other way to plant the prior is in the texts (``caption_prior``, :mod:`mm.world.generate`):
    captions that name an absent partner from habit, while the images show it is not there.
 3. Positions: other objects are placed by rejection sampling to keep them apart.
@@ -169,7 +170,7 @@ def sample_scene(
         overlap = rng.uniform(cfg.partner_overlap, cfg.partner_overlap_max)
         dist = (anchor.r + r) * ((1.0 - overlap) if hidden else 1.1)
         spot = None
-        if not hidden and cfg.placement == "grid":  # a visible partner gets its own cell, like any object
+        if not hidden and cfg.partner_spot == "cell":  # a visible partner gets a free spot, like any object
             spot = free_spot(r)
         for _ in range(0 if spot else 16):
             ang = rng.uniform(0, 2 * np.pi)
