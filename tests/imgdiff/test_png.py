@@ -93,12 +93,21 @@ def test_inflate_rejects_bad_streams():
         png.layout(broken)
 
 
-def test_read_pair_rows_band_and_whole(tmp_path):
-    a = np.random.default_rng(6).integers(0, 256, (300, 40, 3), dtype=np.uint8)
+def _noise_pair(tmp_path, seed, shape, change):
+    """Random image A, B = A with ``change(B)`` applied in place; written as tmp_path/a.png and b.png."""
+    a = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
     b = a.copy()
-    b[150, 7] ^= 0x40
+    change(b)
     cv2.imwrite(str(tmp_path / "a.png"), a)
     cv2.imwrite(str(tmp_path / "b.png"), b)
+    return a, b
+
+
+def test_read_pair_rows_band_and_whole(tmp_path):
+    def change(b):
+        b[150, 7] ^= 0x40
+
+    a, b = _noise_pair(tmp_path, 6, (300, 40, 3), change)
     seen = []
 
     def band(h, r0, r1):
@@ -129,12 +138,12 @@ def test_read_pair_rows_band_and_whole(tmp_path):
 def test_read_pair_rows_window_gets_the_changed_columns(tmp_path):
     """A thin span: the window callback sees the columns where the span's rows differ, and the band
     comes back cut to the window it returns (wide spans and equal images are not cut)."""
-    a = np.random.default_rng(8).integers(0, 256, (200, 90, 3), dtype=np.uint8)
-    b = a.copy()
-    b[100:104, 30:41] ^= 0x11
-    b[102, 55] ^= 0x01
-    cv2.imwrite(str(tmp_path / "a.png"), a)
-    cv2.imwrite(str(tmp_path / "b.png"), b)
+
+    def change(b):
+        b[100:104, 30:41] ^= 0x11
+        b[102, 55] ^= 0x01
+
+    a, b = _noise_pair(tmp_path, 8, (200, 90, 3), change)
     seen = []
 
     def window(w, c0, c1):
