@@ -93,6 +93,17 @@ def test_inflate_rejects_bad_streams():
         png.layout(broken)
 
 
+def _recording(result):
+    """``(calls, fn)``: ``fn(*args)`` appends ``args`` to ``calls`` and returns ``result``."""
+    calls = []
+
+    def fn(*args):
+        calls.append(args)
+        return result
+
+    return calls, fn
+
+
 def _noise_pair(tmp_path, seed, shape, change):
     """Random image A, B = A with ``change(B)`` applied in place; written as tmp_path/a.png and b.png."""
     a = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
@@ -108,11 +119,7 @@ def test_read_pair_rows_band_and_whole(tmp_path):
         b[150, 7] ^= 0x40
 
     a, b = _noise_pair(tmp_path, 6, (300, 40, 3), change)
-    seen = []
-
-    def band(h, r0, r1):
-        seen.append((h, r0, r1))
-        return 140, 160
+    seen, band = _recording((140, 160))
 
     calls = []
     ra, rb, y0, height, x0, width = iio.read_pair_rows(
@@ -144,11 +151,7 @@ def test_read_pair_rows_window_gets_the_changed_columns(tmp_path):
         b[102, 55] ^= 0x01
 
     a, b = _noise_pair(tmp_path, 8, (200, 90, 3), change)
-    seen = []
-
-    def window(w, c0, c1):
-        seen.append((w, c0, c1))
-        return 16, 64
+    seen, window = _recording((16, 64))
 
     got = iio.read_pair_rows(
         tmp_path / "a.png", tmp_path / "b.png", band=lambda h, r0, r1: (80, 120), window=window
