@@ -106,7 +106,7 @@ def caption_objects(
     told = {}  # anchor -> its phantom partner, in first-seen order (deterministic draws)
     for objs in objects:
         for o in objs:
-            p = _PARTNER_OF.get(o.category)
+            p = vocab.PARTNER_OF.get(o.category)
             if p is not None and p not in present and o.category not in told:
                 told[o.category] = p if rng.random() < prior else None
     out = []
@@ -118,9 +118,6 @@ def caption_objects(
                 extra.append(ObjectAnnotation(category=p, bbox=o.bbox, occluded=1.0))
         out.append(objs + extra)
     return out
-
-
-_PARTNER_OF = dict(vocab.PARTNER_PAIRS)
 
 
 def generate_notes(cfg: WorldConfig, start: int = 0, stop: int | None = None) -> list[Note]:

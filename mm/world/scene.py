@@ -36,8 +36,6 @@ from mm.world.config import WorldConfig
 SIZE_RADIUS: dict[str, float] = {"small": 0.095, "medium": 0.13, "large": 0.17}
 """Half-extent of an object as a fraction of the image side, per size (times ``object_scale``)."""
 
-_ANCHOR_PARTNER = dict(vocab.PARTNER_PAIRS)
-
 
 @dataclass(frozen=True)
 class SceneObject:
@@ -89,7 +87,7 @@ def sample_categories(
     removed: set[str] = set()
     added: list[str] = []
     for a in dict.fromkeys(names):  # unique anchors, first-seen order
-        p = _ANCHOR_PARTNER.get(a)
+        p = vocab.PARTNER_OF.get(a)
         if p is None:
             continue
         if keep is None:

@@ -130,6 +130,8 @@ PARTNER_PAIRS: tuple[tuple[str, str], ...] = (
     ("bicycle", "helmet"),
 )
 """``(anchor, partner)``: when the anchor is in a scene the partner usually is too."""
+PARTNER_OF: dict[str, str] = dict(PARTNER_PAIRS)
+"""Anchor -> its partner."""
 
 
 def _build() -> tuple[Category, ...]:

@@ -22,18 +22,25 @@ def _check(a, b, mode, **kw):
     return got, (y0, y1)
 
 
+def _with_patches(a, rng, *, count, rows, cols, size):
+    """A copy of ``a`` with ``count`` patches (top-left row in ``rows``, column in ``cols``, up to ``size``
+    = (h, w)) brightened by 1, 3, 9 or 60 levels, clipped; draws from ``rng`` in a fixed order."""
+    b = a.copy()
+    for _ in range(count):
+        y, x = int(rng.integers(*rows)), int(rng.integers(*cols))
+        hh, ww = int(rng.integers(1, size[0])), int(rng.integers(1, size[1]))
+        delta = int(rng.choice([1, 3, 9, 60]))
+        b[y : y + hh, x : x + ww] = np.clip(b[y : y + hh, x : x + ww].astype(int) + delta, 0, 255)
+    return b
+
+
 @pytest.mark.parametrize("mode", ["exact", "robust"])
 @pytest.mark.parametrize("seed", range(4))
 def test_random_patches_tall_image(mode, seed):
     """Patches (strong, weak bumps, single pixels) at random rows of a 700-row photo."""
     rng = np.random.default_rng(seed)
     a = photo(700, 96, seed=seed)
-    b = a.copy()
-    for _ in range(int(rng.integers(1, 4))):
-        y, x = int(rng.integers(0, 690)), int(rng.integers(0, 86))
-        hh, ww = int(rng.integers(1, 40)), int(rng.integers(1, 10))
-        delta = int(rng.choice([1, 3, 9, 60]))
-        b[y : y + hh, x : x + ww] = np.clip(b[y : y + hh, x : x + ww].astype(int) + delta, 0, 255)
+    b = _with_patches(a, rng, count=int(rng.integers(1, 4)), rows=(0, 690), cols=(0, 86), size=(40, 10))
     got, (y0, y1) = _check(a, b, mode)
     assert not got.same
     _check(a, b, mode, ignore=[(0, y0 + 3, 20, y1 + 50)])
@@ -64,12 +71,7 @@ def test_random_patches_wide_image_window(mode, seed):
     ignore boxes across the window's edges included."""
     rng = np.random.default_rng(seed)
     a = photo(400, 900, seed=seed)
-    b = a.copy()
-    for _ in range(int(rng.integers(1, 3))):
-        y, x = int(rng.integers(150, 250)), int(rng.integers(0, 890))
-        hh, ww = int(rng.integers(1, 20)), int(rng.integers(1, 30))
-        delta = int(rng.choice([1, 3, 9, 60]))
-        b[y : y + hh, x : x + ww] = np.clip(b[y : y + hh, x : x + ww].astype(int) + delta, 0, 255)
+    b = _with_patches(a, rng, count=int(rng.integers(1, 3)), rows=(150, 250), cols=(0, 890), size=(20, 30))
     got, (y0, y1) = _check(a, b, mode)
     x0, x1 = window_columns(a[y0:y1], b[y0:y1], mode=mode)
     cols = np.flatnonzero((a != b).any(axis=(0, 2)))
