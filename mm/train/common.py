@@ -59,6 +59,48 @@ def batch_indices(n: int, batch_size: int, *, seed: int, step: int) -> list[int]
     return out
 
 
+class LengthGroupedBatches:
+    """Batches of similar length (transformers' ``group_by_length``): far less padding in a batch.
+
+    Epoch ``e`` takes a random permutation of the samples (seeded by ``(seed, e)``), cuts it into
+    megabatches of ``megabatch`` batches, sorts each megabatch by length (longest first) and cuts it into
+    batches, then shuffles the epoch's batches (so long and short ones alternate at random). An epoch has
+    ``n // batch_size`` batches: the remainder of its permutation is left out, and a different one each
+    epoch. ``indices(step)`` is a pure function of ``(seed, step)``, so resume stays exact.
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, *, seed: int, megabatch: int = 50) -> None:
+        if batch_size <= 0 or megabatch <= 0:
+            raise ValueError(f"need batch_size > 0 and megabatch > 0, got {batch_size}, {megabatch}")
+        if len(lengths) < batch_size:
+            raise ValueError(
+                f"{len(lengths)} samples cannot fill one batch of {batch_size}; lower the batch size"
+            )
+        self.lengths = torch.as_tensor(list(lengths), dtype=torch.long)  # (n,)
+        self.batch_size, self.seed, self.megabatch = batch_size, seed, megabatch
+        self.per_epoch = len(lengths) // batch_size
+        self._epoch: tuple[int, list[list[int]]] | None = None
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """The ``n // batch_size`` batches of ``epoch``, in training order."""
+        n, b = len(self.lengths), self.batch_size
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        perm = torch.randperm(n, generator=g)[: self.per_epoch * b]  # (per_epoch * b,)
+        batches: list[list[int]] = []
+        for mega in perm.split(self.megabatch * b):
+            order = torch.sort(self.lengths[mega], descending=True, stable=True).indices
+            batches += [c.tolist() for c in mega[order].split(b)]
+        shuffle = torch.randperm(len(batches), generator=g).tolist()
+        return [batches[i] for i in shuffle]
+
+    def indices(self, step: int) -> list[int]:
+        """Indices of the global batch for ``step``."""
+        epoch, k = divmod(step, self.per_epoch)
+        if self._epoch is None or self._epoch[0] != epoch:
+            self._epoch = (epoch, self.epoch_batches(epoch))
+        return list(self._epoch[1][k])
+
+
 def shard(indices: Sequence[int], *, rank: int, world_size: int) -> list[int]:
     """This rank's contiguous slice of a global batch (the batch size must divide by world_size)."""
     if len(indices) % world_size:

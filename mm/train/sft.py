@@ -165,6 +165,12 @@ class RunConfig:
     train_vision: bool = False
     """Stage sft, full parameters: also train the vision tower (LLaVA keeps it frozen; a tiny tower from
     a short InfoNCE run sees small objects better when tuned on captions)."""
+    group_by_length: bool = False
+    """Batches of samples of similar length (transformers' ``group_by_length``;
+    :class:`mm.train.common.LengthGroupedBatches`): a caption, a note question and a one-image question
+    differ ~3x in length, and a random batch pads all to the longest. The loss is then divided by the
+    training set's mean (weighted) answer tokens per batch rather than the batch's own count, so a batch of
+    short answers weighs what it would inside a random batch: the same objective in expectation."""
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
@@ -517,13 +523,24 @@ def train(
     step_time = 0.0
     done = start
     model.train()
+    grouped = None
+    if cfg.train.group_by_length:
+        lengths = [len(ids) for ids in train_data.input_ids]
+        grouped = common.LengthGroupedBatches(lengths, cfg.train.batch_size, seed=cfg.train.seed)
+        fixed_divisor = torch.tensor(mean_answer_tokens(train_data, cfg.tasks) * cfg.train.batch_size / world)
     for step in range(start, cfg.train.steps):
         ts = time.perf_counter()
-        idx = common.batch_indices(len(train_data), cfg.train.batch_size, seed=cfg.train.seed, step=step)
+        if grouped is None:
+            idx = common.batch_indices(len(train_data), cfg.train.batch_size, seed=cfg.train.seed, step=step)
+        else:
+            idx = grouped.indices(step)
         shard = common.shard(idx, rank=rank, world_size=world)
         batch = train_data.batch(shard)
         weights = None if cfg.tasks.question_weight == 1.0 else sample_weights(train_data, shard, cfg.tasks)
-        divisor = answer_token_divisor(batch["labels"], world, weights)
+        if grouped is None:
+            divisor = answer_token_divisor(batch["labels"], world, weights)
+        else:
+            divisor = fixed_divisor
         if world > 1:  # DDP must run the forward itself: logits at every position
             labels = batch.pop("labels")
             loss = weighted_token_loss(ddp(**batch).logits, labels, weights, divisor)
@@ -607,6 +624,16 @@ def sample_weights(data: Any, indices: Any, tasks: TaskConfig) -> torch.Tensor:
     """(B,) loss weight of each sample of a batch: ``tasks.question_weight`` for yes/no questions, else 1."""
     w = [tasks.question_weight if data.samples[i].kind in QUESTION_KINDS else 1.0 for i in indices]
     return torch.tensor(w, dtype=torch.float32)
+
+
+def mean_answer_tokens(data: Any, tasks: TaskConfig) -> float:
+    """Mean answer tokens of a training sample, each weighted as :func:`sample_weights` weighs it (what a
+    random batch's :func:`answer_token_divisor` is, per sample, in expectation)."""
+    total = 0.0
+    for s, labels in zip(data.samples, data.labels):
+        w = tasks.question_weight if s.kind in QUESTION_KINDS else 1.0
+        total += w * int((labels[1:] != -100).sum())
+    return max(total / len(data.samples), 1.0)
 
 
 def answer_token_divisor(

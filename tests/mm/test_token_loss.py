@@ -105,6 +105,8 @@ def test_question_weight_scales_question_tokens_in_a_training_step(tmp_path):
             per_kind["caption"][1] + 4 * per_kind["question"][1]
         )
         div = sft.answer_token_divisor(batch["labels"], 1, w)
+        # group_by_length divides by the data's mean weighted answer tokens per sample x the batch size
+        assert sft.mean_answer_tokens(data, cfg.tasks) * len(idx) == pytest.approx(div.item())
         got = weighted_token_loss(logits, batch["labels"], w, div)
         assert got.item() == pytest.approx(want.item(), rel=1e-5)
         plain = model(**batch, num_items_in_batch=sft.answer_token_divisor(batch["labels"], 1)).loss

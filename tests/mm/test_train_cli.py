@@ -67,16 +67,16 @@ def test_align_then_sft_full_then_lora(tmp_path, world):
     assert not any("lora" in n for n, _ in merged.named_parameters())
 
 
-def test_resume_gives_the_same_final_weights(tmp_path, world):
+@pytest.mark.parametrize("group_by_length", [False, True])
+def test_resume_gives_the_same_final_weights(tmp_path, world, group_by_length):
     from safetensors.torch import load_file
 
     from mm.config import load_config
     from mm.data.format import read_notes
     from mm.train import sft
 
-    cfg_path = tiny_train_config(
-        tmp_path / "c.yaml", train={"steps": 4, "checkpoint_every": 2, "eval_every": 4}, eval={"questions": 0}
-    )
+    train_cfg = {"steps": 4, "checkpoint_every": 2, "eval_every": 4, "group_by_length": group_by_length}
+    cfg_path = tiny_train_config(tmp_path / "c.yaml", train=train_cfg, eval={"questions": 0})
     assert _run(cfg_path, tmp_path / "straight", world) == 0
     cfg = load_config(sft.TrainConfig, cfg_path)
     train, test = read_notes(world, "train"), read_notes(world, "test")

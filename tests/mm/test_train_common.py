@@ -22,6 +22,37 @@ def test_batch_indices_pure_and_epochwise_permutations():
         T.batch_indices(10, 0, seed=0, step=0)
 
 
+def test_length_grouped_batches_cover_each_epoch_and_pad_less():
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.cat([torch.randint(30, 40, (300,), generator=gen), torch.randint(100, 200, (300,), generator=gen)])
+    lengths = lengths[torch.randperm(600, generator=gen)].tolist()
+    g = T.LengthGroupedBatches(lengths, 16, seed=5, megabatch=10)
+    assert g.per_epoch == 37  # 600 // 16: 8 samples left out, a different 8 each epoch
+    for epoch in range(2):
+        flat = [i for s in range(epoch * 37, (epoch + 1) * 37) for i in g.indices(s)]
+        assert len(flat) == len(set(flat)) == 37 * 16
+    left_out = [set(range(600)) - {i for s in range(e * 37, (e + 1) * 37) for i in g.indices(s)} for e in (0, 1)]
+    assert left_out[0] != left_out[1]
+    # a pure function of (seed, step): a fresh object, steps out of order, a new epoch and back
+    h = T.LengthGroupedBatches(lengths, 16, seed=5, megabatch=10)
+    assert [h.indices(s) for s in (40, 3, 74, 3)] == [g.indices(s) for s in (40, 3, 74, 3)]
+    assert T.LengthGroupedBatches(lengths, 16, seed=6, megabatch=10).indices(0) != g.indices(0)
+
+    def padded(batches):  # tokens a right-padded batch holds
+        return sum(len(b) * max(lengths[i] for i in b) for b in batches)
+
+    grouped = [g.indices(s) for s in range(37)]
+    plain = [T.batch_indices(600, 16, seed=5, step=s) for s in range(37)]
+    assert padded(grouped) < 0.75 * padded(plain)
+    # batches hold only short or only long samples but where a megabatch turns; the order of short and long batches is random
+    kinds = [{lengths[i] >= 100 for i in b} for b in grouped]
+    assert sum(len(k) == 1 for k in kinds) >= 37 - 4  # at most one mixed batch per megabatch
+    firsts = [next(iter(k)) for k in kinds]
+    assert 5 < sum(firsts) < 32 and firsts != sorted(firsts, reverse=True)
+    with pytest.raises(ValueError, match="cannot fill one batch"):
+        T.LengthGroupedBatches([3, 4], 4, seed=0)
+
+
 def test_shard():
     assert T.shard([5, 6, 7, 8], rank=1, world_size=2) == [7, 8]
     with pytest.raises(ValueError, match="divisible"):
