@@ -24,14 +24,16 @@ def test_batch_indices_pure_and_epochwise_permutations():
 
 def test_length_grouped_batches_cover_each_epoch_and_pad_less():
     gen = torch.Generator().manual_seed(0)
-    lengths = torch.cat([torch.randint(30, 40, (300,), generator=gen), torch.randint(100, 200, (300,), generator=gen)])
+    short, long = torch.randint(30, 40, (300,), generator=gen), torch.randint(100, 200, (300,), generator=gen)
+    lengths = torch.cat([short, long])
     lengths = lengths[torch.randperm(600, generator=gen)].tolist()
     g = T.LengthGroupedBatches(lengths, 16, seed=5, megabatch=10)
     assert g.per_epoch == 37  # 600 // 16: 8 samples left out, a different 8 each epoch
     for epoch in range(2):
         flat = [i for s in range(epoch * 37, (epoch + 1) * 37) for i in g.indices(s)]
         assert len(flat) == len(set(flat)) == 37 * 16
-    left_out = [set(range(600)) - {i for s in range(e * 37, (e + 1) * 37) for i in g.indices(s)} for e in (0, 1)]
+    seen = [{i for s in range(e * 37, (e + 1) * 37) for i in g.indices(s)} for e in (0, 1)]
+    left_out = [set(range(600)) - s for s in seen]
     assert left_out[0] != left_out[1]
     # a pure function of (seed, step): a fresh object, steps out of order, a new epoch and back
     h = T.LengthGroupedBatches(lengths, 16, seed=5, megabatch=10)
@@ -44,7 +46,8 @@ def test_length_grouped_batches_cover_each_epoch_and_pad_less():
     grouped = [g.indices(s) for s in range(37)]
     plain = [T.batch_indices(600, 16, seed=5, step=s) for s in range(37)]
     assert padded(grouped) < 0.75 * padded(plain)
-    # batches hold only short or only long samples but where a megabatch turns; the order of short and long batches is random
+    # a batch holds only short or only long samples (but where a megabatch turns); short and long batches
+    # come in random order
     kinds = [{lengths[i] >= 100 for i in b} for b in grouped]
     assert sum(len(k) == 1 for k in kinds) >= 37 - 4  # at most one mixed batch per megabatch
     firsts = [next(iter(k)) for k in kinds]
