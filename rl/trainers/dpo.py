@@ -123,13 +123,22 @@ class DataConfig:
     """Add POPE-style yes/no pairs (:func:`rl.pairs.question_pairs`, one "yes" and one adversarial "no" per
     image of the ``split`` notes), this many per caption pair, drawn at random (0 = none; also with
     ``pairs``). They teach the model to say "no" to the absent partner that a caption pair punishes."""
+    question_batch_size: int = 0
+    """POPE-style yes/no pairs (:func:`rl.pairs.question_pairs` on the notes the caption pairs come from,
+    one "yes" and one adversarial "no" per image) trained in a batch of their own beside every step's
+    pairs (0 = none); their loss (same loss type, beta and SFT term) is added with weight 1, metrics under
+    ``question/``. A question pair is ~3x shorter than a caption pair, which a mixed batch
+    (``question_ratio``) pads to caption length, so many cost little this way."""
     answer_style: str = "word"
     """How the yes/no pairs' answers are written: the SFT model's ``tasks.answer_style`` ("word": "yes";
     "object": "A fork: yes"; :func:`mm.train.tasks.yes_no_answer`)."""
 
     def __post_init__(self) -> None:
-        if self.question_ratio < 0:
-            raise ValueError(f"data.question_ratio must be >= 0, got {self.question_ratio}")
+        if self.question_ratio < 0 or self.question_batch_size < 0:
+            raise ValueError(
+                "data.question_ratio and data.question_batch_size must be >= 0, got "
+                f"{self.question_ratio} and {self.question_batch_size}"
+            )
         if self.answer_style not in ANSWER_STYLES:
             raise ValueError(f"data.answer_style must be one of {ANSWER_STYLES}, got {self.answer_style!r}")
         if self.build not in BUILDS:
@@ -260,25 +269,40 @@ class PairBatcher:
         return out
 
 
+def _world_notes(cfg: DataConfig) -> list[Any]:
+    """The first ``cfg.notes`` annotated notes with text of ``cfg.split`` in ``cfg.folder``."""
+    from mm.data.format import read_notes
+
+    folder = Path(cfg.folder)
+    if not (folder / "notes.jsonl").is_file():
+        raise UserError(f"data.folder={folder} has no notes.jsonl; generate notes with `mm data world`")
+    notes = [n for n in read_notes(folder, split=cfg.split) if n.categories and n.text.strip()]
+    return notes[: cfg.notes] if cfg.notes else notes
+
+
+def load_question_pairs(cfg: DataConfig, seed: int) -> list[Any]:
+    """POPE-style yes/no pairs on the configured notes (``data.question_ratio`` / ``question_batch_size``)."""
+    from rl.pairs import question_pairs
+
+    pairs = question_pairs(_world_notes(cfg), per_image=1, seed=seed, answer_style=cfg.answer_style)
+    if not pairs:
+        raise UserError(f"no yes/no question pairs from the {cfg.split!r} notes of {cfg.folder}")
+    return pairs
+
+
 def load_pairs(cfg: DataConfig, seed: int, policy: tuple[Any, Any] | None = None) -> list[Any]:
     """The configured pairs: read from ``cfg.pairs`` or built from the notes of ``cfg.split`` (correction
     pairs with ``policy`` = (model, processor))."""
-    from mm.data.format import read_notes
     from rl.pairs import (
         correction_pairs,
         corrupt_pairs,
         injection_pairs,
         onpolicy_pairs,
-        question_pairs,
         read_pairs,
     )
 
     def world_notes() -> list[Any]:
-        folder = Path(cfg.folder)
-        if not (folder / "notes.jsonl").is_file():
-            raise UserError(f"data.folder={folder} has no notes.jsonl; generate notes with `mm data world`")
-        notes = [n for n in read_notes(folder, split=cfg.split) if n.categories and n.text.strip()]
-        return notes[: cfg.notes] if cfg.notes else notes
+        return _world_notes(cfg)
 
     if cfg.pairs is not None:
         pairs = read_pairs(cfg.pairs)
@@ -300,7 +324,7 @@ def load_pairs(cfg: DataConfig, seed: int, policy: tuple[Any, Any] | None = None
     else:
         pairs = corrupt_pairs(world_notes(), prompt=cfg.prompt, seed=seed)
     if cfg.question_ratio > 0:
-        pool = question_pairs(world_notes(), per_image=1, seed=seed, answer_style=cfg.answer_style)
+        pool = load_question_pairs(cfg, seed)
         want = min(len(pool), round(cfg.question_ratio * len(pairs)))
         pick = np.random.default_rng(seed).choice(len(pool), size=want, replace=False)
         pairs += [pool[i] for i in sorted(pick.tolist())]
@@ -313,6 +337,10 @@ def load_pairs(cfg: DataConfig, seed: int, policy: tuple[Any, Any] | None = None
 
 
 # ---------------------------------------------------------------- the step
+
+
+QUESTION_METRICS = ("dpo_loss", "reward_accuracy", "reward_margin", "logp_chosen")
+"""What the yes/no question batch (``data.question_batch_size``) logs, as ``question/<name>``."""
 
 
 def dpo_step(
@@ -407,6 +435,10 @@ def train(
     batcher = PairBatcher(
         processor=processor, pairs=pairs, root=cfg.data.folder, conditional=conditional, seed=cfg.train.seed
     )
+    questions = None
+    if cfg.data.question_batch_size:
+        qpairs = load_question_pairs(cfg.data, cfg.train.seed)
+        questions = PairBatcher(processor=processor, pairs=qpairs, root=cfg.data.folder, seed=cfg.train.seed)
     opt, sched = make_optimizer(model, cfg.optim, cfg.train.steps)
     state: dict[str, Any] = {"bco_mean": 0.0, "bco_count": 0}
     model.train()
@@ -415,6 +447,12 @@ def train(
         idx = C.batch_indices(len(batcher), cfg.data.batch_size, seed=cfg.train.seed, step=step)
         batch = to_device(batcher.batch(idx), device)
         loss, metrics = dpo_step(model, ref, batch, cfg.loss, bco_delta=state["bco_mean"])
+        if questions is not None:
+            qb = cfg.data.question_batch_size
+            qidx = C.batch_indices(len(questions), qb, seed=cfg.train.seed + 1, step=step)
+            qloss, qm = dpo_step(model, ref, to_device(questions.batch(qidx), device), cfg.loss)
+            loss = loss + qloss
+            metrics.update({f"question/{k}": qm[k] for k in QUESTION_METRICS})
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = clip_and_norm(model, cfg.optim.grad_clip)
@@ -446,6 +484,7 @@ def train(
         "step": result.step,
         "pairs": len(pairs),
         "pair_kinds": dict(sorted(Counter(pr.kind for pr in pairs).items())),
+        "question_pairs": 0 if questions is None else len(questions),
         "reference": ref.kind,
         "train_seconds": round(result.seconds, 3),
         "step_seconds": round(result.step_seconds, 4),

@@ -89,6 +89,23 @@ def test_question_pairs_join_the_caption_pairs(tmp_path, dirs):
     assert _run(dirs, tmp_path / "bad", "data.answer_style=sentence") == 2  # a clear config error
 
 
+def test_question_pairs_in_a_batch_of_their_own(tmp_path, dirs):
+    from rl.trainers.dpo import QUESTION_METRICS
+
+    out = tmp_path / "qb"
+    assert _run(dirs, out, "data.question_batch_size=3") == 0
+    result = json.loads((out / "result.json").read_text())
+    assert set(result["pair_kinds"]) == {"injection"} and result["question_pairs"] > 3
+    first, second = _records(out)
+    for k in QUESTION_METRICS:
+        assert f"question/{k}" in first, k
+    # step 1: policy == reference, so each of the two DPO losses is log 2 and the step's loss their sum
+    assert abs(first["question/dpo_loss"] - 0.6931471805599453) < 1e-5
+    assert abs(first["loss"] - 2 * 0.6931471805599453) < 1e-5
+    assert abs(second["question/reward_margin"]) > 1e-6  # the yes/no pairs moved the policy too
+    assert _run(dirs, tmp_path / "bad", "data.question_batch_size=-1") == 2  # a clear config error
+
+
 def test_correction_pairs_from_the_policy(tmp_path, dirs, monkeypatch):
     import mm.eval.generate as gen
     from mm.data.format import read_notes
