@@ -537,10 +537,7 @@ def train(
         shard = common.shard(idx, rank=rank, world_size=world)
         batch = train_data.batch(shard)
         weights = None if cfg.tasks.question_weight == 1.0 else sample_weights(train_data, shard, cfg.tasks)
-        if grouped is None:
-            divisor = answer_token_divisor(batch["labels"], world, weights)
-        else:
-            divisor = fixed_divisor
+        divisor = answer_token_divisor(batch["labels"], world, weights) if grouped is None else fixed_divisor
         if world > 1:  # DDP must run the forward itself: logits at every position
             labels = batch.pop("labels")
             loss = weighted_token_loss(ddp(**batch).logits, labels, weights, divisor)
@@ -629,11 +626,9 @@ def sample_weights(data: Any, indices: Any, tasks: TaskConfig) -> torch.Tensor:
 def mean_answer_tokens(data: Any, tasks: TaskConfig) -> float:
     """Mean answer tokens of a training sample, each weighted as :func:`sample_weights` weighs it (what a
     random batch's :func:`answer_token_divisor` is, per sample, in expectation)."""
-    total = 0.0
-    for s, labels in zip(data.samples, data.labels):
-        w = tasks.question_weight if s.kind in QUESTION_KINDS else 1.0
-        total += w * int((labels[1:] != -100).sum())
-    return max(total / len(data.samples), 1.0)
+    weights = sample_weights(data, range(len(data.samples)), tasks).double()  # (N,)
+    tokens = torch.tensor([int((labels[1:] != -100).sum()) for labels in data.labels], dtype=torch.float64)
+    return max(float((weights * tokens).mean()), 1.0)
 
 
 def answer_token_divisor(

@@ -301,28 +301,25 @@ def load_pairs(cfg: DataConfig, seed: int, policy: tuple[Any, Any] | None = None
         read_pairs,
     )
 
-    def world_notes() -> list[Any]:
-        return _world_notes(cfg)
-
     if cfg.pairs is not None:
         pairs = read_pairs(cfg.pairs)
     elif cfg.build == "injection":
-        pairs = injection_pairs(world_notes(), prompt=cfg.prompt, seed=seed)
+        pairs = injection_pairs(_world_notes(cfg), prompt=cfg.prompt, seed=seed)
     elif cfg.build in ("correction", "onpolicy"):
         if policy is None:
             raise ValueError(f"{cfg.build} pairs need the policy (model, processor)")
         if cfg.build == "correction":
-            pairs = correction_pairs(*policy, world_notes(), cfg.folder, prompt=cfg.prompt)
+            pairs = correction_pairs(*policy, _world_notes(cfg), cfg.folder, prompt=cfg.prompt)
         else:
             from rl.rewards import RewardConfig
 
             pairs = onpolicy_pairs(
-                *policy, world_notes(), cfg.folder, prompt=cfg.prompt, num_samples=cfg.samples,
+                *policy, _world_notes(cfg), cfg.folder, prompt=cfg.prompt, num_samples=cfg.samples,
                 temperature=cfg.temperature, seed=seed,
                 reward_cfg=RewardConfig(hallucination_weight=cfg.hallucination_weight),
             )  # fmt: skip
     else:
-        pairs = corrupt_pairs(world_notes(), prompt=cfg.prompt, seed=seed)
+        pairs = corrupt_pairs(_world_notes(cfg), prompt=cfg.prompt, seed=seed)
     if cfg.question_ratio > 0:
         pool = load_question_pairs(cfg, seed)
         want = min(len(pool), round(cfg.question_ratio * len(pairs)))
