@@ -1,6 +1,6 @@
 """imgdiff speed against the memory floor, OpenCV, odiff and blazediff, in one run (issue 2, Performance).
 
-Pairs (3840x2160 RGB by default) come from :mod:`imgdiff.cases` (seeded): ``identical``,
+Pairs (3840x2160 RGB by default) come from `tests/imgdiff/cases.py` (seeded): ``identical``,
 ``small_patch`` (a few pixels changed) and ``jpeg_q90`` (B is A after a JPEG q90 round trip: almost
 every pixel differs). Every figure is the median of ``--runs`` timed runs after one warm-up run.
 
@@ -39,8 +39,11 @@ import cv2
 import numpy as np
 
 from imgdiff import diff
-from imgdiff.cases import make_case
 from imgdiff.io import read_pair
+
+# The seeded cases and the photo corpus are test data (tests/imgdiff/), not part of the wheel.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from tests.imgdiff.cases import make_case  # noqa: E402
 
 CASES = ("identical", "small_patch", "jpeg_q90")
 

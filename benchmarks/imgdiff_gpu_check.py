@@ -1,7 +1,7 @@
 """imgdiff CUDA backend check on a real GPU: parity with NumPy on 4K pairs, then numpy/numba/cuda timings.
 
 Self-contained (needs only this repository on ``PYTHONPATH``, NumPy, OpenCV and Numba with CUDA).
-For every pair (seeded, :mod:`imgdiff.cases`) and mode, the ``numba`` and ``cuda`` results must equal
+For every pair (seeded, `tests/imgdiff/cases.py`) and mode, the ``numba`` and ``cuda`` results must equal
 the ``numpy`` reference :class:`imgdiff.Result` exactly (boxes, regions, counts, deltas); then each
 backend is timed (median of ``--runs`` after a warm-up that also JIT-compiles) and a table of
 milliseconds and ratios to L (``np.array_equal`` on the identical pair) is printed. Exit status 1 on any
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from numba import cuda
 
     import imgdiff
-    from imgdiff.cases import make_case
+    from tests.imgdiff.cases import make_case
 
     if not cuda.is_available():
         print("no CUDA GPU visible (numba.cuda.is_available() is False)", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 L is ``np.array_equal(a, b)`` on the identical pair (one full read of both images, the physical
 floor; on a differing pair NumPy may stop early, so the identical pair's figure is used for all).
-Pairs come from :mod:`imgdiff.cases` (seeded): ``identical``, ``small_patch`` (a few pixels) and
+Pairs come from `tests/imgdiff/cases.py` (seeded): ``identical``, ``small_patch`` (a few pixels) and
 ``jpeg_q90`` (B is A after a JPEG q90 round trip: almost every pixel differs). Each figure is the
 median of ``--runs`` timed calls after one warm-up call (which also compiles / loads Numba's cache).
 ``cuda`` is included only when ``numba.cuda.is_available()``.
@@ -17,10 +17,10 @@ import argparse
 import sys
 
 import numpy as np
-from imgdiff_bench import median_time  # same folder: benchmarks/
+from imgdiff_bench import median_time  # same folder: benchmarks/ (puts the repo root on sys.path)
 
 from imgdiff import diff
-from imgdiff.cases import make_case
+from tests.imgdiff.cases import make_case
 
 PAIRS = ("identical", "small_patch", "jpeg_q90")
 

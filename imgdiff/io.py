@@ -10,7 +10,7 @@ Decoded arrays are what :func:`imgdiff.diff` takes: ``(H, W)`` gray or ``(H, W, 
 ``{3, 4}`` (RGB / RGBA order), ``uint8`` or ``uint16``. Palette images are expanded to RGB, or to RGBA
 when they carry transparency; gray+alpha becomes RGBA; 1/2/4-bit gray becomes 8-bit.
 
-Decoders, measured on 4K RGB PNGs from :mod:`imgdiff.cases` on the 2-core dev machine (CPU seconds
+Decoders, measured on 4K RGB PNGs from `tests/imgdiff/cases.py` on the 2-core dev machine (CPU seconds
 per image): :mod:`imgdiff.png` (ISA-L inflate + vectorised unfilter) ~0.055, imagecodecs'
 ``png_decode`` 0.097, ``cv2.imdecode`` 0.126 (+ a BGR->RGB swap), libspng via pyspng 0.123, Pillow
 0.165. So gray/RGB/RGBA 8- and 16-bit PNGs whose rows use the None/Sub/Up filters (every PNG OpenCV

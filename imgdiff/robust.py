@@ -47,7 +47,7 @@ Parameters (:class:`RobustParams`): ``margin`` 32 levels, ``sigma0`` 1.0, ``text
 ``spread`` 8 px, ``window`` 3 (strong-test neighbourhood), ``z`` 6, ``min_mean`` 1.5 levels,
 ``block`` 8 px, ``levels`` 5 (8..128 px). Margins below ~30 let JPEG q90 chroma ringing at strong
 colour edges through as strong changes; a one-pixel change must exceed the 3x3 range by ``margin``.
-They were chosen on the golden cases in ``tests/imgdiff/test_robust_golden.py`` (:mod:`imgdiff.cases`).
+They were chosen on the golden cases in ``tests/imgdiff/test_robust_golden.py`` (`tests/imgdiff/cases.py`).
 
 How it is computed (only the work the answer needs; all sums are exact integers in raw units, so
 every backend gets bit-identical flags):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import imgdiff
 from imgdiff import core
 from imgdiff.api import resolve_backend
-from imgdiff.cases import CASE_NAMES, make_case
+from tests.imgdiff.cases import CASE_NAMES, make_case
 
 
 @st.composite
@@ -104,7 +104,7 @@ def test_cuda_without_gpu_is_a_clear_error():
 CUDASIM = r"""
 import numpy as np, imgdiff
 from imgdiff import core
-from imgdiff.cases import make_case
+from tests.imgdiff.cases import make_case
 from imgdiff.kernels_cuda import block_max_cuda
 rng = np.random.default_rng(0)
 for shape, dt in [((9, 13, 3), np.uint8), ((6, 5, 4), np.uint16), ((5, 17, 1), np.uint8)]:

@@ -5,7 +5,7 @@ import pytest
 
 from imgdiff import diff
 from imgdiff.band import band_rows, diff_band, window_columns
-from imgdiff.cases import CASE_NAMES, jpeg, make_case, photo
+from tests.imgdiff.cases import CASE_NAMES, jpeg, make_case, photo
 
 
 def _changed_span(a: np.ndarray, b: np.ndarray):

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from imgdiff.cases import make_case
+from tests.imgdiff.cases import make_case
 
 _PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "imgdiff_bench.py")
 

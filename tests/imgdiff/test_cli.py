@@ -70,7 +70,7 @@ def test_band_and_window_path_equals_the_whole_image_diff(tmp_path, capsys, monk
     columns (imgdiff.io.read_pair_rows, imgdiff.band.diff_band) and must print diff's answer on
     the whole images, ignore boxes included."""
     from imgdiff import diff
-    from imgdiff.cases import photo
+    from tests.imgdiff.cases import photo
 
     a = photo(600, 1000, seed=2)
     b = a.copy()

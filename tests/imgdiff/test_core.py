@@ -153,7 +153,7 @@ def test_import_does_not_load_numba_or_torch():
 @pytest.mark.parametrize("mode", ["exact", "robust"])
 @pytest.mark.parametrize("backend", ["numpy", "numba"])
 def test_diff_and_mask_equals_diff_and_change_mask(mode, backend):
-    from imgdiff.cases import make_case
+    from tests.imgdiff.cases import make_case
 
     c = make_case("jpeg_q90_patch", h=96, w=128)
     kw = dict(mode=mode, backend=backend, ignore=[(0, 0, 9, 9)])

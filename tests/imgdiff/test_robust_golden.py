@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import imgdiff
-from imgdiff.cases import CASE_NAMES, make_case
+from tests.imgdiff.cases import CASE_NAMES, make_case
 
 
 @pytest.fixture(scope="module")
