@@ -6,9 +6,9 @@ import json
 
 import pytest
 import yaml
-from test_sft_helpers import TINY_TEXT, TINY_VISION, make_world
 
 from mm.cli import main
+from tests.mm.test_sft_helpers import TINY_TEXT, TINY_VISION, make_world
 
 VISION = {
     **TINY_VISION,

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from test_model_helpers import IMAGE_SIZE, tiny_model, tiny_processor  # noqa: E402
+from tests.mm.test_model_helpers import IMAGE_SIZE, tiny_model, tiny_processor  # noqa: E402
 
 NOTE_OBJECTS = [[["fork", "cup"]], [["dog"], ["plate", "knife"]]]
 """Per note, per image: the world categories present."""

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from test_model_helpers import random_images, tiny_model, tiny_processor
 
 from mm.model.peft_presets import apply_lora, freeze_for_stage, trainable_counts
+from tests.mm.test_model_helpers import random_images, tiny_model, tiny_processor
 
 
 def _batch():

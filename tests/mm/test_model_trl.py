@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import torch
-from test_model_helpers import random_images, tiny_model, tiny_processor
+
+from tests.mm.test_model_helpers import random_images, tiny_model, tiny_processor
 
 
 def test_trl_sft_trainer_two_steps(tmp_path):

@@ -6,7 +6,6 @@ import re
 
 import pytest
 import torch
-from test_model_helpers import random_images, tiny_model, tiny_processor
 
 from mm.errors import UserError
 from mm.model.peft_presets import (
@@ -18,6 +17,7 @@ from mm.model.peft_presets import (
     lora_config,
     trainable_counts,
 )
+from tests.mm.test_model_helpers import random_images, tiny_model, tiny_processor
 
 
 def _batch():

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from test_model_helpers import IMAGE_SIZE, K, random_images, tiny_processor
 
 from mm.errors import UserError
 from mm.model import IGNORE_INDEX, NoteProcessor
+from tests.mm.test_model_helpers import IMAGE_SIZE, K, random_images, tiny_processor
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])

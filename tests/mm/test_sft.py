@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_sft_helpers import make_world, tiny_train_config
 
 from mm.config import load_config
 from mm.train import common, sft
+from tests.mm.test_sft_helpers import make_world, tiny_train_config
 
 
 @pytest.fixture(scope="module")

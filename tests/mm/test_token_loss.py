@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
-from test_sft_helpers import make_world, tiny_train_config
 
 from mm.train.token_loss import token_weights, weighted_token_loss
+from tests.mm.test_sft_helpers import make_world, tiny_train_config
 
 
 def _case():

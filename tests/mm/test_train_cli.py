@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-from test_sft_helpers import TINY_VISION, make_world, tiny_train_config
 
 from mm.cli import main
+from tests.mm.test_sft_helpers import TINY_VISION, make_world, tiny_train_config
 
 
 @pytest.fixture(scope="module")

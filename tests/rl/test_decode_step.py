@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mm"))
-
-from test_model_helpers import tiny_model  # noqa: E402
-
 from rl.trainers.decode_step import lean_decode_step  # noqa: E402
+from tests.mm.test_model_helpers import tiny_model  # noqa: E402
 
 PROMPT = torch.tensor([[0, 0, 5, 6, 7], [7, 8, 9, 3, 4], [0, 4, 4, 1, 2]])
 PAD_MASK = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mm"))
-
-from test_eval_model_fixtures import make_data_dir, make_model_dir  # noqa: E402
-
 from rl.cli import main  # noqa: E402
+from tests.mm.test_eval_model_fixtures import make_data_dir, make_model_dir  # noqa: E402
 
 DPO_KEYS = (
     "loss", "grad_norm", "lr", "reward_mean", "reward_std", "reward_margin", "reward_accuracy", "kl",

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mm"))
-
-from test_eval_model_fixtures import make_data_dir, make_model_dir  # noqa: E402
-
 from rl.cli import main  # noqa: E402
 from rl.trainers.monitor import failure_warnings  # noqa: E402
+from tests.mm.test_eval_model_fixtures import make_data_dir, make_model_dir  # noqa: E402
 
 GRPO_KEYS = (
     "loss", "grad_norm", "lr", "reward_mean", "reward_std", "zero_std_frac", "adv_std", "clip_frac_low",

@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mm"))
-
-from test_eval_model_fixtures import make_data_dir, make_model_dir  # noqa: E402
 
 from mm.data.format import Note, ObjectAnnotation, read_notes  # noqa: E402
 from mm.world import text as wtext  # noqa: E402
@@ -35,6 +30,7 @@ from rl.pairs import (  # noqa: E402
     write_pairs,
 )
 from rl.rewards import score, vocabulary  # noqa: E402
+from tests.mm.test_eval_model_fixtures import make_data_dir, make_model_dir  # noqa: E402
 
 
 def _world_notes(n: int, seed: int = 0) -> list[Note]:

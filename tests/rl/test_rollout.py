@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mm"))
-
-from test_eval_model_fixtures import make_data_dir, make_model_dir  # noqa: E402
 
 from rl.trainers.common import batch_token_logps, response_window  # noqa: E402
 from rl.trainers.rollout import (  # noqa: E402
@@ -22,6 +15,7 @@ from rl.trainers.rollout import (  # noqa: E402
     response_mask_from_ids,
     sample_tokens,
 )
+from tests.mm.test_eval_model_fixtures import make_data_dir, make_model_dir  # noqa: E402
 
 EOS, PAD = 2, 0
 
