@@ -2,9 +2,13 @@
 
 Thin: parse, validate the outputs' folders, read (:mod:`imgdiff.io`), diff (:func:`imgdiff.diff`),
 print, write. Exit codes follow ``diff(1)``: 0 same, 1 different, 2 trouble (bad input, bad option,
-unreadable file, size mismatch without ``--allow-size-mismatch``). Every trouble is one line on
-stderr, never a traceback (set ``IMGDIFF_DEBUG=1`` to see one for unexpected errors), and no output
-file is ever half-written.
+unreadable file, size mismatch without ``--allow-size-mismatch``, an output that would overwrite an
+input). Every trouble is one line on stderr, never a traceback (set ``IMGDIFF_DEBUG=1`` to see one
+for unexpected errors), and no output file is ever half-written.
+
+Inputs are never written: before any image is read, every output is checked against the inputs and
+against the other outputs (:mod:`imgdiff.write`: a few ``stat`` calls, and none at all for the plain
+``A B [--json]`` form, which writes nothing).
 
 Start-up (a single pair is mostly start-up and PNG decoding): parsing imports neither NumPy nor
 OpenCV (:mod:`imgdiff.options`), and the plain ``A B [--json]`` form not even argparse
@@ -36,6 +40,13 @@ examples:
                                                    line per pair; summary on stderr
   imgdiff shots/base shots/new --backend numba     many pairs: pay Numba's start-up (~0.4 s) once for
                                                    faster kernels (auto uses NumPy in a fresh process)
+
+safety:
+  Inputs are never written. An output that is an input file (same path, symlink or hard link), two
+  outputs naming one file, or in batch mode an output folder inside an input folder (or holding one)
+  is refused with exit 2 before anything is read. Outputs are written atomically (a temporary file,
+  fsync, rename): a new file gets the umask's mode (0644 under umask 022); an overwritten one keeps its mode.
+  --threshold is in 0-255 units at any bit depth (a 16-bit delta d counts as d/257).
 """
 
 
@@ -69,16 +80,27 @@ def _positive_int(text: str) -> int:
     return value
 
 
+MAX_THRESHOLD = 255.0
+"""Largest ``--threshold``: thresholds are in 0-255 units for 8- and 16-bit images alike (a 16-bit delta
+``d`` counts as ``d / 257``), so no delta can exceed 255 and a larger threshold would find nothing."""
+
+
 def _threshold(text: str) -> float:
+    """``--threshold``: a finite number in ``0..255``; argparse type."""
     import argparse
 
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0 (0-255 units), got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0 (0-255 units), got {text!r}")
-    return value
+        value = float("nan")
+    if 0 <= value <= MAX_THRESHOLD:  # NaN fails both comparisons
+        return value
+    why = ""
+    if MAX_THRESHOLD < value < float("inf"):
+        why = "; 16-bit images use these units too (a 16-bit delta d counts as d/257): nothing differs more"
+    raise argparse.ArgumentTypeError(
+        f"expected a number from 0 to 255 (0-255 units at 8 and 16 bits), got {text!r}{why}"
+    )
 
 
 def build_parser():
@@ -156,18 +178,54 @@ class Trouble(Exception):
     """Anything that makes the exit code 2; the message is the one line printed."""
 
 
-def _check_png_target(path: str | None, flag: str, *, folder: bool) -> None:
-    from imgdiff.io import check_writable
+def _check_single_outputs(args) -> None:
+    """Before anything is read: ``--out`` and ``--mask-out`` are PNG names, neither is an input file
+    nor the other output, and their folders are writable. Raises Trouble."""
+    outputs = {"--out": args.out, "--mask-out": args.mask_out}
+    if args.out is None and args.mask_out is None:
+        return
+    for flag, path in outputs.items():
+        if path is not None and not path.lower().endswith(".png"):
+            raise Trouble(f"{flag} {path!r}: outputs are PNG files; give a name ending in .png")
+    from imgdiff.io import ImageIOError
+    from imgdiff.write import check_outputs, check_writable
 
-    if path is None:
+    try:
+        check_outputs({"input A": args.a, "input B": args.b}, outputs)
+        for path in outputs.values():
+            if path is not None:
+                check_writable(path)
+    except ImageIOError as e:
+        raise Trouble(str(e).replace("\n", " ")) from None
+
+
+def _check_batch_outputs(args, matches) -> None:
+    """Before anything is read: the output folders are neither input folders, nor inside one, nor
+    holding one, nor overlapping each other; can be created and written; and no output file is an
+    input file (links inside the folders) or written for two pairs. Raises Trouble."""
+    outputs = {"--out": args.out, "--mask-out": args.mask_out}
+    if args.out is None and args.mask_out is None:
         return
-    if folder:
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise Trouble(f"{flag} {path!r}: in batch mode {flag} is a folder, and this is a file")
-        return
-    if not path.lower().endswith(".png"):
-        raise Trouble(f"{flag} {path!r}: outputs are PNG files; give a name ending in .png")
-    check_writable(path)
+    from imgdiff.io import ImageIOError
+    from imgdiff.write import check_folder_writable, check_output_folders, check_targets
+
+    try:
+        check_output_folders({"input folder A": args.a, "input folder B": args.b}, outputs)
+        for flag, folder in outputs.items():
+            if folder is not None:
+                check_folder_writable(folder, flag)
+        inputs = [os.path.join(args.a, m.name) for m in matches if m.in_a]
+        inputs += [os.path.join(args.b, m.name) for m in matches if m.in_b]
+        targets = [
+            (flag, m.name, _png_name(folder, m.name))
+            for m in matches
+            if m.in_a and m.in_b
+            for flag, folder in outputs.items()
+            if folder is not None
+        ]
+        check_targets(inputs, targets)
+    except ImageIOError as e:
+        raise Trouble(str(e).replace("\n", " ")) from None
 
 
 def _diff_options(args) -> dict:
@@ -199,18 +257,18 @@ def _diff_pair(args, path_a: str, path_b: str, out: str | None, mask_out: str | 
     With ``mask_out`` the detection runs once and yields both the result and the mask. The diff
     modules are imported only after the decoders started: a single pair's import thread
     (:func:`run_single`) loads them meanwhile, and importing them here first would wait for it."""
-    from imgdiff.io import ImageIOError, atomic_write, read_pair
+    from imgdiff.io import ImageIOError, read_pair
 
     try:
         a, b = pair if pair is not None else read_pair(path_a, path_b, max_pixels=args.max_pixels)
         from imgdiff.api import diff, diff_and_mask
+        from imgdiff.write import atomic_write_all
 
         if mask_out is not None:
             result, mask = diff_and_mask(a, b, **_diff_options(args))  # mask: (H, W) bool
         else:
             result, mask = diff(a, b, **_diff_options(args)), None
-        for path, data in _encode_outputs(b, result, mask, out, mask_out):
-            atomic_write(path, data)
+        atomic_write_all(_encode_outputs(b, result, mask, out, mask_out))  # all or nothing
     except (ImageIOError, ValueError) as e:  # SizeMismatchError is a ValueError
         raise Trouble(str(e).replace("\n", " ")) from None
     return result
@@ -304,8 +362,7 @@ def _diff_rows(args, on_inflate=lambda: None):
 def run_single(args) -> int:
     import threading
 
-    _check_png_target(args.out, "--out", folder=False)
-    _check_png_target(args.mask_out, "--mask-out", folder=False)
+    _check_single_outputs(args)
     result = None
     plain = args.out is None and args.mask_out is None
     if plain:
@@ -368,12 +425,8 @@ def run_batch(args) -> int:
 
     from imgdiff.io import ImageIOError, read_pair
 
-    inputs = {os.path.realpath(args.a), os.path.realpath(args.b)}
-    for flag, folder in (("--out", args.out), ("--mask-out", args.mask_out)):
-        _check_png_target(folder, flag, folder=True)
-        if folder is not None and os.path.realpath(folder) in inputs:
-            raise Trouble(f"{flag} {folder!r} is an input folder and would overwrite images; pick another")
     matches = match_folders(args.a, args.b)
+    _check_batch_outputs(args, matches)
     pairs = [m for m in matches if m.in_a and m.in_b]
     counts = {"same": 0, "different": 0, "error": 0, "missing": 0}
 
@@ -412,7 +465,9 @@ def run_batch(args) -> int:
                     raise loaded
                 for target in (out, mask_out):
                     if target is not None:
-                        os.makedirs(os.path.dirname(target), exist_ok=True)
+                        from imgdiff.write import make_folders
+
+                        make_folders(os.path.dirname(target))
                 result = _diff_pair(args, "", "", out, mask_out, pair=loaded)
             except (Trouble, ImageIOError, ValueError, OSError) as e:
                 emit(m.name, "error", error=str(e).replace("\n", " "))

@@ -23,20 +23,17 @@ go through Pillow, which raises on truncated JPEGs where libjpeg inside OpenCV o
 and returns a grey-filled image; 16-bit RGB TIFFs go through OpenCV because Pillow reduces them to 8
 bits. OpenCV's own logging is silenced so the CLI's one-line errors are the only thing on stderr.
 
-Writes (PNG overlay and mask, JSON) are atomic: the bytes are encoded in memory, written to a temporary
-file in the destination folder and moved into place with :func:`os.replace`; on any error the temporary
-file is removed and the destination is untouched.
+Writes (PNG overlay and mask, JSON) live in :mod:`imgdiff.write` (atomic, and never onto an input);
+their names are re-exported here.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import struct
 import warnings
 from collections import namedtuple
-from collections.abc import Sequence
 
 from imgdiff.options import DEFAULT_MAX_PIXELS, SUPPORTED_FORMATS  # noqa: F401 - re-exported
 
@@ -614,98 +611,19 @@ PARALLEL_ROWS = 512
 
 # ---------------------------------------------------------------------------------------------- writing
 
-
-def check_writable(path: str | os.PathLike) -> None:
-    """Fail before any work when ``path`` cannot be written: missing folder, a directory, no rights."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise ImageIOError(f"cannot write {path!r}: it is a directory; give a file name")
-    if not os.path.isdir(folder):
-        raise ImageIOError(f"cannot write {path!r}: folder {folder!r} does not exist; create it first")
-    if not os.access(folder, os.W_OK):
-        raise ImageIOError(f"cannot write {path!r}: folder {folder!r} is not writable; pick another place")
+_WRITERS = frozenset(
+    {
+        "OVERLAY_COLOR", "OutputClash", "atomic_write", "atomic_write_all", "check_writable",
+        "encode_mask_png", "encode_png", "render_overlay", "write_json", "write_mask_png", "write_png",
+    }
+)  # fmt: skip
+"""Names of :mod:`imgdiff.write` that this module re-exports (loaded on first use, PEP 562)."""
 
 
-def atomic_write(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and :func:`os.replace`."""
-    import tempfile  # only writers pay for it (it pulls in shutil and random)
+def __getattr__(name: str):
+    """The writers live in :mod:`imgdiff.write`; ``from imgdiff.io import write_png`` still works."""
+    if name in _WRITERS:
+        from imgdiff import write
 
-    path = os.fspath(path)
-    check_writable(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise ImageIOError(
-                f"cannot write {path!r}: {e.strerror or e}; check space and permissions"
-            ) from None
-        raise
-
-
-def encode_png(image: np.ndarray) -> bytes:
-    """PNG bytes of an RGB(A)/gray uint8/uint16 array (fast zlib level 1)."""
-    cv2 = _cv2()
-    if image.ndim == 3 and image.shape[2] == 3:
-        image = cv2.cvtColor(image, cv2.COLOR_RGB2BGR)
-    elif image.ndim == 3 and image.shape[2] == 4:
-        image = cv2.cvtColor(image, cv2.COLOR_RGBA2BGRA)
-    ok, buf = cv2.imencode(".png", image, [cv2.IMWRITE_PNG_COMPRESSION, 1])
-    if not ok:  # pragma: no cover - OpenCV only fails on unsupported dtypes, excluded by callers
-        raise ImageIOError(f"cannot encode a {image.dtype} {image.shape} array as PNG")
-    return buf.tobytes()
-
-
-def write_png(path: str | os.PathLike, image: np.ndarray) -> None:
-    """Atomically write an RGB(A)/gray uint8/uint16 array as PNG."""
-    atomic_write(path, encode_png(image))
-
-
-def encode_mask_png(mask: np.ndarray) -> bytes:
-    """PNG bytes of a boolean ``(H, W)`` change mask as 8-bit gray: changed 255, unchanged 0."""
-    import numpy as np
-
-    return encode_png(np.where(mask, np.uint8(255), np.uint8(0)))
-
-
-def write_mask_png(path: str | os.PathLike, mask: np.ndarray) -> None:
-    """Atomically write a boolean ``(H, W)`` change mask as an 8-bit PNG: changed 255, unchanged 0."""
-    atomic_write(path, encode_mask_png(mask))
-
-
-def write_json(path: str | os.PathLike, obj) -> None:
-    """Atomically write ``obj`` as JSON (one object, newline-terminated)."""
-    atomic_write(path, (json.dumps(obj) + "\n").encode())
-
-
-OVERLAY_COLOR = (255, 0, 255)
-"""Box colour on overlays (RGB magenta: rare in photos and screenshots)."""
-
-
-def render_overlay(image: np.ndarray, boxes: Sequence[Sequence[int]]) -> np.ndarray:
-    """Image ``image`` as 8-bit RGB with every inclusive ``(x0, y0, x1, y1)`` box drawn on it.
-
-    16-bit input is scaled to 8 bits; gray becomes RGB; alpha is dropped so boxes stay visible on
-    transparent areas. The line width grows with the image (1 px up to 500 px, 4 px at 4K).
-    """
-    import numpy as np
-
-    cv2 = _cv2()
-    img = image
-    if img.dtype == np.uint16:
-        img = (img >> 8).astype(np.uint8)
-    if img.ndim == 2:
-        img = np.repeat(img[:, :, None], 3, axis=2)  # (H, W, 3)
-    img = np.array(img[:, :, :3], order="C", copy=True)  # (H, W, 3), our own copy to draw on
-    thickness = max(1, min(img.shape[:2]) // 500)
-    for x0, y0, x1, y1 in boxes:
-        cv2.rectangle(img, (int(x0), int(y0)), (int(x1), int(y1)), OVERLAY_COLOR, thickness)
-    return img
+        return getattr(write, name)
+    raise AttributeError(f"module 'imgdiff.io' has no attribute {name!r}")

@@ -172,7 +172,7 @@ def test_bad_inputs_one_line_exit_2_no_output(tmp_path, capsys):
         (["--ignore", "1,2,3"], "x0,y0,x1,y1"),
         (["--ignore", "5,5,1,1"], "x0 <= x1"),
         (["--ignore", "a,b,c,d"], "four integers"),
-        (["--threshold", "-1"], "number >= 0"),
+        (["--threshold", "-1"], "from 0 to 255"),
         (["--max-pixels", "0"], "positive integer"),
         (["--mode", "fuzzy"], "invalid choice"),
         (["--out", "o.jpg"], "ending in .png"),
