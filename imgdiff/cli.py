@@ -424,6 +424,7 @@ def run_batch(args) -> int:
     gc.enable()  # many pairs: collect as usual (:func:`_main` turns it off for a fresh process)
 
     from imgdiff.io import ImageIOError, read_pair
+    from imgdiff.write import make_folders
 
     matches = match_folders(args.a, args.b)
     _check_batch_outputs(args, matches)
@@ -465,8 +466,6 @@ def run_batch(args) -> int:
                     raise loaded
                 for target in (out, mask_out):
                     if target is not None:
-                        from imgdiff.write import make_folders
-
                         make_folders(os.path.dirname(target))
                 result = _diff_pair(args, "", "", out, mask_out, pair=loaded)
             except (Trouble, ImageIOError, ValueError, OSError) as e:

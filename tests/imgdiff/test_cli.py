@@ -267,6 +267,7 @@ def test_real_entry_point_help_and_run(tmp_path):
         [sys.executable, "-m", "imgdiff", "--help"], capture_output=True, text=True, env=env
     )
     assert help_.returncode == 0 and "examples:" in help_.stdout and "--allow-size-mismatch" in help_.stdout
+    assert "safety:" in help_.stdout and "never written" in help_.stdout
     proc = subprocess.run(
         [sys.executable, "-m", "imgdiff", a, b, "--json", "--mode", "exact"], capture_output=True, text=True
     )

@@ -227,6 +227,10 @@ def test_write_to_missing_folder_or_directory(tmp_path, rgb):
         iio.write_png(tmp_path / "no" / "o.png", rgb)
     with pytest.raises(iio.ImageIOError, match="is a directory"):
         iio.write_png(tmp_path, rgb)
+    (tmp_path / "f").write_bytes(b"a file")
+    with pytest.raises(iio.ImageIOError, match="is a file, not a folder"):
+        iio.write_png(tmp_path / "f" / "o.png", rgb)
+    assert (tmp_path / "f").read_bytes() == b"a file" and _only_tmp_files(tmp_path) == []
 
 
 def test_render_overlay_draws_boxes_on_a_copy(rgb):
