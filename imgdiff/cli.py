@@ -199,30 +199,43 @@ def _check_single_outputs(args) -> None:
         raise Trouble(str(e).replace("\n", " ")) from None
 
 
-def _check_batch_outputs(args, matches) -> None:
-    """Before anything is read: the output folders are neither input folders, nor inside one, nor
-    holding one, nor overlapping each other; can be created and written; and no output file is an
-    input file (links inside the folders) or written for two pairs. Raises Trouble."""
+def _check_batch_folders(args) -> None:
+    """Before the folders are walked: the output folders are neither input folders, nor inside one, nor
+    holding one, nor overlapping each other, and can be created and written. Raises Trouble."""
     outputs = {"--out": args.out, "--mask-out": args.mask_out}
     if args.out is None and args.mask_out is None:
         return
     from imgdiff.io import ImageIOError
-    from imgdiff.write import check_folder_writable, check_output_folders, check_targets
+    from imgdiff.write import check_folder_writable, check_output_folders
 
     try:
         check_output_folders({"input folder A": args.a, "input folder B": args.b}, outputs)
         for flag, folder in outputs.items():
             if folder is not None:
                 check_folder_writable(folder, flag)
-        inputs = [os.path.join(args.a, m.name) for m in matches if m.in_a]
-        inputs += [os.path.join(args.b, m.name) for m in matches if m.in_b]
-        targets = [
-            (flag, m.name, _png_name(folder, m.name))
-            for m in matches
-            if m.in_a and m.in_b
-            for flag, folder in outputs.items()
-            if folder is not None
-        ]
+    except ImageIOError as e:
+        raise Trouble(str(e).replace("\n", " ")) from None
+
+
+def _check_batch_targets(args, matches: list[Match]) -> None:
+    """Before any image is read: no output file is an input file (links inside the folders) or written
+    for two pairs. Raises Trouble."""
+    outputs = {"--out": args.out, "--mask-out": args.mask_out}
+    if args.out is None and args.mask_out is None:
+        return
+    from imgdiff.io import ImageIOError
+    from imgdiff.write import check_targets
+
+    inputs = [os.path.join(args.a, m.name) for m in matches if m.in_a]
+    inputs += [os.path.join(args.b, m.name) for m in matches if m.in_b]
+    targets = [
+        (flag, m.name, _png_name(folder, m.name))
+        for m in matches
+        if m.in_a and m.in_b
+        for flag, folder in outputs.items()
+        if folder is not None
+    ]
+    try:
         check_targets(inputs, targets)
     except ImageIOError as e:
         raise Trouble(str(e).replace("\n", " ")) from None
@@ -426,8 +439,9 @@ def run_batch(args) -> int:
     from imgdiff.io import ImageIOError, read_pair
     from imgdiff.write import make_folders
 
+    _check_batch_folders(args)
     matches = match_folders(args.a, args.b)
-    _check_batch_outputs(args, matches)
+    _check_batch_targets(args, matches)
     pairs = [m for m in matches if m.in_a and m.in_b]
     counts = {"same": 0, "different": 0, "error": 0, "missing": 0}
 
