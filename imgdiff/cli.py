@@ -253,7 +253,7 @@ def _diff_options(args) -> dict:
 
 def _encode_outputs(b, result, mask, out: str | None, mask_out: str | None) -> list[tuple[str, bytes]]:
     """Encode every requested output in memory first, so a failure writes nothing."""
-    from imgdiff.io import encode_mask_png, encode_png, render_overlay
+    from imgdiff.write import encode_mask_png, encode_png, render_overlay
 
     files = []
     if out is not None:
