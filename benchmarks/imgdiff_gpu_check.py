@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 
 import numpy as np
 from imgdiff_bench import median_time  # same folder: benchmarks/
 
-os.environ.setdefault("NUMBA_CACHE_DIR", "/tmp/numba_cache")
+os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(tempfile.gettempdir(), "numba_cache"))
 
 PAIRS = ("identical", "small_patch", "single_pixel", "bump8", "text_added", "jpeg_q90", "jpeg_q90_bump")
 BACKENDS = ("numpy", "numba", "cuda")

@@ -1,4 +1,4 @@
-"""NoteVLM vs transformers' ``LlavaForConditionalGeneration`` of matching size, in one run (issue 4, Targets).
+"""NoteVLM vs transformers' ``LlavaForConditionalGeneration`` of matching size, in one run.
 
 Both models are built here at random init, CPU, float32, with the same parts:
 

@@ -18,7 +18,8 @@ Runs ``--rounds`` alternating rounds (ours, then TRL, each from the same saved w
 on a shared machine hits both sides; prints the medians of all step times after each round's first
 (warm-up) step, their ratio ours / TRL (targets: DPO <= 1.0x, GRPO <= 0.5x), each round's ratio, our
 rollout tokens/s (generated tokens / generation time) next to HF ``generate``'s on the same prompt batches
-(what ``rl.trainers.rollout``'s decode loop replaced; same tokens for the same seed), and the load average.
+(the reference for ``rl.trainers.rollout``'s decode loop; same tokens for the same seed), and the load
+average.
 Compare ratios from one run.
 """
 
@@ -197,7 +198,7 @@ def prompt_batch(
 def hf_generate_tps(
     model: Any, tok: Any, prompts: list[str], *, n_prompts: int, group: int, new: int, steps: int
 ):
-    """Tokens/s of HF ``generate`` on the batches ``ours_grpo`` samples (what the rollout replaced)."""
+    """Tokens/s of HF ``generate`` on the batches ``ours_grpo`` samples (the rollout's reference)."""
     from rl.trainers.rollout import response_mask_from_ids
 
     model.eval()

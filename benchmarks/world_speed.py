@@ -5,8 +5,9 @@
 
 Stages (CPU seconds of this process, ``time.process_time``, per 1,000 notes): ``generate``
 (scenes, rendering, texts: :func:`mm.world.generate.generate_note`), ``png ours``
-(:func:`mm.world.png.encode_png`) next to ``png cv2`` (``cv2.imencode`` with the Huffman-only
-settings used before), ``json`` (the notes.jsonl lines), ``files`` (create + write + close each PNG).
+(:func:`mm.world.png.encode_png`) next to ``png cv2 (before)`` (``cv2.imencode`` with Huffman-only
+settings, the OpenCV encoder it is compared with), ``json`` (the notes.jsonl lines), ``files`` (create +
+write + close each PNG).
 The CLI row runs ``python -m mm data world`` in a subprocess and reports wall seconds and CPU
 seconds (user + sys of the child and its workers) with the load average, because the machine is
 shared: compare CPU seconds across runs, wall seconds only within one.

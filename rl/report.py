@@ -1,7 +1,7 @@
 """The pipeline's report: ``metrics.json`` (everything machine-readable), ``report.md`` and PNG plots.
 
 :func:`build_metrics` turns the stage records of :mod:`rl.pipeline` into one dict: per-model summaries
-(:func:`model_summary`), before/after changes against the SFT model (:func:`changes`) and the issue's
+(:func:`model_summary`), before/after changes against the SFT model (:func:`changes`) and the pipeline's
 targets checked one by one (:func:`target_checks`); :func:`write_report` renders and writes the files.
 Everything but the plotting and writing is pure.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 TARGET_PIPELINE_SECONDS = 15 * 60
-"""The whole pipeline, post-training included (issue 6 sec. 4)."""
+"""Target for the whole pipeline's wall time (sum of stage times), post-training included."""
 
 SUMMARY_KEYS: tuple[tuple[str, str, str], ...] = (
     ("recall", "object recall", "{:.3f}"),
@@ -96,7 +96,7 @@ def _check(name: str, value: Any, goal: str, ok: bool | None, fmt: str = "{:.3f}
 def target_checks(
     models: dict[str, dict[str, Any]], deltas: dict[str, dict[str, Any]], pipeline_seconds: float
 ) -> list[dict[str, Any]]:
-    """The issue's targets, each with the measured value, the goal and whether it is met."""
+    """The pipeline's targets, each with the measured value, the goal and whether it is met."""
     rows = [
         _check("pipeline wall time (s)", round(pipeline_seconds, 1), f"<= {TARGET_PIPELINE_SECONDS}",
                pipeline_seconds <= TARGET_PIPELINE_SECONDS, "{:.0f}"),

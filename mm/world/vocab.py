@@ -5,10 +5,11 @@ multi-word, some plurals irregular: knives, mice, puppies, benches), a theme (th
 belongs to) and a visual identity: a ``shape`` x ``glyph`` pair that is unique per category, so
 categories are told apart by form alone and colour is a free attribute.
 
-Co-occurrence structure (the language prior that makes captioners hallucinate, issue 4): eight
+Co-occurrence structure (the language prior that makes captioners hallucinate): eight
 ``(anchor, partner)`` pairs in :data:`PARTNER_PAIRS`. In the default world an anchor's partner is
-usually present too, and a present partner is often small or partly hidden behind its anchor, so a
-captioner learns to name it from context. ``partners(name)`` is symmetric.
+usually present too (often small, visible in its own cell), and the note texts name an absent partner
+from habit (``WorldConfig.caption_prior``), so a captioner learns to name it from context.
+``partners(name)`` is symmetric.
 
 Surface forms are unique across categories: :func:`synonym_table` maps each canonical name to
 every way a caption may say it, and :func:`surface_to_category` inverts it.
