@@ -27,7 +27,7 @@ from mm.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SFT_CONFIG = ROOT / "configs" / "mm" / "sft_tiny.yaml"
-PRETRAIN_CONFIG = ROOT / "configs" / "mm" / "pretrain_test.yaml"
+PRETRAIN_CONFIG = ROOT / "tests" / "configs" / "pretrain_test.yaml"
 # Tiny and fast: batch 4 (2 per rank), a checkpoint and a metrics record every step, a 2-note evaluation.
 SFT_SET = [
     "train.batch_size=4", "train.log_every=1", "train.checkpoint_every=1", "train.keep_last=4",

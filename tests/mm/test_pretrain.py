@@ -18,7 +18,7 @@ from mm.train import common
 from mm.train import pretrain as P
 
 ROOT = Path(__file__).resolve().parents[2]
-TEST_CFG = ROOT / "configs/mm/pretrain_test.yaml"
+TEST_CFG = ROOT / "tests/configs/pretrain_test.yaml"
 TINY_CFG = ROOT / "configs/mm/pretrain_tiny.yaml"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ def tiny_pipeline(tmp: Path, **top) -> Path:
             "workers": 1,
         },
         "pretrain": {
-            "config": str(ROOT / "configs/mm/pretrain_test.yaml"),
+            "config": str(ROOT / "tests/configs/pretrain_test.yaml"),
             "overrides": ["model.vision.image_size=32", "train.checkpoint_every=2"],
         },
         "align": {"config": _write(tmp / "align.yaml", align)},
@@ -189,6 +190,21 @@ def test_stage_recorded_before_a_new_option_is_still_skipped(run_dir, capsys):
         assert all(s["status"].startswith("skipped") for s in m["stages"].values())
     finally:
         marker.write_text(before)
+
+
+def test_resume_with_out_spelt_differently_or_moved(run_dir, tmp_path, monkeypatch, capsys):
+    cfg, out = run_dir  # the run was made with an absolute --out
+    monkeypatch.chdir(out.parent)
+    n = len(json.loads((out / "metrics.json").read_text())["stages"])
+    for spelling in ("run", "./run/", f"../{out.parent.name}/run"):
+        capsys.readouterr()
+        assert main(["pipeline", "--config", str(cfg), "--out", spelling, "--no-progress"]) == 0, spelling
+        assert capsys.readouterr().err.count("skipped") == n, spelling
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved)  # stage.json records where it ran: a moved run folder resumes too
+    capsys.readouterr()
+    assert _run(cfg, moved) == 0
+    assert capsys.readouterr().err.count("skipped") == n
 
 
 def test_changed_stage_config_is_refused(run_dir, capsys):
