@@ -49,7 +49,7 @@ class WorldConfig:
     (which post-training can then remove without losing recall). 0 leaves the texts true."""
     partner_spot: str = "cell"
     """Where a partner that is not hidden goes: "cell" (a free spot like any object: its own grid cell with
-    ``placement: grid``) or "anchor" (right next to its anchor, the behaviour before session 7)."""
+    ``placement: grid``) or "anchor" (right next to its anchor)."""
     placement: str = "grid"
     """Where objects (other than hidden partners) go: "free" (anywhere, kept apart) or "grid" (the centre of
     a free ``grid_cell`` x ``grid_cell`` cell, jittered): with ``grid_cell`` = the vision patch size, each
