@@ -42,6 +42,7 @@ def _config(path):
     return path
 
 
+@pytest.mark.slow
 def test_compare_three_kinds_two_steps(tmp_path):
     world = make_world(tmp_path / "notes", notes=32)
     out = tmp_path / "cmp"

@@ -105,6 +105,7 @@ def world(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_train_two_processes_equal_one_and_resume(tmp_path, world):
     from mm.model import NoteVLMForConditionalGeneration
 
@@ -145,6 +146,7 @@ def test_train_two_processes_equal_one_and_resume(tmp_path, world):
     assert json.loads((out / "result.json").read_text())["step"] == 4
 
 
+@pytest.mark.slow
 def test_pretrain_two_processes_equal_one(tmp_path, world):
     common = ["--config", str(PRETRAIN_CONFIG), "--data", str(world), "--no-progress", "--set", *PRETRAIN_SET]
     ref = tmp_path / "ref"

@@ -87,6 +87,7 @@ def run_dir(tmp_path_factory):
     return cfg, out
 
 
+@pytest.mark.slow
 def test_run_folder_report_and_metrics(run_dir):
     _, out = run_dir
     stages = ["data", "pretrain", "align", "sft", "eval_sft"] + [s for p in POST for s in (p, f"eval_{p}")]
@@ -142,6 +143,7 @@ def test_run_folder_report_and_metrics(run_dir):
     assert "](sft/curves.png)" in report
 
 
+@pytest.mark.slow
 def test_resume_skips_finished_stages_and_redo_reruns_the_tail(run_dir, capsys):
     cfg, out = run_dir
     before = (out / "sft" / "stage.json").read_text()
@@ -176,6 +178,7 @@ def test_same_config_accepts_options_added_at_their_default():
     assert not same_config({**new, "gone": 1}, new, default)  # an option that no longer exists
 
 
+@pytest.mark.slow
 def test_stage_recorded_before_a_new_option_is_still_skipped(run_dir, capsys):
     cfg, out = run_dir
     marker = out / "sft" / "stage.json"
@@ -192,6 +195,7 @@ def test_stage_recorded_before_a_new_option_is_still_skipped(run_dir, capsys):
         marker.write_text(before)
 
 
+@pytest.mark.slow
 def test_resume_with_out_spelt_differently_or_moved(run_dir, tmp_path, monkeypatch, capsys):
     cfg, out = run_dir  # the run was made with an absolute --out
     monkeypatch.chdir(out.parent)
@@ -207,6 +211,7 @@ def test_resume_with_out_spelt_differently_or_moved(run_dir, tmp_path, monkeypat
     assert capsys.readouterr().err.count("skipped") == n
 
 
+@pytest.mark.slow
 def test_changed_stage_config_is_refused(run_dir, capsys):
     cfg, out = run_dir
     assert _run(cfg, out, "--set", "eval.notes=2") == 2
