@@ -90,9 +90,17 @@ def kinds_table() -> str:
     return "\n".join([*rows, f"aliases: {aliases}"])
 
 
+def _print(text: str) -> None:
+    """Print ``text``; a reader that stops early (``mm config show FILE | head``) is not an error."""
+    import os
+    import sys
+
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.action == "kinds":
-        print(kinds_table())
-        return 0
-    print(show(args.file, args.kind, args.overrides))
+    _print(kinds_table() if args.action == "kinds" else show(args.file, args.kind, args.overrides))
     return 0

@@ -96,7 +96,8 @@ def guess_kind(path: str | Path, data: dict[str, Any] | None = None) -> tuple[st
             return kind, f"guessed from the file name ({word!r} in {Path(path).name})"
     fitting = [k for k in KINDS if _fits(k, keys)]
     if len(fitting) == 1:
-        return fitting[0], f"guessed from the top-level keys {sorted(keys)}"
+        shown = ", ".join(sorted(keys)[:6]) + (", ..." if len(keys) > 6 else "")
+        return fitting[0], f"guessed from the top-level keys: {shown}"
     which = f"kinds {', '.join(fitting)} all accept" if fitting else "no kind accepts"
     raise ConfigError(
         f"cannot tell the kind of {path}: {which} its top-level keys {sorted(keys)}; pass --kind "
