@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from mm.cli import main
-from tests.mm.test_sft_helpers import TINY_TEXT, TINY_VISION, make_world
+from tests.helpers.sft import TINY_TEXT, TINY_VISION, make_world
 
 VISION = {
     **TINY_VISION,
