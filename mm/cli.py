@@ -11,6 +11,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("mm.train.train_cli", "align / SFT a NoteVLM (full or LoRA)"),
     "compare-fusion": ("mm.train.compare_cli", "train the three fusion kinds at equal budget, write a table"),
     "eval": ("mm.eval.cli", "POPE / CHAIR / retrieval on files or on a model"),
+    "config": ("mm.config_cli", "show a config file's resolved fields with their docs; list config kinds"),
 }
 
 DESCRIPTION = "notelens multimodal: data, pretraining, NoteVLM training and hallucination evals."

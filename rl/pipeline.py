@@ -17,11 +17,13 @@ Stages (each writes its own subfolder of OUT; every call is an in-process librar
 then ``OUT/report.md``, ``OUT/metrics.json`` and the report plots (:mod:`rl.report`).
 
 The pipeline config (:class:`PipelineConfig`) points at each stage's own YAML (the same files the
-stage CLIs take) plus overrides; the pipeline then forces the wiring keys (data folder, ``init`` paths)
-so the stages chain. A stage that finished writes ``OUT/<stage>/stage.json`` (its resolved config,
-metrics, wall time, peak RSS); a later run skips it when the resolved config is unchanged (resume),
-refuses when it changed, and ``--fresh`` (all) or ``--redo STAGE`` (that one and every stage after it)
-runs them again. A stage interrupted mid-way resumes from its own checkpoints.
+stage CLIs take; optional overrides on top); the pipeline then forces the wiring keys (data folder,
+``init`` paths) so the stages chain. A stage that finished writes ``OUT/<stage>/stage.json`` (its
+resolved config, metrics, wall time, peak RSS); a later run skips it when the resolved config is
+unchanged (resume), refuses when it changed, and ``--fresh`` (all) or ``--redo STAGE`` (that one and
+every stage after it) runs them again. Paths inside the run folder are compared resolved, so the same
+``--out`` spelt differently (relative or absolute, ``./runs/x``, ``runs/x/``) resumes. A stage
+interrupted mid-way resumes from its own checkpoints.
 
 The pipeline lives on the ``rl`` side because ``rl`` may import ``mm`` but not the reverse.
 """
@@ -56,14 +58,15 @@ class StageSpec:
     config: str
     """Path of the stage's YAML config (relative to the working directory)."""
     overrides: list[str] = field(default_factory=list)
-    """``dotted.key=value`` overrides, applied after the file (the pipeline's wiring keys win)."""
+    """``dotted.key=value`` overrides, applied after the file (the pipeline's wiring keys win): for quick
+    experiments (``--set 'dpo.overrides=[train.steps=5]'``); a recipe belongs in the stage's YAML."""
 
 
 @dataclass(kw_only=True)
 class WorldSpec:
     """The synthetic note world the pipeline generates."""
 
-    config: str = "configs/mm/world_default.yaml"
+    config: str = "configs/mm/world.yaml"
     """WorldConfig YAML (mm.world.config.WorldConfig)."""
     overrides: list[str] = field(default_factory=list)
     """``key=value`` overrides of the WorldConfig (e.g. ``notes=4000``)."""
@@ -108,19 +111,19 @@ class PipelineConfig:
 
     world: WorldSpec = field(default_factory=WorldSpec)
     """The note world (generated into OUT/data/world)."""
-    pretrain: StageSpec = field(default_factory=lambda: StageSpec(config="configs/mm/pretrain_tiny.yaml"))
+    pretrain: StageSpec = field(default_factory=lambda: StageSpec(config="configs/mm/pretrain.yaml"))
     """InfoNCE pretraining (mm.train.pretrain.PretrainConfig)."""
-    align: StageSpec = field(default_factory=lambda: StageSpec(config="configs/mm/align_tiny.yaml"))
+    align: StageSpec = field(default_factory=lambda: StageSpec(config="configs/mm/align.yaml"))
     """Align stage (mm.train.sft.TrainConfig with train.stage align); starts from the pretraining."""
-    sft: StageSpec = field(default_factory=lambda: StageSpec(config="configs/mm/sft_tiny.yaml"))
+    sft: StageSpec = field(default_factory=lambda: StageSpec(config="configs/mm/sft.yaml"))
     """SFT stage (mm.train.sft.TrainConfig with train.stage sft); starts from the align model."""
     eval: EvalSpec = field(default_factory=EvalSpec)
     """Held-out evaluation after SFT and after each post-training stage."""
     post: list[str] = field(default_factory=lambda: ["dpo", "grpo"])
     """Post-training stages to run, each from the SFT model: dpo, grpo (empty = stop after SFT)."""
-    dpo: StageSpec = field(default_factory=lambda: StageSpec(config="configs/rl/dpo_tiny.yaml"))
+    dpo: StageSpec = field(default_factory=lambda: StageSpec(config="configs/rl/dpo.yaml"))
     """DPO (rl.trainers.dpo.DPOConfig)."""
-    grpo: StageSpec = field(default_factory=lambda: StageSpec(config="configs/rl/grpo_tiny.yaml"))
+    grpo: StageSpec = field(default_factory=lambda: StageSpec(config="configs/rl/grpo.yaml"))
     """GRPO (rl.trainers.grpo.GRPOConfig)."""
     threads: int = 0
     """torch.set_num_threads for the whole pipeline; 0 leaves the default."""
@@ -304,6 +307,29 @@ def _defaults(c: Any) -> Any:
         return {}
 
 
+def in_run_folder(conf: Any, out: Path) -> Any:
+    """``conf`` with every string that names a path inside the run folder ``out`` rewritten as
+    ``$OUT/<path relative to out>``: the same folder spelt differently (relative or absolute, ``./runs/x``,
+    ``runs/x/``, through a symlink) then compares equal. Relative strings resolve against the working
+    directory, as the stages read them."""
+    root = Path(out).resolve()
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if isinstance(v, str) and v:
+            try:
+                rel = Path(v).resolve().relative_to(root)
+            except (ValueError, OSError):  # not inside the run folder, or not a path at all
+                return v
+            return "$OUT" if rel == Path() else f"$OUT/{rel.as_posix()}"
+        return v
+
+    return walk(conf)
+
+
 def same_config(old: Any, new: Any, default: Any = None) -> bool:
     """Whether a finished stage's recorded config ``old`` matches the resolved ``new``. A key that ``old``
     lacks counts as unchanged when ``new`` holds its default (``default``: the defaults' dict): an option
@@ -366,7 +392,8 @@ def run_pipeline(
         force = fresh or rerun_rest or i >= first_redo
         if marker.is_file() and not force:
             done = json.loads(marker.read_text())
-            if not same_config(done.get("config"), conf, _defaults(stage_cfg)):
+            old = in_run_folder(done.get("config"), Path(done.get("out", out)))  # "out": where it ran
+            if not same_config(old, in_run_folder(conf, out), _defaults(stage_cfg)):
                 raise UserError(
                     f"stage {name} in {out} was made with a different config; pass --redo {name} (redoes it "
                     "and the stages after it), --fresh, or choose a new --out"
@@ -396,6 +423,7 @@ def run_pipeline(
             "status": "ran",
             "seconds": round(time.perf_counter() - t0, 2),
             **_rss_mb(),
+            "out": str(out.resolve()),
             "config": conf,
             "metrics": metrics,
         }
@@ -429,8 +457,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="configs/rl/pipeline.yaml", help="PipelineConfig YAML")
     parser.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a pipeline key, e.g. --set eval.notes=100 or --set 'dpo.overrides=[train.steps=5]'",
+        "--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+        help="override pipeline keys, e.g. --set eval.notes=100 'dpo.overrides=[train.steps=5]' (repeatable)",
     )  # fmt: skip
     parser.add_argument("--fresh", action="store_true", help="redo every stage (ignore finished stages)")
     parser.add_argument(

@@ -27,7 +27,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--out", required=True, help="output folder (must be new or empty unless --overwrite)")
     w.add_argument("--notes", type=int, default=None, help="number of notes (overrides the config)")
     w.add_argument("--seed", type=int, default=None, help="seed (overrides the config)")
-    w.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
+    w.add_argument(
+        "--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+        help="override WorldConfig keys, e.g. --set notes=100 image_size=32 (repeatable)",
+    )  # fmt: skip
     w.add_argument(
         "--workers", type=int, default=min(4, os.cpu_count() or 1), help="processes (default: cores)"
     )

@@ -19,8 +19,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="output folder (default runs/compare/<config name>)")
     parser.add_argument("--data", default=None, help="note folder to use instead of sft.data.folder")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a config key, e.g. --set sft.train.steps=50 (repeatable)",
+        "--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+        help="override config keys, e.g. --set sft.train.steps=50 align_steps=10 (repeatable)",
     )  # fmt: skip
     parser.add_argument("--progress", action="store_true", help="show progress bars")
 

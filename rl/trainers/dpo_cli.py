@@ -23,8 +23,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, cls: str) -> None:
     parser.add_argument("--out", default=None, help="output folder (default runs/rl/<config name>)")
     parser.add_argument("--data", default=None, help="note folder to use instead of the config's data.folder")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a config key, e.g. --set train.steps=50 (repeatable)",
+        "--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+        help="override config keys, e.g. --set train.steps=50 optim.lr=1e-5 (repeatable)",
     )  # fmt: skip
     parser.add_argument("--no-resume", action="store_true", help="ignore and delete existing checkpoints")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")

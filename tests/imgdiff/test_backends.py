@@ -36,6 +36,7 @@ def test_numba_grid_matches_numpy(pair, block):
     np.testing.assert_array_equal(block_max_numba(a, b, block), core.block_max_numpy(a, b, block))
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(pairs(), st.sampled_from(["exact", "robust"]))
 def test_numba_diff_matches_numpy(pair, mode):
@@ -128,6 +129,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_cuda_kernel_under_simulator():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     out = subprocess.run(

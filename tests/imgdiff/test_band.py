@@ -46,7 +46,7 @@ def test_random_patches_tall_image(mode, seed):
     _check(a, b, mode, ignore=[(0, y0 + 3, 20, y1 + 50)])
 
 
-@pytest.mark.parametrize("mode", ["exact", "robust"])
+@pytest.mark.parametrize("mode", ["exact", pytest.param("robust", marks=pytest.mark.slow)])
 def test_band_is_a_strict_part_of_a_tall_image(mode):
     a = photo(900, 64, seed=7)
     b = a.copy()

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from mm.cli import main
-from tests.mm.test_sft_helpers import TINY_TEXT, TINY_VISION, make_world
+from tests.helpers.sft import TINY_TEXT, TINY_VISION, make_world
 
 VISION = {
     **TINY_VISION,
@@ -42,6 +42,7 @@ def _config(path):
     return path
 
 
+@pytest.mark.slow
 def test_compare_three_kinds_two_steps(tmp_path):
     world = make_world(tmp_path / "notes", notes=32)
     out = tmp_path / "cmp"

@@ -195,6 +195,7 @@ def _worker(rank: int, world: int, init_file: str, out_file: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_process_gather_equals_single_process(tmp_path):
     import torch.multiprocessing as mp
 

@@ -27,7 +27,7 @@ from mm.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SFT_CONFIG = ROOT / "configs" / "mm" / "sft_tiny.yaml"
-PRETRAIN_CONFIG = ROOT / "configs" / "mm" / "pretrain_test.yaml"
+PRETRAIN_CONFIG = ROOT / "tests" / "configs" / "pretrain_test.yaml"
 # Tiny and fast: batch 4 (2 per rank), a checkpoint and a metrics record every step, a 2-note evaluation.
 SFT_SET = [
     "train.batch_size=4", "train.log_every=1", "train.checkpoint_every=1", "train.keep_last=4",
@@ -105,6 +105,7 @@ def world(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_train_two_processes_equal_one_and_resume(tmp_path, world):
     from mm.model import NoteVLMForConditionalGeneration
 
@@ -145,6 +146,7 @@ def test_train_two_processes_equal_one_and_resume(tmp_path, world):
     assert json.loads((out / "result.json").read_text())["step"] == 4
 
 
+@pytest.mark.slow
 def test_pretrain_two_processes_equal_one(tmp_path, world):
     common = ["--config", str(PRETRAIN_CONFIG), "--data", str(world), "--no-progress", "--set", *PRETRAIN_SET]
     ref = tmp_path / "ref"

@@ -9,7 +9,7 @@ import pytest
 
 from mm.cli import main
 from mm.eval.runners import evaluate_model, held_out_notes, load_model, pope_questions, run_chair, run_pope
-from tests.mm.test_eval_model_fixtures import make_data_dir, make_model_dir
+from tests.helpers.eval_model import make_data_dir, make_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.mm.test_model_helpers import random_images, tiny_model, tiny_processor
+from tests.helpers.model import random_images, tiny_model, tiny_processor
 
 PROMPTS = ["describe the note", "is there a red cat in image 2", "describe"]
 N_IMAGES = [2, 3, 1]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mm.model import NoteProcessor, NoteVLMConfig, NoteVLMForConditionalGeneration
-from tests.mm.test_model_helpers import K, random_images, tiny_config, tiny_model, tiny_processor
+from tests.helpers.model import K, random_images, tiny_config, tiny_model, tiny_processor
 
 
 def _batch(processor, answers=("a red cat", "yes")):

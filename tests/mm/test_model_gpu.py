@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.mm.test_model_helpers import random_images, tiny_model, tiny_processor
+from tests.helpers.model import random_images, tiny_model, tiny_processor
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CUDA = torch.device("cuda")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mm.model.peft_presets import apply_lora, freeze_for_stage, trainable_counts
-from tests.mm.test_model_helpers import random_images, tiny_model, tiny_processor
+from tests.helpers.model import random_images, tiny_model, tiny_processor
 
 
 def _batch():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.mm.test_model_helpers import random_images, tiny_model, tiny_processor
+from tests.helpers.model import random_images, tiny_model, tiny_processor
 
 
 def test_trl_sft_trainer_two_steps(tmp_path):

@@ -17,7 +17,7 @@ from mm.model.peft_presets import (
     lora_config,
     trainable_counts,
 )
-from tests.mm.test_model_helpers import random_images, tiny_model, tiny_processor
+from tests.helpers.model import random_images, tiny_model, tiny_processor
 
 
 def _batch():

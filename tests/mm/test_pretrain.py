@@ -18,7 +18,7 @@ from mm.train import common
 from mm.train import pretrain as P
 
 ROOT = Path(__file__).resolve().parents[2]
-TEST_CFG = ROOT / "configs/mm/pretrain_test.yaml"
+TEST_CFG = ROOT / "tests/configs/pretrain_test.yaml"
 TINY_CFG = ROOT / "configs/mm/pretrain_tiny.yaml"
 
 
@@ -62,6 +62,7 @@ def test_cli_unknown_key_exits_2_and_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_model_ignores_padded_slots(splits):
     train, _, vocab = splits
     cfg = load_config(P.PretrainConfig, TEST_CFG)
@@ -158,6 +159,7 @@ def _strip_time(recs):
     return [{k: v for k, v in r.items() if k not in ("time_s", "cpu_s")} for r in recs]
 
 
+@pytest.mark.slow
 def test_kill_and_resume_gives_identical_run(splits, tmp_path):
     train, test, vocab = splits
     cfg = load_config(
@@ -178,6 +180,7 @@ def test_kill_and_resume_gives_identical_run(splits, tmp_path):
     assert ma == mb
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_matches_single_process(world, splits, tmp_path):
     """DDP (gloo): step-1 loss on 2 ranks x 4 notes equals the single-process loss on 8 notes."""
     train, test, vocab = splits
@@ -273,6 +276,7 @@ def test_tag_logits_are_the_max_of_per_token_logits():
     assert torch.equal(logits[1, 1], torch.zeros(5))
 
 
+@pytest.mark.slow
 def test_tags_follow_the_objects_and_train(world, splits, tmp_path):
     from mm.data.format import read_notes
     from mm.data.tokenizer import load_tokenizer

@@ -9,7 +9,7 @@ from PIL import Image
 
 from mm.errors import UserError
 from mm.model import IGNORE_INDEX, NoteProcessor
-from tests.mm.test_model_helpers import IMAGE_SIZE, K, random_images, tiny_processor
+from tests.helpers.model import IMAGE_SIZE, K, random_images, tiny_processor
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])

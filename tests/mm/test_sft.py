@@ -7,7 +7,7 @@ import torch
 
 from mm.config import load_config
 from mm.train import common, sft
-from tests.mm.test_sft_helpers import make_world, tiny_train_config
+from tests.helpers.sft import make_world, tiny_train_config
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mm.train.token_loss import token_weights, weighted_token_loss
-from tests.mm.test_sft_helpers import make_world, tiny_train_config
+from tests.helpers.sft import make_world, tiny_train_config
 
 
 def _case():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mm.cli import main
-from tests.mm.test_sft_helpers import TINY_VISION, make_world, tiny_train_config
+from tests.helpers.sft import TINY_VISION, make_world, tiny_train_config
 
 
 @pytest.fixture(scope="module")

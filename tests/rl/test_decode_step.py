@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rl.trainers.decode_step import lean_decode_step  # noqa: E402
-from tests.mm.test_model_helpers import tiny_model  # noqa: E402
+from tests.helpers.model import tiny_model  # noqa: E402
 
 PROMPT = torch.tensor([[0, 0, 5, 6, 7], [7, 8, 9, 3, 4], [0, 4, 4, 1, 2]])
 PAD_MASK = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])

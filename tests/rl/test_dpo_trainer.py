@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rl.cli import main  # noqa: E402
-from tests.mm.test_eval_model_fixtures import make_data_dir, make_model_dir  # noqa: E402
+from tests.helpers.eval_model import make_data_dir, make_model_dir  # noqa: E402
 
 DPO_KEYS = (
     "loss", "grad_norm", "lr", "reward_mean", "reward_std", "reward_margin", "reward_accuracy", "kl",

@@ -12,7 +12,7 @@ import torch
 
 from rl.cli import main  # noqa: E402
 from rl.trainers.monitor import failure_warnings  # noqa: E402
-from tests.mm.test_eval_model_fixtures import make_data_dir, make_model_dir  # noqa: E402
+from tests.helpers.eval_model import make_data_dir, make_model_dir  # noqa: E402
 
 GRPO_KEYS = (
     "loss", "grad_norm", "lr", "reward_mean", "reward_std", "zero_std_frac", "adv_std", "clip_frac_low",

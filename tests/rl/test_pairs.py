@@ -30,7 +30,7 @@ from rl.pairs import (  # noqa: E402
     write_pairs,
 )
 from rl.rewards import score, vocabulary  # noqa: E402
-from tests.mm.test_eval_model_fixtures import make_data_dir, make_model_dir  # noqa: E402
+from tests.helpers.eval_model import make_data_dir, make_model_dir  # noqa: E402
 
 
 def _world_notes(n: int, seed: int = 0) -> list[Note]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ def tiny_pipeline(tmp: Path, **top) -> Path:
             "workers": 1,
         },
         "pretrain": {
-            "config": str(ROOT / "configs/mm/pretrain_test.yaml"),
+            "config": str(ROOT / "tests/configs/pretrain_test.yaml"),
             "overrides": ["model.vision.image_size=32", "train.checkpoint_every=2"],
         },
         "align": {"config": _write(tmp / "align.yaml", align)},
@@ -86,6 +87,7 @@ def run_dir(tmp_path_factory):
     return cfg, out
 
 
+@pytest.mark.slow
 def test_run_folder_report_and_metrics(run_dir):
     _, out = run_dir
     stages = ["data", "pretrain", "align", "sft", "eval_sft"] + [s for p in POST for s in (p, f"eval_{p}")]
@@ -141,6 +143,7 @@ def test_run_folder_report_and_metrics(run_dir):
     assert "](sft/curves.png)" in report
 
 
+@pytest.mark.slow
 def test_resume_skips_finished_stages_and_redo_reruns_the_tail(run_dir, capsys):
     cfg, out = run_dir
     before = (out / "sft" / "stage.json").read_text()
@@ -175,6 +178,7 @@ def test_same_config_accepts_options_added_at_their_default():
     assert not same_config({**new, "gone": 1}, new, default)  # an option that no longer exists
 
 
+@pytest.mark.slow
 def test_stage_recorded_before_a_new_option_is_still_skipped(run_dir, capsys):
     cfg, out = run_dir
     marker = out / "sft" / "stage.json"
@@ -191,6 +195,23 @@ def test_stage_recorded_before_a_new_option_is_still_skipped(run_dir, capsys):
         marker.write_text(before)
 
 
+@pytest.mark.slow
+def test_resume_with_out_spelt_differently_or_moved(run_dir, tmp_path, monkeypatch, capsys):
+    cfg, out = run_dir  # the run was made with an absolute --out
+    monkeypatch.chdir(out.parent)
+    n = len(json.loads((out / "metrics.json").read_text())["stages"])
+    for spelling in ("run", "./run/", f"../{out.parent.name}/run"):
+        capsys.readouterr()
+        assert main(["pipeline", "--config", str(cfg), "--out", spelling, "--no-progress"]) == 0, spelling
+        assert capsys.readouterr().err.count("skipped") == n, spelling
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved)  # stage.json records where it ran: a moved run folder resumes too
+    capsys.readouterr()
+    assert _run(cfg, moved) == 0
+    assert capsys.readouterr().err.count("skipped") == n
+
+
+@pytest.mark.slow
 def test_changed_stage_config_is_refused(run_dir, capsys):
     cfg, out = run_dir
     assert _run(cfg, out, "--set", "eval.notes=2") == 2

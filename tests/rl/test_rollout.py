@@ -15,7 +15,7 @@ from rl.trainers.rollout import (  # noqa: E402
     response_mask_from_ids,
     sample_tokens,
 )
-from tests.mm.test_eval_model_fixtures import make_data_dir, make_model_dir  # noqa: E402
+from tests.helpers.eval_model import make_data_dir, make_model_dir  # noqa: E402
 
 EOS, PAD = 2, 0
 

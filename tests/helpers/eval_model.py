@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.mm.test_model_helpers import IMAGE_SIZE, tiny_model, tiny_processor  # noqa: E402
+from tests.helpers.model import IMAGE_SIZE, tiny_model, tiny_processor  # noqa: E402
 
 NOTE_OBJECTS = [[["fork", "cup"]], [["dog"], ["plate", "knife"]]]
 """Per note, per image: the world categories present."""

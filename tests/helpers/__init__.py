@@ -1,0 +1,1 @@
+"""Shared test helpers (not collected: no module here starts with ``test_``)."""
