@@ -40,6 +40,7 @@ from typing import Any
 from mm.errors import UserError
 from mm.eval.singularize import singularize
 from mm.eval.words import word_tokenize
+from mm.world.vocab import synonym_table
 
 COCO_SYNONYMS_PATH = Path(__file__).resolve().parents[2] / "assets" / "chair_synonyms.txt"
 """The original COCO synonym table (one category per line, canonical name first)."""
@@ -163,8 +164,6 @@ class Vocabulary:
     @classmethod
     def world(cls) -> Vocabulary:
         """The synthetic world's vocabulary (``mm.world.vocab.synonym_table()``)."""
-        from mm.world.vocab import synonym_table
-
         return cls.from_table(synonym_table(), name="world")
 
     # ---- matching -----------------------------------------------------------------------------

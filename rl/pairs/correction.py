@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mm.eval.generate import generate_captions
+from mm.eval import generate
 from mm.world import text as wtext
 from mm.world.text import _join
 from rl.pairs.record import PreferencePair, caption_pair
@@ -143,7 +143,9 @@ def correction_pairs(
     was_training = model.training
     model.eval()
     try:
-        caps = generate_captions(model, processor, list(notes), prompt, batch_size, max_new_tokens, root=root)
+        caps = generate.generate_captions(
+            model, processor, list(notes), prompt, batch_size, max_new_tokens, root=root
+        )
     finally:
         model.train(was_training)
     out = []

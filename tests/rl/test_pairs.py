@@ -198,7 +198,7 @@ def subs_order(names):
 
 
 def test_correction_pairs_cut_exactly_the_hallucinations(dirs, loaded, monkeypatch):
-    from rl.pairs import correction as gen  # the builder's own binding of generate_captions
+    import mm.eval.generate as gen
 
     model, processor = loaded
     notes = [n for n in read_notes(dirs[1]) if n.categories]
