@@ -73,6 +73,7 @@ class NoteVLMPreTrainedModel(PreTrainedModel):
         part, name = owned[id(module)]
         if not module._non_persistent_buffers_set:
             return
+        # function-level: transformers.initialization exists from transformers 5 on (pyproject allows 4.56)
         from transformers import initialization as init
 
         source = _fresh_parts(self.config)[part].get_submodule(name)
