@@ -4,6 +4,7 @@
   function is still a cycle);
 - ``mm`` never imports ``rl``; ``imgdiff`` imports neither, nor torch;
 - no package file over 600 lines;
+- packages and command-line modules import nothing heavy (checked in a fresh interpreter);
 - no development history (private paths, run folders, numbered sessions or issues) in tracked files
   outside ``tests/``.
 """
@@ -14,6 +15,7 @@ import ast
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -197,3 +199,20 @@ def test_no_development_history_in_tracked_files():
             ]
     shown = "\n".join(hits[:60])
     assert not hits, f"{len(hits)} history mentions (figures belong in docs/results.md):\n{shown}"
+
+
+def loaded_after(statement: str, watch: tuple[str, ...]) -> list[str]:
+    """Which of ``watch`` a fresh interpreter has imported after running ``statement``."""
+    code = f"import sys\n{statement}\nprint(' '.join(m for m in {watch!r} if m in sys.modules))"
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return run.stdout.split()
+
+
+def test_packages_and_command_lines_import_nothing_heavy():
+    light = "import mm, rl, imgdiff, mm.cli, rl.cli, mm.eval.cli, mm.data.cli, rl.pairs, rl.pairs.cli"
+    assert loaded_after(light, ("torch", "transformers", "open_clip", "torchvision", "matplotlib")) == []
+
+
+def test_model_code_leaves_optional_heavy_libraries_lazy():
+    models = "import mm.model.factory, mm.eval.runners, rl.pairs.logps, rl.pairs.onpolicy, rl.report"
+    assert loaded_after(models, ("open_clip", "peft", "matplotlib")) == []
