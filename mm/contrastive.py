@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -196,8 +197,6 @@ def _check_pair(note: Tensor, text: Tensor) -> None:
 
 def world() -> tuple[int, int]:
     """(rank, world_size) of the default process group, (0, 1) when not distributed."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -211,8 +210,6 @@ class _GatherWithGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
-        import torch.distributed as dist
-
         rank, size = dist.get_rank(), dist.get_world_size()
         ctx.rank, ctx.n = rank, x.shape[0]
         parts = [torch.empty_like(x) for _ in range(size)]
@@ -221,8 +218,6 @@ class _GatherWithGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
-        import torch.distributed as dist
-
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)
         return grad[ctx.rank * ctx.n : (ctx.rank + 1) * ctx.n]
@@ -243,8 +238,6 @@ def gather_with_grad(x: Tensor) -> Tensor:
 
 def gather_no_grad(x: Tensor) -> Tensor:
     """all_gather along dim 0 without gradient (for masks and ids); identity when not distributed."""
-    import torch.distributed as dist
-
     _, size = world()
     if size == 1:
         return x

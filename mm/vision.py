@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 from mm.errors import UserError
@@ -77,8 +78,6 @@ def _load_state_dict(path: str) -> dict[str, Any]:
     if not p.is_file():
         raise UserError(f"pretrained weights {p} not found; give a local file path or set pretrained: null")
     if p.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
         sd = load_file(str(p))
     else:
         sd = torch.load(str(p), map_location="cpu", weights_only=True)
@@ -242,6 +241,7 @@ def _encode_open_clip(encoder, x):
 
 
 def _build_hf(cfg: VisionConfig):
+    # function-level: transformers loads a model family's code on first use; load only the one asked for
     if cfg.kind == "hf_clip":
         from transformers import CLIPVisionConfig as Config
         from transformers import CLIPVisionModel as Model

@@ -1,10 +1,19 @@
-"""rl package: post-training against hallucination.
+"""rl: post-training a NoteVLM against hallucination (DPO family, GRPO/DAPO), on top of :mod:`mm`.
 
-The math lives in small pure modules, re-exported here lazily (PEP 562) so that ``rl --help`` does
-not import torch: ``rl.logprobs`` (token log-probs with response masks), ``rl.losses`` (DPO family,
-mDPO terms, clipped policy/value losses, aggregation), ``rl.advantages`` (GRPO/RLOO/GAE,
-whitening), ``rl.kl`` (k1/k2/k3, entropy) and ``rl.sampling`` (DAPO dynamic sampling, overlong
-penalty). ``from rl import dpo_loss`` works as usual.
+- Pure math, golden-tested, re-exported here: :mod:`rl.logprobs` (token log-probs with response
+  masks), :mod:`rl.losses` (DPO family, mDPO terms, clipped policy/value losses, aggregation),
+  :mod:`rl.advantages` (GRPO/RLOO/GAE, whitening), :mod:`rl.kl` (k1/k2/k3, entropy),
+  :mod:`rl.sampling` (DAPO dynamic sampling, overlong penalty).
+- :mod:`rl.rewards`: hallucination rewards from the ground-truth objects (CHAIR matching, yes/no answers).
+- :mod:`rl.corrupt`: image corruptions for mDPO's conditional term.
+- :mod:`rl.pairs`: preference pairs, one module per builder (injection, on-policy, correction,
+  questions, corruption), JSONL files, policy log-probs; the ``rl pairs`` CLI.
+- :mod:`rl.trainers`: the DPO and GRPO trainers and the batched rollout sampler they share.
+- :mod:`rl.pipeline` (the main job: data -> pretrain -> SFT -> eval -> DPO/GRPO -> eval) and
+  :mod:`rl.report` (its metrics, report and plots); :mod:`rl.cli` (the ``rl`` command line).
+
+Import rule: ``rl`` may import ``mm``; ``mm`` never imports ``rl``. The names below load on first use
+(PEP 562) so that ``rl --help`` does not import torch: ``from rl import dpo_loss`` works as usual.
 """
 
 from __future__ import annotations

@@ -16,6 +16,13 @@ import sys
 import time
 from pathlib import Path
 
+from mm.config import load_config
+from mm.data import readers
+from mm.data.format import read_notes
+from mm.world.config import WorldConfig
+from mm.world.generate import with_notes, write_world
+from mm.world.stats import cooccurrence_stats
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="data_command", required=True, metavar="SOURCE")
@@ -74,12 +81,8 @@ def run(args: argparse.Namespace) -> int:
     if args.data_command == "world":
         return _world(args)
     if args.data_command == "stats":
-        from mm.data.format import read_notes
-        from mm.world.stats import cooccurrence_stats
-
         print(json.dumps(cooccurrence_stats(read_notes(args.folder)), indent=1))
         return 0
-    from mm.data import readers
 
     if args.data_command == "coco":
         notes, report = readers.read_coco(
@@ -100,10 +103,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _world(args: argparse.Namespace) -> int:
-    from mm.config import load_config
-    from mm.world.config import WorldConfig
-    from mm.world.generate import with_notes, write_world
-
     cfg = with_notes(load_config(WorldConfig, args.config, args.set), notes=args.notes, seed=args.seed)
     t0 = time.perf_counter()
     notes = write_world(

@@ -23,6 +23,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+from mm.errors import UserError
+from mm.world import text as wtext
+from mm.world import vocab
+from mm.world.config import WorldConfig
+from mm.world.generate import generate_notes
+
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<pad>",
     "<bos>",
@@ -114,11 +123,6 @@ include includes including scene scenes view shot close together alone pair pair
 
 def tokenizer_corpus() -> list[str]:
     """The fixed training corpus (deterministic: same list on every call)."""
-    from mm.world import text as wtext
-    from mm.world import vocab
-    from mm.world.config import WorldConfig
-    from mm.world.generate import generate_notes
-
     lines: list[str] = []
     for c in vocab.CATEGORIES:
         lines.extend(f"a {f}. two {c.plural}. the {f}" for f in c.forms)
@@ -135,9 +139,6 @@ def tokenizer_corpus() -> list[str]:
 
 def build_tokenizer(vocab_size: int = VOCAB_SIZE) -> Any:
     """Train the byte-level BPE on :func:`tokenizer_corpus`; a ``PreTrainedTokenizerFast``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -171,10 +172,6 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE) -> Any:
 
 def load_tokenizer(path: str | Path | None = None) -> Any:
     """The tokenizer saved at ``path`` (default: the shipped ``assets/tokenizer``; built when absent)."""
-    from transformers import PreTrainedTokenizerFast
-
-    from mm.errors import UserError
-
     p = DEFAULT_PATH if path is None else Path(path)
     if not (p / "tokenizer.json").is_file():
         if path is None:

@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from mm.world import vocab
+
 CAUSES: tuple[str, ...] = ("partner", "confusion", "other")
 """The cause labels, in the order they are checked."""
 
@@ -33,8 +35,6 @@ LOOKALIKE_FEATURES: tuple[str, ...] = ("shape", "glyph")
 
 def looks_alike(a: str, b: str, *, by: Sequence[str] = ("shape",)) -> bool:
     """True when world categories ``a != b`` share any of the rendering features in ``by``."""
-    from mm.world import vocab
-
     bad = [f for f in by if f not in LOOKALIKE_FEATURES]
     if bad or not by:
         raise ValueError(f"by must name some of {LOOKALIKE_FEATURES}, got {tuple(by)}")
@@ -46,8 +46,6 @@ def looks_alike(a: str, b: str, *, by: Sequence[str] = ("shape",)) -> bool:
 
 def hallucination_cause(name: str, present: Iterable[str], *, by: Sequence[str] = ("shape",)) -> str:
     """Cause (one of :data:`CAUSES`) of world category ``name`` being mentioned though absent."""
-    from mm.world import vocab
-
     present = set(present)
     if name in present:
         raise ValueError(f"{name!r} is present in the scene, so mentioning it is not a hallucination")

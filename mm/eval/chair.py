@@ -9,7 +9,7 @@ over captions) and ``mean_length`` (white-space words per caption), because CHAI
 with shorter captions.
 
 Mention extraction for the COCO vocabulary follows the original step by step: lower-case,
-``nltk.word_tokenize`` (offline emulation, :mod:`mm.eval.tokenize`), Pattern 2.6
+``nltk.word_tokenize`` (offline emulation, :mod:`mm.eval.words`), Pattern 2.6
 ``singularize`` (offline, :mod:`mm.eval.singularize`), greedy left-to-right merge of the original
 *two*-word "double words" (``hot dog``, ``teddy bear``, ``baby bird -> bird``,
 ``passenger jet -> jet``, ``bow tie -> tie``, ``toilet seat -> toilet``, ``wine glas -> wine glass``,
@@ -39,7 +39,8 @@ from typing import Any
 
 from mm.errors import UserError
 from mm.eval.singularize import singularize
-from mm.eval.tokenize import word_tokenize
+from mm.eval.words import word_tokenize
+from mm.world.vocab import synonym_table
 
 COCO_SYNONYMS_PATH = Path(__file__).resolve().parents[2] / "assets" / "chair_synonyms.txt"
 """The original COCO synonym table (one category per line, canonical name first)."""
@@ -163,8 +164,6 @@ class Vocabulary:
     @classmethod
     def world(cls) -> Vocabulary:
         """The synthetic world's vocabulary (``mm.world.vocab.synonym_table()``)."""
-        from mm.world.vocab import synonym_table
-
         return cls.from_table(synonym_table(), name="world")
 
     # ---- matching -----------------------------------------------------------------------------

@@ -23,6 +23,9 @@ import warnings
 from typing import Any
 
 from mm.errors import UserError
+from mm.eval.chair import Vocabulary, chair_scores
+from mm.eval.files import read_captions, read_objects, read_pope_answers, read_pope_questions, write_jsonl
+from mm.eval.pope import DEFAULT_TEMPLATE, PopeBuildConfig, build_questions, pope_scores
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -134,6 +137,7 @@ _PARSER_SOURCE = {
 
 def _run_pope(args: argparse.Namespace) -> int:
     if _mode(args, ("questions", "answers")) == "model":
+        # function-level: the runners import torch and transformers (seconds); scoring files needs neither
         from mm.eval.runners import held_out_notes, load_model, run_pope
 
         notes = held_out_notes(args.data, split=args.eval_split, limit=args.notes or None)
@@ -145,9 +149,6 @@ def _run_pope(args: argparse.Namespace) -> int:
         n_questions = res["n_questions"]
         where = f"model {args.model} on {len(notes)} {args.eval_split} notes, split={args.split}"
     else:
-        from mm.eval.files import read_pope_answers, read_pope_questions
-        from mm.eval.pope import pope_scores
-
         questions = read_pope_questions(args.questions)
         answers = read_pope_answers(args.answers)
         labels = {str(q["question_id"]): q["label"] for q in questions}
@@ -169,9 +170,6 @@ def _run_pope(args: argparse.Namespace) -> int:
 
 
 def _run_build(args: argparse.Namespace) -> int:
-    from mm.eval.files import read_objects, write_jsonl
-    from mm.eval.pope import DEFAULT_TEMPLATE, PopeBuildConfig, build_questions
-
     try:
         cfg = PopeBuildConfig(
             split=args.split,
@@ -193,6 +191,7 @@ def _run_build(args: argparse.Namespace) -> int:
 
 def _run_chair(args: argparse.Namespace) -> int:
     if _mode(args, ("captions", "objects")) == "model":
+        # function-level: the runners import torch and transformers (seconds); scoring files needs neither
         from mm.eval.runners import held_out_notes, load_model, run_chair
 
         args.vocab = args.vocab or "world"
@@ -203,9 +202,6 @@ def _run_chair(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens or 96, vocab=args.vocab,
         )  # fmt: skip
     else:
-        from mm.eval.chair import Vocabulary, chair_scores
-        from mm.eval.files import read_captions, read_objects
-
         args.vocab = args.vocab or "coco"
         captions = read_captions(args.captions)
         objects = read_objects(args.objects)

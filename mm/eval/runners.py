@@ -25,7 +25,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from mm.data.format import read_notes
 from mm.errors import UserError
+from mm.eval.causes import cause_split_from_chair
+from mm.eval.chair import Vocabulary, chair_scores
+from mm.eval.generate import answer_questions, generate_captions
+from mm.eval.pope import PopeBuildConfig, build_questions, objects_from_notes, pope_scores
+from mm.model import NoteProcessor, NoteVLMForConditionalGeneration
+from mm.train.tasks import CAPTION_PROMPT
+from mm.world.text import article
+from mm.world.vocab import CATEGORY_NAMES
 
 WORLD_POPE_TEMPLATE = "Is there a {object} in this note?"
 """Question template used on world models (the world's wording for a one-image note)."""
@@ -44,10 +55,6 @@ CHAIR_SUMMARY_KEYS = (
 
 def load_model(model_dir: str | Path, *, device: str | None = None) -> tuple[Any, Any]:
     """A saved NoteVLM and its NoteProcessor (``mm train`` writes them to ``OUT/model``), in eval mode."""
-    import torch
-
-    from mm.model import NoteProcessor, NoteVLMForConditionalGeneration
-
     d = Path(model_dir)
     if not (d / "config.json").is_file():
         raise UserError(
@@ -61,8 +68,6 @@ def load_model(model_dir: str | Path, *, device: str | None = None) -> tuple[Any
 
 def held_out_notes(data_dir: str | Path, *, split: str = "test", limit: int | None = None) -> list[Any]:
     """Notes of ``split`` in ``data_dir`` that have object annotations (the first ``limit``)."""
-    from mm.data.format import read_notes
-
     notes = [n for n in read_notes(data_dir, split=split) if n.categories]
     if not notes:
         raise UserError(
@@ -73,8 +78,6 @@ def held_out_notes(data_dir: str | Path, *, split: str = "test", limit: int | No
 
 
 def _with_article(text: str, obj: str) -> str:
-    from mm.world.text import article
-
     return text.replace(f" a {obj}", f" {article(obj)} {obj}", 1)
 
 
@@ -87,11 +90,7 @@ def pope_questions(
     categories: Sequence[str] | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """POPE questions (``question_id``, ``image``, ``text``, ``label``, ``object``) for the notes' images."""
-    from mm.eval.pope import PopeBuildConfig, build_questions, objects_from_notes
-
     if categories is None:
-        from mm.world.vocab import CATEGORY_NAMES
-
         categories = CATEGORY_NAMES
     try:
         cfg = PopeBuildConfig(split=split, seed=seed, template=template)
@@ -127,9 +126,6 @@ def run_pope(
     Returns :func:`mm.eval.pope.pope_scores`' dict plus ``split``, ``n_questions`` and ``answers``
     (``[{"question_id", "text", "label"}]``).
     """
-    from mm.eval.generate import answer_questions
-    from mm.eval.pope import pope_scores
-
     questions, warns = pope_questions(notes, split=split, seed=seed, template=template)
     items = [[str(Path(root) / q["image"])] for q in questions]
     texts = answer_questions(
@@ -160,11 +156,6 @@ def run_chair(
     vocab: str = "world",
 ) -> dict[str, Any]:
     """CHAIR of one greedy caption per note, plus the cause split (``causes``; world vocabulary only)."""
-    from mm.eval.causes import cause_split_from_chair
-    from mm.eval.chair import Vocabulary, chair_scores
-    from mm.eval.generate import generate_captions
-    from mm.train.tasks import CAPTION_PROMPT
-
     if vocab not in ("world", "coco"):
         raise UserError(f"vocab must be 'world' or 'coco', got {vocab!r}")
     caps = generate_captions(

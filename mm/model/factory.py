@@ -14,7 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from mm.config import load_config, to_dict
+from mm.data.tokenizer import load_tokenizer
 from mm.fusion import FusionConfig
+from mm.model.configuration import NoteVLMConfig
+from mm.model.modeling import NoteVLMForConditionalGeneration
+from mm.model.processing import NoteProcessor
 from mm.vision import VisionConfig
 
 TEXT_FAMILIES = ("qwen2", "llama")
@@ -91,8 +95,6 @@ def load_notevlm_spec(path: str | Path | None = None, overrides: list[str] | Non
 
 def notevlm_config(spec: NoteVLMSpec, tokenizer: Any) -> Any:
     """The :class:`NoteVLMConfig` of ``spec`` with vocabulary and special ids taken from ``tokenizer``."""
-    from mm.model.configuration import NoteVLMConfig
-
     t = spec.text
     text_config = {
         "model_type": t.family,
@@ -125,8 +127,6 @@ def notevlm_config(spec: NoteVLMSpec, tokenizer: Any) -> Any:
 
 def build_processor(spec: NoteVLMSpec, tokenizer: Any, image_size: int) -> Any:
     """The :class:`NoteProcessor` matching ``spec`` for a tower taking ``image_size`` square images."""
-    from mm.model.processing import NoteProcessor
-
     return NoteProcessor(
         tokenizer=tokenizer,
         image_size=image_size,
@@ -140,9 +140,6 @@ def build_processor(spec: NoteVLMSpec, tokenizer: Any, image_size: int) -> Any:
 
 def build_notevlm(spec: NoteVLMSpec, tokenizer: Any | None = None) -> tuple[Any, Any]:
     """A random-init NoteVLM (vision tower pretrained if the spec says so) and its processor."""
-    from mm.data.tokenizer import load_tokenizer
-    from mm.model.modeling import NoteVLMForConditionalGeneration
-
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(spec.tokenizer)
     model = NoteVLMForConditionalGeneration(notevlm_config(spec, tokenizer))
     h, w = model.vision_tower.image_size

@@ -20,7 +20,10 @@ from torch import nn
 from transformers import AutoModel, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
+from mm.config import from_dict
+from mm.fusion import build_fusion
 from mm.model.configuration import NoteVLMConfig
+from mm.vision import VisionConfig, build_vision_tower
 
 # transformers >= 5.24 names the KV cache `cache` (argument and output field); earlier versions
 # `past_key_values`. NoteVLM accepts both names and talks to its LM and outputs in the installed one's.
@@ -28,11 +31,7 @@ _CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__
 
 
 def build_vision_and_fusion(config: NoteVLMConfig) -> tuple[nn.Module, nn.Module]:
-    """The vision tower and fusion module described by ``config`` (imports `mm.vision`/`mm.fusion` lazily)."""
-    from mm.config import from_dict
-    from mm.fusion import build_fusion
-    from mm.vision import VisionConfig, build_vision_tower
-
+    """The vision tower and fusion module described by ``config``."""
     tower = build_vision_tower(from_dict(VisionConfig, dict(config.vision_config), "vision_config"))
     fusion = build_fusion(
         config.fusion_kind,
@@ -74,6 +73,7 @@ class NoteVLMPreTrainedModel(PreTrainedModel):
         part, name = owned[id(module)]
         if not module._non_persistent_buffers_set:
             return
+        # function-level: transformers.initialization exists from transformers 5 on (pyproject allows 4.56)
         from transformers import initialization as init
 
         source = _fresh_parts(self.config)[part].get_submodule(name)

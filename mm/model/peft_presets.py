@@ -83,7 +83,7 @@ def lm_target_regex(model: nn.Module) -> str:
 
 def lora_config(model: nn.Module, preset: LoraPreset | None = None) -> Any:
     """The `peft.LoraConfig` of the preset for ``model`` (checked: fusion name unique, no vision hits)."""
-    from peft import LoraConfig
+    from peft import LoraConfig  # function-level: importing peft takes seconds; only LoRA needs it
 
     preset = preset or LoraPreset()
     regex = lm_target_regex(model)
@@ -125,7 +125,7 @@ def apply_lora(
     require grad (`enable_input_require_grads`), so reentrant checkpointing never sees inputs without
     grad ("element 0 of tensors does not require grad").
     """
-    from peft import get_peft_model
+    from peft import get_peft_model  # function-level: importing peft takes seconds
 
     _check_model(model)
     cfg = lora_config(model, preset)

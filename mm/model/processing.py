@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
+from transformers import PreTrainedTokenizerFast
 
 from mm.errors import UserError
 
@@ -84,8 +86,6 @@ class NoteProcessor:
     # --- images ---
     def load_image(self, image: Any) -> torch.Tensor:
         """One image (PIL image, path, HxWx3 uint8 array or (3, H, W) float tensor in [0, 1]) -> (3, S, S)."""
-        from PIL import Image
-
         if isinstance(image, (str, Path)):
             with Image.open(image) as im:
                 image = im.convert("RGB")
@@ -293,8 +293,6 @@ class NoteProcessor:
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> NoteProcessor:
         """Load a processor written by :meth:`save_pretrained` (offline)."""
-        from transformers import PreTrainedTokenizerFast
-
         d = Path(directory)
         path = d / PROCESSOR_FILE
         if not path.is_file():

@@ -172,7 +172,7 @@ def write_world(
     ``out`` must not exist or be empty unless ``overwrite``; the folder appears complete or not at
     all. ``workers`` > 1 forks that many processes (same output as one); ``progress`` shows a bar.
     """
-    from tqdm import tqdm
+    from tqdm import tqdm  # function-level: ~0.2 s to import; only the progress bar needs it
 
     with staged_folder(out, overwrite=overwrite) as tmp:
         (tmp / IMAGE_DIR).mkdir()

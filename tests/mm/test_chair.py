@@ -7,7 +7,7 @@ import pytest
 from mm.errors import UserError
 from mm.eval.chair import Vocabulary, chair_scores
 from mm.eval.singularize import singularize
-from mm.eval.tokenize import word_tokenize
+from mm.eval.words import word_tokenize
 
 
 @pytest.fixture(scope="module")

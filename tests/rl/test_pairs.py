@@ -363,3 +363,25 @@ def test_cli_bad_inputs(dirs, tmp_path, capsys):
     assert "--samples >= 2" in capsys.readouterr().err
     assert main([*base[:-1], str(tmp_path / "nope" / "p.jsonl"), "--kind", "corrupt"]) == 2
     assert not out.exists()
+
+
+def test_package_exports_every_builder_name_from_its_module():
+    import importlib
+    import inspect
+
+    import rl.pairs
+
+    for module, names in rl.pairs._EXPORTS.items():
+        mod = importlib.import_module(module)
+        defined = {
+            n
+            for n, v in vars(mod).items()
+            if not n.startswith("_")
+            and (inspect.isfunction(v) or inspect.isclass(v))
+            and v.__module__ == module
+        }
+        assert defined <= set(names), f"{module} defines {sorted(defined - set(names))}, not re-exported"
+        for name in names:
+            assert getattr(rl.pairs, name) is getattr(mod, name)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        rl.pairs.nope  # noqa: B018

@@ -1,4 +1,4 @@
-"""Offline word tokeniser that follows ``nltk.word_tokenize`` (Punkt sentences + Treebank words).
+"""Caption words for CHAIR: an offline tokeniser that follows ``nltk.word_tokenize`` (Punkt + Treebank).
 
 The original CHAIR script tokenises lower-cased captions with ``nltk.word_tokenize``, which needs
 the downloaded Punkt model for sentence splitting. We need neither NLTK nor a download:

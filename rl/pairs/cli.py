@@ -15,7 +15,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from mm.data.format import read_notes
 from mm.errors import UserError
+from rl.pairs.record import PAIR_KINDS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,8 +50,6 @@ class PairsConfig:
     """Batch size for sampling and log-probs."""
 
     def __post_init__(self) -> None:
-        from rl.pairs import PAIR_KINDS
-
         if self.kind not in PAIR_KINDS:
             raise UserError(f"--kind must be one of {', '.join(PAIR_KINDS)}, got {self.kind!r}")
         if self.samples < 2 or self.batch_size < 1 or self.max_new_tokens < 1 or self.notes < 0:
@@ -92,9 +92,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mm.data.format import read_notes
+    # function-level: the model loader and the builders import torch and transformers (seconds);
+    # `rl pairs --help` does not need them
     from mm.eval.runners import load_model
-    from rl import pairs as P
+    from rl.pairs import corruption, files, injection, logps, onpolicy
 
     cfg = PairsConfig(
         kind=args.kind, split=args.split, notes=args.notes, seed=args.seed, prompt=args.prompt,
@@ -114,13 +115,13 @@ def run(args: argparse.Namespace) -> int:
         )
     model, processor = load_model(args.model)
     if cfg.kind == "injection":
-        pairs = P.injection_pairs(
+        pairs = injection.injection_pairs(
             notes, prompt=cfg.prompt, seed=cfg.seed, partner_prob=cfg.partner_prob, swap_prob=cfg.swap_prob
         )
     elif cfg.kind == "corrupt":
-        pairs = P.corrupt_pairs(notes, prompt=cfg.prompt, corruption=cfg.corruption, seed=cfg.seed)
+        pairs = corruption.corrupt_pairs(notes, prompt=cfg.prompt, corruption=cfg.corruption, seed=cfg.seed)
     else:
-        pairs = P.onpolicy_pairs(
+        pairs = onpolicy.onpolicy_pairs(
             model, processor, notes, args.data, prompt=cfg.prompt, num_samples=cfg.samples,
             temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
             seed=cfg.seed,
@@ -130,8 +131,8 @@ def run(args: argparse.Namespace) -> int:
             f"no {cfg.kind} pair could be built from {len(notes)} notes (on-policy: all samples tied); "
             "nothing written"
         )
-    P.add_logps(model, processor, pairs, args.data, batch_size=cfg.batch_size)
-    P.write_pairs(pairs, out)
+    logps.add_logps(model, processor, pairs, args.data, batch_size=cfg.batch_size)
+    files.write_pairs(pairs, out)
     gap = [p.chosen_logp - p.rejected_logp for p in pairs]
     mean_gap = sum(gap) / len(gap)
     print(
