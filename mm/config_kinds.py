@@ -37,7 +37,7 @@ KINDS: dict[str, Kind] = {
     "pope": Kind("mm.eval.pope:PopeBuildConfig", "mm eval pope-build (its flags)"),
     "dpo": Kind("rl.trainers.dpo:DPOConfig", "rl dpo --config FILE"),
     "grpo": Kind("rl.trainers.grpo:GRPOConfig", "rl grpo --config FILE"),
-    "pairs": Kind("rl.pairs_cli:PairsConfig", "rl pairs (its flags)"),
+    "pairs": Kind("rl.pairs.cli:PairsConfig", "rl pairs (its flags)"),
     "pipeline": Kind("rl.pipeline:PipelineConfig", "rl pipeline --config FILE"),
 }
 """Kind name -> its dataclass and command."""

@@ -153,7 +153,7 @@ def test_the_named_classes_are_covered():
     names = {f"{c.__module__}.{c.__qualname__}" for c in _classes()}
     for want in (
         "mm.world.config.WorldConfig", "mm.fusion.FusionConfig", "mm.multi_image.MultiImageConfig",
-        "mm.vision.VisionConfig", "mm.eval.pope.PopeBuildConfig", "rl.pairs_cli.PairsConfig",
+        "mm.vision.VisionConfig", "mm.eval.pope.PopeBuildConfig", "rl.pairs.cli.PairsConfig",
         "rl.pipeline.PipelineConfig", "rl.pipeline.StageSpec", "rl.rewards.RewardConfig",
     ):  # fmt: skip
         assert want in names, want
