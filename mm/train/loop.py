@@ -131,7 +131,9 @@ def average_gradients(params: Sequence[torch.nn.Parameter]) -> None:
     if not params:
         return
     ref = next((p.grad for p in params if p.grad is not None), params[0])
-    parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(ref.dtype) for p in params]
+    parts = [
+        (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(ref.dtype) for p in params
+    ]
     has = torch.tensor([p.grad is not None for p in params], dtype=ref.dtype, device=ref.device)  # (P,)
     flat = torch.cat([*parts, has])  # (sum numel + P,)
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
@@ -146,10 +148,12 @@ def average_gradients(params: Sequence[torch.nn.Parameter]) -> None:
 
 def mean_over_ranks(metrics: dict[str, Any], world: int) -> dict[str, Any]:
     """Numeric ``metrics`` as floats, averaged over ranks (float64, one all-reduce); others unchanged."""
-    keys = [k for k, v in metrics.items() if isinstance(v, (int, float, torch.Tensor)) and not isinstance(v, bool)]
+    keys = [
+        k for k, v in metrics.items() if isinstance(v, (int, float, torch.Tensor)) and not isinstance(v, bool)
+    ]
     out = dict(metrics)
-    if world == 1:
-        out.update({k: float(metrics[k]) for k in keys})
+    if world == 1:  # no reduction: tensors become floats, Python numbers stay as they are
+        out.update({k: float(metrics[k]) for k in keys if isinstance(metrics[k], torch.Tensor)})
         return out
     values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)  # (K,)
     values = common.all_reduce_sum(values) / world
@@ -264,11 +268,17 @@ def run(
         if eval_every is not None and (done % eval_every == 0 or done == run.steps) and not stopping:
             if main:
                 metrics = trainer.evaluate()
-                record = {"step": done, **record, **{f"eval/{k}": v for k, v in metrics.items() if k[0] != "_"}}
+                record = {
+                    "step": done,
+                    **record,
+                    **{f"eval/{k}": v for k, v in metrics.items() if k[0] != "_"},
+                }
             common.barrier()
         if record:
             logger.log(record)
-            shown = {k: record[k] for k in ("loss", *trainer.progress_keys) if isinstance(record.get(k), float)}
+            shown = {
+                k: record[k] for k in ("loss", *trainer.progress_keys) if isinstance(record.get(k), float)
+            }
             bar.set_postfix({k.rsplit("/", 1)[-1]: f"{v:.4g}" for k, v in shown.items()})
         if done % run.checkpoint_every == 0 or done == run.steps:
             if main:
@@ -285,7 +295,9 @@ def run(
     if main and not stopped:
         if eval_every is not None and not metrics:  # a finished run was resumed: evaluate the loaded weights
             metrics = trainer.evaluate()
-        common.plot_metrics(common.read_metrics(out / "metrics.jsonl"), plot_keys, out / "curves.png", title=desc)
+        common.plot_metrics(
+            common.read_metrics(out / "metrics.jsonl"), plot_keys, out / "curves.png", title=desc
+        )
     last = record or (history[-1] if history else {})
     return LoopResult(
         step=done, seconds=seconds, cpu_seconds=cpu_seconds, step_seconds=step_time / max(1, done - start),

@@ -1,9 +1,9 @@
 """The pretraining model (note encoder + text encoder + temperature) and its losses.
 
-    pixel_values (B, N, 3, H, W) -> vision tower -> patches (B, N, P, Dv) -> fusion (any kind, budget K)
-    -> tokens (B, N, K, D) -> mean over K -> per-image MLP (+ image index embedding) -> masked mean over
-    images -> projection -> L2-normalised note embedding (B, E)
-    text ids (B, T) -> TextEncoder -> projection -> L2-normalised text embedding (B, E)
+pixel_values (B, N, 3, H, W) -> vision tower -> patches (B, N, P, Dv) -> fusion (any kind, budget K)
+-> tokens (B, N, K, D) -> mean over K -> per-image MLP (+ image index embedding) -> masked mean over
+images -> projection -> L2-normalised note embedding (B, E)
+text ids (B, T) -> TextEncoder -> projection -> L2-normalised text embedding (B, E)
 """
 
 from __future__ import annotations
@@ -140,7 +140,9 @@ def contrastive_loss(
         images = contrastive.gather_with_grad(out["images"])  # (W*B, N, E)
         mask = contrastive.gather_no_grad(image_mask)  # (W*B, N)
         if cfg.kind == "clip":
-            return contrastive.multi_positive_clip_loss(images, mask, text, scale, label_smoothing=cfg.label_smoothing)
+            return contrastive.multi_positive_clip_loss(
+                images, mask, text, scale, label_smoothing=cfg.label_smoothing
+            )
         flat, valid = images.flatten(0, 1), mask.flatten()  # (W*B*N, E), (W*B*N,)
         owner = torch.arange(mask.shape[0], device=mask.device).repeat_interleave(mask.shape[1])
         pos = owner[valid][:, None] == torch.arange(text.shape[0], device=mask.device)[None, :]

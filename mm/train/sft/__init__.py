@@ -16,7 +16,6 @@ The loop is :mod:`mm.train.loop`'s; this package keeps the config (``config``), 
 (``model``), the loss (``loss``), the held-out evaluation (``evaluation``) and the batch (``trainer``).
 """
 
-
 from mm.train.config import OptimConfig, lr_lambda, param_groups
 from mm.train.sft.config import (
     STAGES,

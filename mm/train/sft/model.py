@@ -13,7 +13,13 @@ from mm.config import to_dict
 from mm.data.tokenizer import load_tokenizer as project_tokenizer
 from mm.errors import UserError
 from mm.model import NoteProcessor, NoteVLMConfig, NoteVLMForConditionalGeneration
-from mm.model.peft_presets import LoraPreset, apply_lora, enable_checkpointing, freeze_for_stage, trainable_counts
+from mm.model.peft_presets import (
+    LoraPreset,
+    apply_lora,
+    enable_checkpointing,
+    freeze_for_stage,
+    trainable_counts,
+)
 from mm.train import init_from_pretrain
 from mm.train.common import unwrap
 from mm.train.sft.config import TrainConfig

@@ -55,7 +55,13 @@ class SFTTrainer(loop.StepTrainer):
         self, cfg: TrainConfig, model: Any, processor: Any, data: SampleSet, eval_data: EvalData,
         *, rank: int, world: int,
     ) -> None:  # fmt: skip
-        self.cfg, self.model, self.processor, self.data, self.eval_data = cfg, model, processor, data, eval_data
+        self.cfg, self.model, self.processor, self.data, self.eval_data = (
+            cfg,
+            model,
+            processor,
+            data,
+            eval_data,
+        )
         self.rank, self.world = rank, world
         self.grouped = None
         if cfg.train.group_by_length:
@@ -80,7 +86,9 @@ class SFTTrainer(loop.StepTrainer):
             divisor = self.fixed_divisor
         return batch, weights, divisor
 
-    def loss(self, batch: tuple[dict[str, Any], torch.Tensor | None, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    def loss(
+        self, batch: tuple[dict[str, Any], torch.Tensor | None, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict]:
         inputs, weights, divisor = batch
         return answer_loss(self.model, inputs, weights, divisor), {}
 
