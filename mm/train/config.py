@@ -24,7 +24,7 @@ class OptimConfig:
     """AdamW with linear warm-up and cosine decay to ``min_lr_ratio * lr``."""
 
     lr: float = 1e-3
-    """Peak learning rate."""
+    """Peak learning rate (0 = the weights do not move, e.g. to evaluate a starting point)."""
     weight_decay: float = 0.0
     """Decoupled weight decay on matrices (never on biases, norms or a learned temperature)."""
     betas: tuple[float, float] = (0.9, 0.95)
@@ -39,8 +39,8 @@ class OptimConfig:
     """Global gradient-norm clip; 0 disables clipping (the norm is still logged)."""
 
     def __post_init__(self) -> None:
-        if not (self.lr > 0 and self.eps > 0):
-            raise ValueError(f"need optim.lr > 0 and optim.eps > 0, got {self.lr} and {self.eps}")
+        if not (self.lr >= 0 and self.eps > 0):  # lr 0 runs the loop without moving the weights
+            raise ValueError(f"need optim.lr >= 0 and optim.eps > 0, got {self.lr} and {self.eps}")
         if self.grad_clip < 0 or self.warmup_steps < 0 or self.weight_decay < 0:
             raise ValueError(
                 "need optim.grad_clip >= 0, optim.warmup_steps >= 0 and optim.weight_decay >= 0, got "

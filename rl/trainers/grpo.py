@@ -31,6 +31,7 @@ are not sharded.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +277,17 @@ class GRPOTrainer(loop.StepTrainer):
         }
 
 
+def check_single_process() -> None:
+    """Refuse a multi-process launch (``WORLD_SIZE`` > 1): rollouts and advantages are not sharded over
+    ranks, and copies of one run would race on one output folder."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    raise UserError(
+        "rl grpo runs in one process (its rollouts and advantages are not sharded over ranks); "
+        "launch it without torchrun / accelerate launch (WORLD_SIZE=1)"
+    )
+
+
 def train(
     cfg: GRPOConfig,
     *,
@@ -285,11 +297,7 @@ def train(
     stop_after: int | None = None,
 ) -> dict[str, Any]:
     """Train; writes OUT/metrics.jsonl, OUT/curves.png, OUT/checkpoints/, OUT/model. Returns a summary."""
-    if common.init_distributed()[1] > 1:
-        raise UserError(
-            "rl grpo runs in one process (its rollouts and advantages are not sharded over ranks); "
-            "launch it without torchrun / accelerate launch (WORLD_SIZE=1)"
-        )
+    check_single_process()
     out, device = start_run(cfg.train, out_dir)
     folder = Path(cfg.data.folder)
     if not (folder / "notes.jsonl").is_file():

@@ -155,7 +155,7 @@ def test_cli_missing_data_folder(tmp_path, capsys):
 
 
 def _strip_time(recs):
-    return [{k: v for k, v in r.items() if k not in ("time_s", "cpu_s")} for r in recs]
+    return [{k: v for k, v in r.items() if k not in ("time_s", "cpu_s", "step_s")} for r in recs]
 
 
 def test_kill_and_resume_gives_identical_run(splits, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -151,3 +152,65 @@ def test_checkpoint_tied_weights_and_rng_roundtrip(tmp_path):
     T.load_checkpoint(path, model=m)
     assert m["head"].weight is m["emb"].weight and m["emb"].weight.abs().sum() > 0
     assert (random.random(), float(np.random.rand()), torch.rand(1).item()) == want  # noqa: NPY002
+
+
+def test_read_metrics_drops_a_torn_last_line_with_a_warning(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.25}\n{"step": 3, "lo')
+    with pytest.warns(T.TornMetricsWarning, match=rf"{path}:3: dropped a torn last line"):
+        recs = T.read_metrics(path)
+    assert recs == [{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.25}]
+    path.write_text('{"step": 1, "loss": 2.5}\n\n')  # blank lines are no records, and no warning
+    assert T.read_metrics(path) == [{"step": 1, "loss": 2.5}]
+
+
+def test_read_metrics_torn_line_in_the_middle_is_an_error_naming_file_and_line(tmp_path):
+    from mm.errors import UserError
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "lo\n{"step": 3, "loss": 2.0}\n')
+    with pytest.raises(UserError, match=rf"{path}:2: not a metrics record"):
+        T.read_metrics(path)
+    path.write_text('{"step": 1}\n[1, 2]\n{"step": 3}\n')  # valid JSON but not a record
+    with pytest.raises(UserError, match=rf"{path}:2: not a metrics record .*list"):
+        T.read_metrics(path)
+
+
+def test_resumed_logger_truncates_the_torn_tail_before_appending(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.25}\n{"step": 3, "lo')
+    with pytest.warns(T.TornMetricsWarning):
+        logger = T.MetricsLogger(path, resume_step=2)
+    logger.log({"step": 3, "loss": torch.tensor(2.0)})
+    assert (
+        path.read_text() == '{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.25}\n{"step": 3, "loss": 2.0}\n'
+    )
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names fds through /proc (Linux)")
+def test_checkpoint_is_fsynced_files_then_folder_before_the_rename(tmp_path, monkeypatch):
+    from mm.train import checkpoints
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("rename", str(src)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    model = torch.nn.Linear(3, 2)
+    final = T.save_checkpoint(tmp_path / "ck", step=7, model=model, config={"a": 1})
+    tmp = str(tmp_path / "ck" / ".tmp-step-00000007")
+    rename = events.index(("rename", tmp))
+    synced = [path for kind, path in events[:rename] if kind == "fsync"]
+    files = {f"{tmp}/{n}" for n in ("model.safetensors", "state.safetensors", "state.json")}
+    assert set(synced[:3]) == files and synced[3] == tmp  # every file, then the folder, before the rename
+    assert events[rename + 1] == ("fsync", str(tmp_path / "ck"))  # then the parent, so the rename lasts
+    assert final.name == "step-00000007" and checkpoints.find_last_checkpoint(tmp_path / "ck") == final
