@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from mm.train.checkpoints import (
     CHECKPOINT_PREFIX,
@@ -124,8 +125,6 @@ def init_distributed() -> tuple[int, int]:
     Always gloo: the ``mm`` trainers keep their tensors on the CPU, and nccl only reduces CUDA tensors (it
     would fail on a GPU machine). Returns ``(rank, world_size)``; ``(0, 1)`` single-process.
     """
-    import torch.distributed as dist
-
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return 0, 1
@@ -136,23 +135,17 @@ def init_distributed() -> tuple[int, int]:
 
 def is_main_process() -> bool:
     """True on rank 0 or when not distributed."""
-    import torch.distributed as dist
-
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
 def barrier() -> None:
     """Synchronise ranks; no-op single-process."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 
 
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     """A copy of ``x`` summed over ranks (``x`` itself, detached, single-process); no gradient."""
-    import torch.distributed as dist
-
     out = x.detach().clone()
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(out, op=dist.ReduceOp.SUM)

@@ -146,6 +146,15 @@ def average_gradients(params: Sequence[torch.nn.Parameter]) -> None:
         offset += n
 
 
+def broadcast_weights(model: torch.nn.Module) -> None:
+    """Copy rank 0's parameters and buffers to every rank (no-op single-process)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t.data, src=0)
+
+
 def mean_over_ranks(metrics: dict[str, Any], world: int) -> dict[str, Any]:
     """Numeric ``metrics`` as floats, averaged over ranks (float64, one all-reduce); others unchanged."""
     keys = [
@@ -216,6 +225,7 @@ def run(
         info = common.load_checkpoint(last_ckpt, model=model, optimizer=optimizer, scheduler=scheduler)
         trainer.load_state(info["extra"])
         start = info["step"]
+    broadcast_weights(model)  # every rank starts from rank 0's weights, as DDP's wrapper ensures
     logger = common.MetricsLogger(out / "metrics.jsonl", resume_step=start if start else None, enabled=main)
     history = common.read_metrics(out / "metrics.jsonl") if monitor is not None else []
     bar = common.progress(run.steps, initial=start, desc=desc, enabled=main and show_progress)

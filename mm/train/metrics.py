@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from mm.errors import UserError
 
@@ -120,7 +121,7 @@ def plot_metrics(
 
     Keys no record has are drawn as an empty panel labelled "no data" rather than failing.
     """
-    import matplotlib
+    import matplotlib  # heavy (~0.5 s): imported only when a plot is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -149,6 +150,4 @@ def plot_metrics(
 
 def progress(total: int, *, initial: int = 0, desc: str = "", enabled: bool = True):
     """A tqdm bar over steps (disabled on non-main ranks or when ``enabled`` is False)."""
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, dynamic_ncols=True)
