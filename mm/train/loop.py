@@ -251,7 +251,7 @@ def run(
         scheduler.step()
         step_time += time.perf_counter() - ts
         done = step + 1
-        stopping = stop_after is not None and done >= stop_after
+        stopping = stop_after is not None and stop_after <= done < run.steps  # a simulated kill
         bar.update(1)
         record = {}
         if monitor is not None or done % run.log_every == 0 or done == run.steps:
@@ -301,7 +301,7 @@ def run(
             break
     bar.close()
     seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
-    stopped = stop_after is not None and done >= stop_after and done < run.steps
+    stopped = stop_after is not None and stop_after <= done < run.steps
     if main and not stopped:
         if eval_every is not None and not metrics:  # a finished run was resumed: evaluate the loaded weights
             metrics = trainer.evaluate()
