@@ -22,7 +22,6 @@ EXPECTED_KIND = {
     "mm/notevlm_tiny": "notevlm", "mm/notevlm_small": "notevlm", "rl/dpo": "dpo", "rl/dpo_tiny": "dpo",
     "rl/grpo": "grpo", "rl/grpo_tiny": "grpo", "rl/pipeline": "pipeline",
 }  # fmt: skip
-PENDING = ("mm.train.", "rl.trainers.")  # classes whose field docs are being written elsewhere
 
 
 def _norm(text: str) -> str:
@@ -50,7 +49,7 @@ def test_show_prints_every_field_with_its_doc(capsys):
     rc, out, _ = _show(capsys, str(ROOT / "configs/mm/sft.yaml"), "--set", "train.steps=7", "optim.lr=0.5")
     assert rc == 0
     head, *lines = out.splitlines()
-    assert "mm.train.sft.TrainConfig" in head and "kind train (guessed from the file name" in head
+    assert "mm.train.sft.config.TrainConfig" in head and "kind train (guessed from the file name" in head
     cfg = load_config(config_class("train"), ROOT / "configs/mm/sft.yaml", ["train.steps=7", "optim.lr=0.5"])
     keys = [line.split(":")[0] for line in lines if line and not line.startswith((" ", "#"))]
     assert keys == [k for k, _, _ in described(cfg)]  # every leaf field, in order, nothing else
@@ -83,7 +82,7 @@ def test_kind_from_keys_alias_and_given_kind(tmp_path, capsys):
     rc, out, _ = _show(capsys, str(cfg), "--kind", "grpo")
     assert rc == 0 and "given with --kind" in out
     rc, out, _ = _show(capsys, str(ROOT / "configs/mm/align.yaml"), "--kind", "align")  # an alias
-    assert rc == 0 and "mm.train.sft.TrainConfig" in out and "train.stage: align\n" in out
+    assert rc == 0 and "mm.train.sft.config.TrainConfig" in out and "train.stage: align\n" in out
 
 
 def test_errors_are_one_line_with_exit_2(tmp_path, capsys):
@@ -138,11 +137,7 @@ def _classes() -> list[type]:
 
 @pytest.mark.parametrize(
     "cls",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=False, reason="docs being written"))
-        if c.__module__.startswith(PENDING) else c
-        for c in _classes()
-    ],
+    _classes(),
     ids=lambda c: f"{c.__module__}.{c.__qualname__}",
 )  # fmt: skip
 def test_every_config_field_has_a_doc(cls):

@@ -131,9 +131,6 @@ def test_imported_names_see_function_level_and_relative_imports(tmp_path):
     assert imported_names(path, "rl.pairs.m") == want
 
 
-@pytest.mark.xfail(
-    strict=False, reason="mm.eval.runners <-> mm.train.tasks: broken by the mm.train split, not yet merged"
-)
 def test_no_import_cycle():
     found = cycles(import_graph())
     assert not found, "import cycles (move the function to the module that owns it):\n" + "\n".join(
@@ -184,7 +181,6 @@ def tracked_files() -> list[Path]:
     return [ROOT / n for n in names if n and not n.startswith("tests/") and (ROOT / n).is_file()]
 
 
-@pytest.mark.xfail(strict=False, reason="README.md and docs/ are being rewritten by their owner")
 def test_no_development_history_in_tracked_files():
     hits = []
     for path in tracked_files():

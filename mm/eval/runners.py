@@ -9,7 +9,7 @@
   :func:`mm.eval.generate.answer_questions`), parsed and scored by :func:`mm.eval.pope.pope_scores`.
   Absent categories come from the whole world vocabulary (not only those seen in the held-out notes).
 - CHAIR (:func:`run_chair`): one greedy caption per note (:func:`mm.eval.generate.generate_captions`,
-  prompt :data:`mm.train.tasks.CAPTION_PROMPT`), scored against the note's categories with the world
+  prompt :data:`mm.data.prompts.CAPTION_PROMPT`), scored against the note's categories with the world
   vocabulary (:func:`mm.eval.chair.chair_scores`), plus the hallucination cause split
   (:mod:`mm.eval.causes`).
 
@@ -28,18 +28,14 @@ from typing import Any
 import torch
 
 from mm.data.format import read_notes
+from mm.data.prompts import CAPTION_PROMPT, WORLD_POPE_TEMPLATE
 from mm.errors import UserError
 from mm.eval.causes import cause_split_from_chair
 from mm.eval.chair import Vocabulary, chair_scores
 from mm.eval.generate import answer_questions, generate_captions
-from mm.eval.pope import PopeBuildConfig, build_questions, objects_from_notes, pope_scores
+from mm.eval.pope import pope_scores
+from mm.eval.pope_notes import pope_questions
 from mm.model import NoteProcessor, NoteVLMForConditionalGeneration
-from mm.train.tasks import CAPTION_PROMPT
-from mm.world.text import article
-from mm.world.vocab import CATEGORY_NAMES
-
-WORLD_POPE_TEMPLATE = "Is there a {object} in this note?"
-"""Question template used on world models (the world's wording for a one-image note)."""
 
 CHAIR_SUMMARY_KEYS = (
     "chair_i",
@@ -68,6 +64,7 @@ def load_model(model_dir: str | Path, *, device: str | None = None) -> tuple[Any
 
 def held_out_notes(data_dir: str | Path, *, split: str = "test", limit: int | None = None) -> list[Any]:
     """Notes of ``split`` in ``data_dir`` that have object annotations (the first ``limit``)."""
+
     notes = [n for n in read_notes(data_dir, split=split) if n.categories]
     if not notes:
         raise UserError(
@@ -75,37 +72,6 @@ def held_out_notes(data_dir: str | Path, *, split: str = "test", limit: int | No
             "generate a world with held-out notes (`mm data world`) or choose another --eval-split"
         )
     return notes[:limit] if limit else notes
-
-
-def _with_article(text: str, obj: str) -> str:
-    return text.replace(f" a {obj}", f" {article(obj)} {obj}", 1)
-
-
-def pope_questions(
-    notes: Sequence[Any],
-    *,
-    split: str = "adversarial",
-    seed: int = 0,
-    template: str = WORLD_POPE_TEMPLATE,
-    categories: Sequence[str] | None = None,
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """POPE questions (``question_id``, ``image``, ``text``, ``label``, ``object``) for the notes' images."""
-    if categories is None:
-        categories = CATEGORY_NAMES
-    try:
-        cfg = PopeBuildConfig(split=split, seed=seed, template=template)
-    except ValueError as e:
-        raise UserError(f"POPE: {e}") from None
-    objects = objects_from_notes(notes)
-    try:
-        questions, warns = build_questions(objects, cfg, categories=categories)
-    except ValueError as e:
-        raise UserError(f"POPE: {e}; pass --vocab/categories that cover the notes' objects") from None
-    prefix, suffix = template.split("{object}", 1)
-    for q in questions:
-        q["object"] = q["text"][len(prefix) : len(q["text"]) - len(suffix)]
-        q["text"] = _with_article(q["text"], q["object"])
-    return questions, warns
 
 
 def run_pope(
@@ -126,6 +92,7 @@ def run_pope(
     Returns :func:`mm.eval.pope.pope_scores`' dict plus ``split``, ``n_questions`` and ``answers``
     (``[{"question_id", "text", "label"}]``).
     """
+
     questions, warns = pope_questions(notes, split=split, seed=seed, template=template)
     items = [[str(Path(root) / q["image"])] for q in questions]
     texts = answer_questions(
@@ -156,6 +123,7 @@ def run_chair(
     vocab: str = "world",
 ) -> dict[str, Any]:
     """CHAIR of one greedy caption per note, plus the cause split (``causes``; world vocabulary only)."""
+
     if vocab not in ("world", "coco"):
         raise UserError(f"vocab must be 'world' or 'coco', got {vocab!r}")
     caps = generate_captions(

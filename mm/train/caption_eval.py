@@ -10,11 +10,13 @@ look-alike of a present object) or ``other``, as defined in :mod:`mm.eval.causes
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from mm.eval.causes import CAUSES as HALLUCINATION_CAUSES
 from mm.eval.causes import hallucination_cause
+from mm.eval.chair import Vocabulary, chair_scores
 
 
 def caption_object_metrics(
@@ -25,10 +27,6 @@ def caption_object_metrics(
     ``objects[i]`` are the canonical categories present in note i. ``world=False`` uses the COCO
     vocabulary and skips the cause split (it needs the world's partner/shape tables).
     """
-    import warnings
-
-    from mm.eval.chair import Vocabulary, chair_scores
-
     if len(captions) != len(objects):
         raise ValueError(f"need one object set per caption, got {len(captions)} and {len(objects)}")
     vocab = Vocabulary.world() if world else Vocabulary.coco()

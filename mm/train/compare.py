@@ -14,9 +14,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mm.fusion import FUSION_KINDS
+from mm.data.format import read_notes
+from mm.data.tokenizer import load_tokenizer
+from mm.fusion import FUSION_KINDS, build_fusion_from_config
+from mm.train import pretrain, sft
 from mm.train.pretrain import PretrainConfig
 from mm.train.sft import TrainConfig
+from mm.vision import build_vision_tower
 
 TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("kind", "fusion", "{}"),
@@ -108,12 +112,6 @@ def run_kind(
     cfg: CompareConfig, kind: str, *, folder: Path, out: Path, show_progress: bool = False
 ) -> dict[str, Any]:
     """Pretrain -> align -> SFT for one kind; returns its table row."""
-    from mm.data.format import read_notes
-    from mm.data.tokenizer import load_tokenizer
-    from mm.fusion import build_fusion_from_config
-    from mm.train import pretrain, sft
-    from mm.vision import build_vision_tower
-
     pre_cfg, align_cfg, sft_cfg = stage_configs(cfg, kind, str(folder))
     tok = load_tokenizer()
     mi, ml = pre_cfg.model.max_images, pre_cfg.model.text.max_len

@@ -13,6 +13,13 @@ import argparse
 import json
 from pathlib import Path
 
+import yaml
+
+from mm.config import load_config, to_dict
+from mm.errors import UserError
+from mm.train import compare
+from mm.train.run_setup import generate_world
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="YAML file for mm.train.compare.CompareConfig")
@@ -26,13 +33,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import yaml
-
-    from mm.config import load_config, to_dict
-    from mm.errors import UserError
-    from mm.train import compare
-    from mm.train.run_setup import generate_world
-
     cfg = load_config(compare.CompareConfig, args.config, args.overrides)
     out = Path(args.out) if args.out else Path("runs/compare") / Path(args.config).stem
     folder = Path(args.data) if args.data else Path(cfg.sft.data.folder)

@@ -13,15 +13,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import load_file
+
+from mm.config import from_dict
 from mm.errors import UserError
+from mm.fusion import FusionConfig
+from mm.train.common import find_last_checkpoint
 
 CHECKPOINT_DIR = "checkpoints"
 
 
 def find_pretrain_checkpoint(path: str | Path) -> Path:
     """``path`` itself when it is a checkpoint folder, else the last checkpoint of the run folder ``path``."""
-    from mm.train.common import find_last_checkpoint
-
     p = Path(path)
     if (p / "state.json").is_file():
         return p
@@ -36,9 +39,6 @@ def find_pretrain_checkpoint(path: str | Path) -> Path:
 
 def pretrain_parts(path: str | Path) -> dict[str, Any]:
     """Vision config dict, fusion kind / budget / kwargs, ``d_model`` and ``max_images`` of a checkpoint."""
-    from mm.config import from_dict
-    from mm.fusion import FusionConfig
-
     ckpt = find_pretrain_checkpoint(path)
     cfg = json.loads((ckpt / "state.json").read_text()).get("config", {})
     model = cfg.get("model")
@@ -65,8 +65,6 @@ def load_pretrained_parts(model: Any, path: str | Path) -> dict[str, int]:
     Every tensor of both parts must be present with the same shape (else a :class:`UserError` naming the
     first mismatch).
     """
-    from safetensors.torch import load_file
-
     ckpt = find_pretrain_checkpoint(path)
     state = load_file(str(ckpt / "model.safetensors"))
     loaded = {}

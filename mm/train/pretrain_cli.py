@@ -16,6 +16,9 @@ import json
 import os
 import time
 
+from mm.config import load_config
+from mm.data.tokenizer import load_tokenizer
+from mm.train import pretrain
 from mm.train.run_setup import add_run_arguments, prepare_run
 
 
@@ -28,15 +31,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mm.config import load_config
-    from mm.train import pretrain
-
     cfg = load_config(pretrain.PretrainConfig, args.config, args.overrides)
     out, folder, main = prepare_run(
         args, cfg, default_root="runs/pretrain", world_config=cfg.data.world_config
     )
-
-    from mm.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     t_load = time.perf_counter()

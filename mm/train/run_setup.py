@@ -15,6 +15,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from mm.cli import main as mm_main
+from mm.config import to_dict
+from mm.errors import UserError
+from mm.train import common
+
 
 def add_run_arguments(parser: argparse.ArgumentParser, *, config_help: str, default_out: str) -> None:
     """``--config --out --data --set --no-resume --no-progress``."""
@@ -31,9 +38,6 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, config_help: str, defa
 
 def generate_world(folder: Path, notes: int, seed: int, world_config: str | None = None) -> None:
     """Run ``mm data world --out folder --notes N --seed S [--config C]``; fail loudly if it fails."""
-    from mm.cli import main as mm_main
-    from mm.errors import UserError
-
     argv = ["data", "world", "--out", str(folder), "--notes", str(notes), "--seed", str(seed)]
     if world_config:
         argv += ["--config", world_config]
@@ -46,12 +50,6 @@ def prepare_run(
     args: argparse.Namespace, cfg: Any, *, default_root: str, world_config: str | None = None
 ) -> tuple[Path, Path, bool]:
     """Resolve OUT and the data folder, set the run folder up on rank 0; returns (out, folder, is_main)."""
-    import yaml
-
-    from mm.config import to_dict
-    from mm.errors import UserError
-    from mm.train import common
-
     out = Path(args.out) if args.out else Path(default_root) / Path(args.config).stem
     folder = Path(args.data) if args.data else Path(cfg.data.folder)
     rank, _ = common.init_distributed()

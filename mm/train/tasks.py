@@ -21,15 +21,14 @@ Pure functions of the notes: no I/O, no tokenizer.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-CAPTION_PROMPT = "Describe the note."
-"""Default prompt of the captioning task (also used by evaluation)."""
-
-IMAGE_CAPTION_PROMPT = "Describe the photo."
-"""Default prompt of the per-image captioning task."""
+from mm.data.prompts import CAPTION_PROMPT, IMAGE_CAPTION_PROMPT
+from mm.eval.pope_notes import pope_questions
+from mm.world.text import article
 
 TASK_KINDS = ("caption", "image_caption", "question", "pope_question", "conversation")
 """Kinds of samples :func:`build_samples` can make."""
@@ -87,8 +86,6 @@ def yes_no_answer(label: str, obj: str | None, style: str = "word") -> str:
         raise ValueError(f"a yes/no label must be 'yes' or 'no', got {label!r}")
     if style == "word" or not obj:
         return label
-    from mm.world.text import article
-
     return f"{article(obj).capitalize()} {obj}: {label}"
 
 
@@ -112,15 +109,11 @@ def pope_question_samples(
     answer_style: str = "word",
 ) -> list[list[Sample]]:
     """Per note, ``per_note`` POPE-style yes/no samples about single images of it, drawn at random from the
-    questions :func:`mm.eval.runners.pope_questions` builds over ``notes`` (as many "yes" as "no" per
+    questions :func:`mm.eval.pope_notes.pope_questions` builds over ``notes`` (as many "yes" as "no" per
     image; ``split``: how the absent objects are chosen, POPE's random / popular / adversarial rule applied
     to these notes' statistics). The world's own questions take their "no" objects from co-occurrence
     partners or from any category (mostly another theme's); POPE's adversarial ones are absent objects that
     co-occur with the image's objects, i.e. the note's theme, the hard case a captioner learns to guess."""
-    import random
-
-    from mm.eval.runners import pope_questions
-
     where = {path: (i, k) for i, n in enumerate(notes) for k, path in enumerate(n.images)}
     questions, _ = pope_questions(notes, split=split, seed=seed)
     by_note: list[list[dict]] = [[] for _ in notes]

@@ -17,6 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from mm.config import load_config
+from mm.data.format import read_notes
+from mm.errors import UserError
+from mm.train import sft
 from mm.train.run_setup import add_run_arguments, prepare_run
 
 
@@ -27,11 +31,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mm.config import load_config
-    from mm.data.format import read_notes
-    from mm.errors import UserError
-    from mm.train import sft
-
     cfg = load_config(sft.TrainConfig, args.config, args.overrides)
     out, folder, main = prepare_run(args, cfg, default_root="runs/train")
     train_notes = read_notes(folder, cfg.data.train_split)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mm.eval.runners import WORLD_POPE_TEMPLATE, pope_questions
+from mm.data.prompts import WORLD_POPE_TEMPLATE
+from mm.eval.pope_notes import pope_questions
 from mm.train.tasks import yes_no_answer
 from rl.pairs.record import PreferencePair
 

@@ -17,323 +17,47 @@ forward, as TRL's ``concatenated_forward``) and calls :func:`rl.losses.dpo_loss`
 ``benchmarks/rl_bench.py`` times it against ``DPOTrainer``.
 
 Reference: adapter-disabled model under LoRA, a frozen copy otherwise (DPO always needs one).
+Data parallel (torchrun / accelerate launch): each rank takes its contiguous shard of every step's pairs
+(:func:`mm.train.common.shard`); the loss is the shard's mean, so the ranks' averaged gradient
+(:func:`mm.train.loop.average_gradients`) is the global batch's; BCO's running mean uses the global
+mean of the implicit rewards. Only rank 0 writes.
 Deviation: corrupt pairs (and mDPO's conditional rows) corrupt the images *after* resizing to the
 processor's size (``rl.pairs.pair_images`` corrupts full-size files); same corruption kind and seed.
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import torch
 
+from mm.config import to_dict
 from mm.errors import UserError
-from mm.train.tasks import ANSWER_STYLES
+from mm.train import common, loop
+from rl.losses import bco_running_delta, dpo_loss, mdpo_anchor_loss, mdpo_conditional_loss
 from rl.trainers.common import (
-    InitConfig,
-    LoraConfig,
-    OptimConfig,
     Reference,
-    RunConfig,
     batch_token_logps,
-    note_pixels,
+    load_policy,
+    make_optimizer,
+    save_final,
+    start_run,
+    to_device,
 )
+from rl.trainers.dpo_config import BUILDS, DataConfig, DPOConfig, LossConfig
+from rl.trainers.dpo_data import PairBatcher, load_pairs, load_question_pairs
+from rl.trainers.monitor import failure_warnings
+
+__all__ = [
+    "BUILDS", "DPOConfig", "DPOTrainer", "DataConfig", "LossConfig", "PairBatcher", "dpo_step", "load_pairs",
+    "load_question_pairs", "train",
+]  # fmt: skip
 
 DPO_PLOT_KEYS = ["loss", "reward_margin", "reward_accuracy", "grad_norm", "kl", "entropy"]
 """Panels of OUT/curves.png."""
-
-
-@dataclass(kw_only=True)
-class LossConfig:
-    """The DPO-family loss and mDPO's extra terms."""
-
-    loss_type: str = "sigmoid"
-    """One of rl.losses.DPO_LOSS_TYPES (sigmoid, ipo, hinge, robust, bco_pair, ..., sigmoid_norm)."""
-    beta: float = 0.1
-    """DPO temperature (KL strength to the reference); > 0."""
-    label_smoothing: float = 0.0
-    """cDPO / robust DPO label-flip rate in [0, 0.5)."""
-    sft_weight: float = 0.0
-    """Weight of the chosen answer's NLL mixed in (RPO); 0 = off."""
-    conditional_weight: float = 0.0
-    """mDPO conditional term weight (chosen answer with true vs corrupted images); 0 = off."""
-    anchor_weight: float = 0.0
-    """mDPO anchor term weight (chosen implicit reward kept above anchor_delta); 0 = off."""
-    anchor_delta: float = 0.0
-    """mDPO anchor threshold delta (0 in the paper)."""
-    corruption: str = "crop"
-    """rl.corrupt kind for mDPO's conditional rows: noise, crop, patch_shuffle or blank."""
-
-    def __post_init__(self) -> None:
-        from rl.corrupt import KINDS
-        from rl.losses import DPO_LOSS_TYPES
-
-        if self.loss_type not in DPO_LOSS_TYPES:
-            raise ValueError(f"loss.loss_type must be one of {DPO_LOSS_TYPES}, got {self.loss_type!r}")
-        if self.beta <= 0:
-            raise ValueError(f"loss.beta must be > 0 for DPO (it scales the log-ratios), got {self.beta}")
-        if not 0 <= self.label_smoothing < 0.5:
-            raise ValueError(f"loss.label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
-        if min(self.sft_weight, self.conditional_weight, self.anchor_weight) < 0:
-            raise ValueError("loss.sft_weight, conditional_weight and anchor_weight must be >= 0")
-        if self.corruption not in KINDS:
-            raise ValueError(f"loss.corruption must be one of {KINDS}, got {self.corruption!r}")
-
-
-BUILDS = ("injection", "corrupt", "correction", "onpolicy")
-"""Pair kinds ``rl dpo`` builds itself (``data.build``)."""
-
-
-@dataclass(kw_only=True)
-class DataConfig:
-    """Preference pairs: a JSONL from ``rl pairs``, or injection/corrupt pairs built from the notes."""
-
-    folder: str = "runs/data/world"
-    """Note folder (notes.jsonl + images); pair image paths are relative to it."""
-    pairs: str | None = None
-    """Pairs JSONL written by ``rl pairs``; None = build ``build`` pairs from ``split`` notes."""
-    build: str = "injection"
-    """Pairs to build when ``pairs`` is None: injection (POVID/HA-DPO), corrupt (mDPO), correction
-    (RLHF-V: the starting policy's own greedy captions minus their hallucinated objects) or onpolicy
-    (RLAIF-V: best vs worst by the scene reward of ``samples`` captions sampled from the starting policy).
-    correction and onpolicy generate with the policy first, so they need ``notes`` > 0."""
-    samples: int = 4
-    """onpolicy: captions sampled per note."""
-    temperature: float = 1.0
-    """onpolicy: sampling temperature."""
-    hallucination_weight: float = 1.0
-    """onpolicy: weight of the hallucinated-mention penalty in the reward that ranks the samples (the
-    covered-object fraction has weight 1; :class:`rl.rewards.RewardConfig`). RLAIF-V ranks by
-    hallucinations; at 1 the best sample is often the one that names more objects, hallucinations too."""
-    split: str = "train"
-    """Note split pairs are built from."""
-    notes: int = 0
-    """Use the first n notes (0 = all)."""
-    prompt: str = "Describe the note."
-    """Caption prompt (the SFT caption prompt)."""
-    batch_size: int = 8
-    """Pairs per optimizer step."""
-    question_ratio: float = 0.0
-    """Add POPE-style yes/no pairs (:func:`rl.pairs.question_pairs`, one "yes" and one adversarial "no" per
-    image of the ``split`` notes), this many per caption pair, drawn at random (0 = none; also with
-    ``pairs``). They teach the model to say "no" to the absent partner that a caption pair punishes."""
-    question_batch_size: int = 0
-    """POPE-style yes/no pairs (:func:`rl.pairs.question_pairs` on the notes the caption pairs come from,
-    one "yes" and one adversarial "no" per image) trained in a batch of their own beside every step's
-    pairs (0 = none); their loss (same loss type, beta and SFT term) is added with weight 1, metrics under
-    ``question/``. A question pair is ~3x shorter than a caption pair, which a mixed batch
-    (``question_ratio``) pads to caption length, so many cost little this way."""
-    answer_style: str = "word"
-    """How the yes/no pairs' answers are written: the SFT model's ``tasks.answer_style`` ("word": "yes";
-    "object": "A fork: yes"; :func:`mm.train.tasks.yes_no_answer`)."""
-
-    def __post_init__(self) -> None:
-        if self.question_ratio < 0 or self.question_batch_size < 0:
-            raise ValueError(
-                "data.question_ratio and data.question_batch_size must be >= 0, got "
-                f"{self.question_ratio} and {self.question_batch_size}"
-            )
-        if self.answer_style not in ANSWER_STYLES:
-            raise ValueError(f"data.answer_style must be one of {ANSWER_STYLES}, got {self.answer_style!r}")
-        if self.build not in BUILDS:
-            raise ValueError(f"data.build must be one of {', '.join(BUILDS)}, got {self.build!r}")
-        if self.build in ("correction", "onpolicy") and self.pairs is None and self.notes == 0:
-            raise ValueError(
-                f"data.build={self.build} captions every note with the policy first; set data.notes to how "
-                "many (e.g. 600)"
-            )
-        hw = self.hallucination_weight
-        if not (hw >= 0 and math.isfinite(hw)):
-            raise ValueError(f"data.hallucination_weight must be a finite number >= 0, got {hw}")
-        if self.samples < 2 or self.temperature <= 0:
-            raise ValueError(
-                f"need data.samples >= 2 and data.temperature > 0, got {self.samples}, {self.temperature}"
-            )
-        if self.batch_size < 1 or self.notes < 0:
-            raise ValueError(
-                f"need data.batch_size >= 1 and data.notes >= 0, got {self.batch_size}, {self.notes}"
-            )
-
-
-@dataclass(kw_only=True)
-class DPOConfig:
-    """Everything ``rl dpo`` needs."""
-
-    init: InitConfig = field(default_factory=InitConfig)
-    """SFT checkpoint to start from."""
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    """LoRA (reference = adapters off) or full fine-tuning (reference = frozen copy)."""
-    loss: LossConfig = field(default_factory=LossConfig)
-    """DPO-family loss and mDPO terms."""
-    data: DataConfig = field(default_factory=DataConfig)
-    """Preference pairs."""
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    """Optimizer and schedule."""
-    train: RunConfig = field(default_factory=RunConfig)
-    """Steps, seed, cadence."""
-
-
-# ---------------------------------------------------------------- pairs -> batches
-
-
-class PairBatcher:
-    """Turns :class:`rl.pairs.PreferencePair` records into right-padded training rows.
-
-    Row layout of ``batch(indices)`` with ``b = len(indices)``: rows ``[0, b)`` chosen, ``[b, 2b)``
-    rejected and, with ``conditional``, ``[2b, 3b)`` the chosen answer with corrupted images.
-    """
-
-    def __init__(
-        self,
-        *,
-        processor: Any,
-        pairs: list[Any],
-        root: str | Path,
-        conditional: str | None = None,
-        seed: int = 0,
-    ) -> None:
-        from mm.train.sft_data import load_note_images
-
-        if not pairs:
-            raise UserError("no preference pairs to train on")
-        self.processor = processor
-        self.pairs = pairs
-        self.conditional = conditional
-        self.seed = seed
-        self._images: dict[tuple[str, ...], torch.Tensor] = {}
-        for p in pairs:
-            key = tuple(p.images)
-            if key not in self._images:
-                note = SimpleNamespace(id=p.note_id, images=list(p.images))
-                self._images[key] = load_note_images([note], root, processor.image_size)[0]  # (n, 3, S, S) u8
-        self._prompt: dict[tuple[int, str], list[int]] = {}
-
-    def __len__(self) -> int:
-        return len(self.pairs)
-
-    def _pixels(self, pair: Any, corruption: dict[str, Any] | None) -> torch.Tensor:
-        from rl.corrupt import corrupt
-
-        u8 = self._images[tuple(pair.images)]  # (n, 3, S, S)
-        if corruption is None:
-            return note_pixels(u8, self.processor)
-        unit = corrupt(u8.float() / 255.0, **corruption)  # (n, 3, S, S) in [0, 1]
-        return note_pixels((unit * 255.0).round().to(torch.uint8), self.processor)
-
-    def _row(self, pair: Any, text: str, ids: list[int] | None, corruption: dict[str, Any] | None) -> dict:
-        from mm.model.processing import IGNORE_INDEX
-
-        p = self.processor
-        pixels = self._pixels(pair, corruption)
-        key = (len(pixels), pair.prompt)
-        if key not in self._prompt:
-            self._prompt[key] = p.prompt_ids(len(pixels), pair.prompt)
-        prompt = self._prompt[key]
-        if ids is None:
-            ids = [*p.tokenizer(text, add_special_tokens=False)["input_ids"], p.tokenizer.eos_token_id]
-        room = p.max_length - len(prompt)
-        if room < 1:
-            raise UserError(
-                f"pair {pair.id}: the prompt with its images is {len(prompt)} tokens but max_length="
-                f"{p.max_length}; raise the processor's max_length"
-            )
-        seq = torch.tensor([*prompt, *ids[:room]], dtype=torch.long)  # (T,)
-        labels = seq.clone()
-        labels[: len(prompt)] = IGNORE_INDEX
-        return {
-            "input_ids": seq,
-            "attention_mask": torch.ones_like(seq),
-            "labels": labels,
-            "pixel_values": pixels,
-        }
-
-    def batch(self, indices: list[int]) -> dict[str, Any]:
-        """Rows for ``indices`` (see class docstring) with ``response_mask`` and ``num_pairs``."""
-        rows, rejected, cond = [], [], []
-        for i in indices:
-            pair = self.pairs[i]
-            rows.append(self._row(pair, pair.chosen, pair.chosen_ids, None))
-            rejected.append(self._row(pair, pair.rejected, pair.rejected_ids, pair.corruption))
-            if self.conditional is not None:
-                spec = {"kind": self.conditional, "seed": self.seed * 1_000_003 + i}
-                cond.append(self._row(pair, pair.chosen, pair.chosen_ids, spec))
-        out = self.processor.collate(rows + rejected + cond, padding_side="right")
-        out["response_mask"] = (out.pop("labels") != -100).long()  # (R, T)
-        out["num_pairs"] = len(indices)
-        return out
-
-
-def _world_notes(cfg: DataConfig) -> list[Any]:
-    """The first ``cfg.notes`` annotated notes with text of ``cfg.split`` in ``cfg.folder``."""
-    from mm.data.format import read_notes
-
-    folder = Path(cfg.folder)
-    if not (folder / "notes.jsonl").is_file():
-        raise UserError(f"data.folder={folder} has no notes.jsonl; generate notes with `mm data world`")
-    notes = [n for n in read_notes(folder, split=cfg.split) if n.categories and n.text.strip()]
-    return notes[: cfg.notes] if cfg.notes else notes
-
-
-def load_question_pairs(cfg: DataConfig, seed: int) -> list[Any]:
-    """POPE-style yes/no pairs on the configured notes (``data.question_ratio`` / ``question_batch_size``)."""
-    from rl.pairs import question_pairs
-
-    pairs = question_pairs(_world_notes(cfg), per_image=1, seed=seed, answer_style=cfg.answer_style)
-    if not pairs:
-        raise UserError(f"no yes/no question pairs from the {cfg.split!r} notes of {cfg.folder}")
-    return pairs
-
-
-def load_pairs(cfg: DataConfig, seed: int, policy: tuple[Any, Any] | None = None) -> list[Any]:
-    """The configured pairs: read from ``cfg.pairs`` or built from the notes of ``cfg.split`` (correction
-    pairs with ``policy`` = (model, processor))."""
-    from rl.pairs import (
-        correction_pairs,
-        corrupt_pairs,
-        injection_pairs,
-        onpolicy_pairs,
-        read_pairs,
-    )
-
-    if cfg.pairs is not None:
-        pairs = read_pairs(cfg.pairs)
-    elif cfg.build == "injection":
-        pairs = injection_pairs(_world_notes(cfg), prompt=cfg.prompt, seed=seed)
-    elif cfg.build in ("correction", "onpolicy"):
-        if policy is None:
-            raise ValueError(f"{cfg.build} pairs need the policy (model, processor)")
-        if cfg.build == "correction":
-            pairs = correction_pairs(*policy, _world_notes(cfg), cfg.folder, prompt=cfg.prompt)
-        else:
-            from rl.rewards import RewardConfig
-
-            pairs = onpolicy_pairs(
-                *policy, _world_notes(cfg), cfg.folder, prompt=cfg.prompt, num_samples=cfg.samples,
-                temperature=cfg.temperature, seed=seed,
-                reward_cfg=RewardConfig(hallucination_weight=cfg.hallucination_weight),
-            )  # fmt: skip
-    else:
-        pairs = corrupt_pairs(_world_notes(cfg), prompt=cfg.prompt, seed=seed)
-    if cfg.question_ratio > 0:
-        pool = load_question_pairs(cfg, seed)
-        want = min(len(pool), round(cfg.question_ratio * len(pairs)))
-        pick = np.random.default_rng(seed).choice(len(pool), size=want, replace=False)
-        pairs += [pool[i] for i in sorted(pick.tolist())]
-    if not pairs:
-        raise UserError(
-            f"no preference pairs (data.pairs={cfg.pairs}, data.build={cfg.build}, split={cfg.split!r}); "
-            "check the note folder or build pairs with `rl pairs`"
-        )
-    return pairs
-
-
-# ---------------------------------------------------------------- the step
 
 
 QUESTION_METRICS = ("dpo_loss", "reward_accuracy", "reward_margin", "logp_chosen")
@@ -352,8 +76,6 @@ def dpo_step(
 
     Works for NoteVLM batches and for text-only causal LM batches (no ``pixel_values``).
     """
-    from rl.losses import dpo_loss, mdpo_anchor_loss, mdpo_conditional_loss
-
     b = int(batch["num_pairs"])
     logps, mask, entropy = batch_token_logps(model, batch, with_entropy=True)  # (R, W)
     ref_logps = ref.token_logps(batch)  # (R, W)
@@ -402,6 +124,53 @@ def dpo_step(
 # ---------------------------------------------------------------- training
 
 
+class DPOTrainer(loop.StepTrainer):
+    """The pairs of each step (this rank's shard) through :func:`dpo_step`, plus the yes/no question batch."""
+
+    def __init__(
+        self, cfg: DPOConfig, model: Any, ref: Reference, pairs: PairBatcher, questions: PairBatcher | None,
+        *, device: torch.device, rank: int, world: int,
+    ) -> None:  # fmt: skip
+        self.cfg, self.model, self.ref, self.pairs, self.questions = cfg, model, ref, pairs, questions
+        self.device, self.rank, self.world = device, rank, world
+        # the question pairs have no corrupted-image rows: no mDPO conditional term on them
+        self.question_loss = dataclasses.replace(cfg.loss, conditional_weight=0.0)
+        self.bco = {"bco_mean": 0.0, "bco_count": 0}
+
+    def _rows(self, batcher: PairBatcher, size: int, seed: int, step: int) -> tuple[dict[str, Any], int]:
+        idx = common.batch_indices(len(batcher), size, seed=seed, step=step)
+        shard = common.shard(idx, rank=self.rank, world_size=self.world)
+        return to_device(batcher.batch(shard), self.device), len(idx)
+
+    def batch(self, step: int) -> dict[str, Any]:
+        seed, data = self.cfg.train.seed, self.cfg.data
+        out = {"pairs": self._rows(self.pairs, data.batch_size, seed, step)}
+        if self.questions is not None:
+            out["questions"] = self._rows(self.questions, data.question_batch_size, seed + 1, step)
+        return out
+
+    def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
+        rows, size = batch["pairs"]
+        loss, metrics = dpo_step(self.model, self.ref, rows, self.cfg.loss, bco_delta=self.bco["bco_mean"])
+        if "questions" in batch:
+            qloss, qm = dpo_step(self.model, self.ref, batch["questions"][0], self.question_loss)
+            loss = loss + qloss
+            metrics.update({f"question/{k}": qm[k] for k in QUESTION_METRICS})
+        if self.cfg.loss.loss_type == "bco_pair":  # the running mean of the global batch's rewards
+            chosen = common.all_reduce_sum(metrics["reward_chosen"]) / self.world
+            rejected = common.all_reduce_sum(metrics["reward_rejected"]) / self.world
+            self.bco["bco_mean"], self.bco["bco_count"] = bco_running_delta(
+                self.bco["bco_mean"], self.bco["bco_count"], chosen.expand(size), rejected.expand(size)
+            )
+        return loss, metrics
+
+    def state(self) -> dict[str, Any]:
+        return dict(self.bco)
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.bco.update(state)
+
+
 def train(
     cfg: DPOConfig,
     *,
@@ -411,20 +180,12 @@ def train(
     stop_after: int | None = None,
 ) -> dict[str, Any]:
     """Train; writes OUT/metrics.jsonl, OUT/curves.png, OUT/checkpoints/, OUT/model. Returns a summary."""
-    from mm.config import to_dict
-    from mm.train import common as C
-    from rl.losses import bco_running_delta
-    from rl.trainers.common import (
-        clip_and_norm,
-        load_policy,
-        make_optimizer,
-        save_final,
-        start_run,
-        to_device,
-        train_loop,
-    )
-
-    out, device = start_run(cfg.train, out_dir)
+    out, device = start_run(cfg.train, out_dir, global_batch=cfg.data.batch_size)
+    rank, world = common.init_distributed()
+    if cfg.data.question_batch_size % world:
+        raise UserError(
+            f"data.question_batch_size={cfg.data.question_batch_size} must be divisible by {world} processes"
+        )
     model, processor = load_policy(cfg.init, cfg.lora, device)
     pairs = load_pairs(cfg.data, cfg.train.seed, policy=(model, processor))
     ref = Reference(model=model, needed=True)
@@ -437,45 +198,13 @@ def train(
         qpairs = load_question_pairs(cfg.data, cfg.train.seed)
         questions = PairBatcher(processor=processor, pairs=qpairs, root=cfg.data.folder, seed=cfg.train.seed)
     opt, sched = make_optimizer(model, cfg.optim, cfg.train.steps)
-    state: dict[str, Any] = {"bco_mean": 0.0, "bco_count": 0}
-    model.train()
-
-    def step_fn(step: int) -> dict[str, Any]:
-        idx = C.batch_indices(len(batcher), cfg.data.batch_size, seed=cfg.train.seed, step=step)
-        batch = to_device(batcher.batch(idx), device)
-        loss, metrics = dpo_step(model, ref, batch, cfg.loss, bco_delta=state["bco_mean"])
-        if questions is not None:
-            qb = cfg.data.question_batch_size
-            qidx = C.batch_indices(len(questions), qb, seed=cfg.train.seed + 1, step=step)
-            qloss, qm = dpo_step(model, ref, to_device(questions.batch(qidx), device), cfg.loss)
-            loss = loss + qloss
-            metrics.update({f"question/{k}": qm[k] for k in QUESTION_METRICS})
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = clip_and_norm(model, cfg.optim.grad_clip)
-        opt.step()
-        sched.step()
-        if cfg.loss.loss_type == "bco_pair":
-            b = len(idx)
-            state["bco_mean"], state["bco_count"] = bco_running_delta(
-                state["bco_mean"], state["bco_count"], metrics["reward_chosen"].expand(b),
-                metrics["reward_rejected"].expand(b),
-            )  # fmt: skip
-        return {
-            "loss": float(loss.detach()),
-            "grad_norm": grad_norm,
-            **{k: float(v) for k, v in metrics.items()},
-        }
-
-    from rl.trainers.monitor import failure_warnings
-
-    result = train_loop(
-        out=out, config=to_dict(cfg), model=model, optimizer=opt, scheduler=sched, run=cfg.train,
-        step_fn=step_fn, desc="dpo" + ("-lora" if cfg.lora.enabled else ""), state=state,
-        plot_keys=DPO_PLOT_KEYS, monitor=failure_warnings, resume=resume, show_progress=show_progress,
-        stop_after=stop_after,
+    trainer = DPOTrainer(cfg, model, ref, batcher, questions, device=device, rank=rank, world=world)
+    result = loop.run(
+        trainer, optimizer=opt, scheduler=sched, run=cfg.train, out=out, config=to_dict(cfg),
+        desc="dpo" + ("-lora" if cfg.lora.enabled else ""), plot_keys=DPO_PLOT_KEYS, monitor=failure_warnings,
+        grad_clip=cfg.optim.grad_clip, resume=resume, show_progress=show_progress, stop_after=stop_after,
     )  # fmt: skip
-    if stop_after is None or result.step < stop_after:
+    if rank == 0 and not result.stopped:
         save_final(model, processor, out, lora=cfg.lora.enabled)
     return {
         "step": result.step,

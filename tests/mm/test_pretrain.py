@@ -14,8 +14,7 @@ from safetensors.torch import load_file
 
 from mm.cli import main as mm_main
 from mm.config import ConfigError, load_config
-from mm.train import common
-from mm.train import pretrain as P
+from mm.train import common, pretrain
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_CFG = ROOT / "tests/configs/pretrain_test.yaml"
@@ -36,20 +35,20 @@ def splits(world):
 
     tok = load_tokenizer()
     kw = {"tokenizer": tok, "max_images": 4, "max_len": 128}
-    return P.load_split(world, "train", **kw), P.load_split(world, "test", **kw), len(tok)
+    return pretrain.load_split(world, "train", **kw), pretrain.load_split(world, "test", **kw), len(tok)
 
 
 def test_configs_load_and_unknown_key_fails():
-    cfg = load_config(P.PretrainConfig, TINY_CFG)
+    cfg = load_config(pretrain.PretrainConfig, TINY_CFG)
     assert cfg.loss.kind == "clip" and cfg.data.eval_notes == 1000
     with pytest.raises(ConfigError, match="valid keys"):
-        load_config(P.PretrainConfig, TEST_CFG, ["train.stepz=3"])
+        load_config(pretrain.PretrainConfig, TEST_CFG, ["train.stepz=3"])
     with pytest.raises(ConfigError, match="loss.kind"):
-        load_config(P.PretrainConfig, TEST_CFG, ["loss.kind=triplet"])
+        load_config(pretrain.PretrainConfig, TEST_CFG, ["loss.kind=triplet"])
     with pytest.raises(ConfigError, match="bag of embeddings"):
-        load_config(P.PretrainConfig, TEST_CFG, ["model.text.layers=0", "model.text.pooling=eos"])
+        load_config(pretrain.PretrainConfig, TEST_CFG, ["model.text.layers=0", "model.text.pooling=eos"])
     with pytest.raises(ConfigError, match="fusion kind"):
-        load_config(P.PretrainConfig, TEST_CFG, ["model.fusion.kind=linear"])
+        load_config(pretrain.PretrainConfig, TEST_CFG, ["model.fusion.kind=linear"])
 
 
 def test_cli_unknown_key_exits_2_and_writes_nothing(tmp_path, capsys):
@@ -65,9 +64,9 @@ def test_cli_unknown_key_exits_2_and_writes_nothing(tmp_path, capsys):
 @pytest.mark.slow
 def test_model_ignores_padded_slots(splits):
     train, _, vocab = splits
-    cfg = load_config(P.PretrainConfig, TEST_CFG)
+    cfg = load_config(pretrain.PretrainConfig, TEST_CFG)
     torch.manual_seed(0)
-    model = P.NoteTextModel(cfg=cfg.model, loss=cfg.loss, vocab_size=vocab).eval()
+    model = pretrain.NoteTextModel(cfg=cfg.model, loss=cfg.loss, vocab_size=vocab).eval()
     batch = train.batch(list(range(8)))
     out = model(batch)
     noisy = dict(
@@ -75,7 +74,7 @@ def test_model_ignores_padded_slots(splits):
     )
     torch.testing.assert_close(model(noisy)["note"], out["note"])
     assert out["note"].shape == (8, cfg.model.embed_dim) and out["text"].shape == (8, cfg.model.embed_dim)
-    loss = P.contrastive_loss(
+    loss = pretrain.contrastive_loss(
         out, batch["image_mask"], log_scale=model.log_scale, logit_bias=None, cfg=cfg.loss
     )
     assert torch.isfinite(loss) and loss.item() > 0
@@ -87,8 +86,8 @@ def test_model_ignores_padded_slots(splits):
 )
 def test_loss_variants_train_one_step(splits, tmp_path, overrides):
     train, test, vocab = splits
-    cfg = load_config(P.PretrainConfig, TEST_CFG, ["train.steps=1", *overrides])
-    res = P.train(
+    cfg = load_config(pretrain.PretrainConfig, TEST_CFG, ["train.steps=1", *overrides])
+    res = pretrain.train(
         cfg, out_dir=tmp_path, train_data=train, eval_data=test, vocab_size=vocab, show_progress=False
     )
     rec = common.read_metrics(tmp_path / "metrics.jsonl")[-1]
@@ -98,11 +97,13 @@ def test_loss_variants_train_one_step(splits, tmp_path, overrides):
 def test_fixed_temperature_stays_fixed(splits, tmp_path):
     train, test, vocab = splits
     cfg = load_config(
-        P.PretrainConfig,
+        pretrain.PretrainConfig,
         TEST_CFG,
         ["loss.learn_temperature=false", "loss.init_temperature=0.05", "train.steps=1"],
     )
-    P.train(cfg, out_dir=tmp_path, train_data=train, eval_data=test, vocab_size=vocab, show_progress=False)
+    pretrain.train(
+        cfg, out_dir=tmp_path, train_data=train, eval_data=test, vocab_size=vocab, show_progress=False
+    )
     temps = [r["temperature"] for r in common.read_metrics(tmp_path / "metrics.jsonl")]
     assert temps == [pytest.approx(0.05, abs=1e-7)]  # after an optimizer step
 
@@ -156,21 +157,23 @@ def test_cli_missing_data_folder(tmp_path, capsys):
 
 
 def _strip_time(recs):
-    return [{k: v for k, v in r.items() if k not in ("time_s", "cpu_s")} for r in recs]
+    return [{k: v for k, v in r.items() if k not in ("time_s", "cpu_s", "step_s")} for r in recs]
 
 
 @pytest.mark.slow
 def test_kill_and_resume_gives_identical_run(splits, tmp_path):
     train, test, vocab = splits
     cfg = load_config(
-        P.PretrainConfig, TEST_CFG, ["train.steps=4", "train.eval_every=2", "train.checkpoint_every=2"]
+        pretrain.PretrainConfig, TEST_CFG, ["train.steps=4", "train.eval_every=2", "train.checkpoint_every=2"]
     )
     kw = {"train_data": train, "eval_data": test, "vocab_size": vocab, "show_progress": False}
-    straight = P.train(cfg, out_dir=tmp_path / "a", **kw)
-    P.train(cfg, out_dir=tmp_path / "b", stop_after=3, **kw)  # killed after step 3 (last checkpoint: 2)
+    straight = pretrain.train(cfg, out_dir=tmp_path / "a", **kw)
+    pretrain.train(
+        cfg, out_dir=tmp_path / "b", stop_after=3, **kw
+    )  # killed after step 3 (last checkpoint: 2)
     assert common.find_last_checkpoint(tmp_path / "b/checkpoints").name == "step-00000002"
     torch.manual_seed(123)  # a fresh process has other RNG state
-    resumed = P.train(cfg, out_dir=tmp_path / "b", **kw)
+    resumed = pretrain.train(cfg, out_dir=tmp_path / "b", **kw)
     assert resumed.metrics == straight.metrics
     wa = load_file(tmp_path / "a/checkpoints/step-00000004/model.safetensors")
     wb = load_file(tmp_path / "b/checkpoints/step-00000004/model.safetensors")
@@ -184,8 +187,8 @@ def test_kill_and_resume_gives_identical_run(splits, tmp_path):
 def test_torchrun_two_processes_matches_single_process(world, splits, tmp_path):
     """DDP (gloo): step-1 loss on 2 ranks x 4 notes equals the single-process loss on 8 notes."""
     train, test, vocab = splits
-    cfg = load_config(P.PretrainConfig, TEST_CFG, ["train.steps=1"])
-    P.train(
+    cfg = load_config(pretrain.PretrainConfig, TEST_CFG, ["train.steps=1"])
+    pretrain.train(
         cfg,
         out_dir=tmp_path / "single",
         train_data=train,
@@ -252,17 +255,19 @@ def test_tag_loss_golden_and_masked():
     tags = torch.tensor([[[1, 0], [1, 1]]], dtype=torch.bool)
     # image 0 only: mean of BCE(0, 1) = ln 2 and BCE(2, 0) = ln(1 + e^2)
     first = (math.log(2.0) + math.log1p(math.exp(2.0))) / 2
-    assert P.tag_loss(logits, tags, torch.tensor([[True, False]])).item() == pytest.approx(first, abs=1e-12)
+    assert pretrain.tag_loss(logits, tags, torch.tensor([[True, False]])).item() == pytest.approx(
+        first, abs=1e-12
+    )
     second = (math.log1p(math.exp(-5.0)) + math.log1p(math.exp(5.0))) / 2  # BCE(5, 1), BCE(-5, 1)
-    both = P.tag_loss(logits, tags, torch.tensor([[True, True]])).item()
+    both = pretrain.tag_loss(logits, tags, torch.tensor([[True, True]])).item()
     assert both == pytest.approx((first + second) / 2, abs=1e-12)
 
 
 def test_tag_logits_are_the_max_of_per_token_logits():
     """Multiple-instance tagging: an image's logit for a class is its best token's, padding stays 0."""
-    cfg = load_config(P.PretrainConfig, TEST_CFG, [])
+    cfg = load_config(pretrain.PretrainConfig, TEST_CFG, [])
     torch.manual_seed(0)
-    model = P.NoteTextModel(cfg=cfg.model, loss=cfg.loss, vocab_size=32, num_tags=5).eval()
+    model = pretrain.NoteTextModel(cfg=cfg.model, loss=cfg.loss, vocab_size=32, num_tags=5).eval()
     S = cfg.model.vision.image_size
     px = torch.rand(2, 2, 3, S, S)
     mask = torch.tensor([[True, True], [True, False]])
@@ -284,34 +289,38 @@ def test_tags_follow_the_objects_and_train(world, splits, tmp_path):
     from mm.world.vocab import CATEGORY_NAMES
 
     _, test, vocab = splits
-    cfg = load_config(P.PretrainConfig, TEST_CFG, ["train.steps=2", "loss.tag_weight=1.0"])
-    classes = P.tag_classes(cfg)
+    cfg = load_config(pretrain.PretrainConfig, TEST_CFG, ["train.steps=2", "loss.tag_weight=1.0"])
+    classes = pretrain.tag_classes(cfg)
     assert classes == list(CATEGORY_NAMES)
-    assert P.tag_classes(load_config(P.PretrainConfig, TEST_CFG, [])) is None
+    assert pretrain.tag_classes(load_config(pretrain.PretrainConfig, TEST_CFG, [])) is None
     kw = {"tokenizer": load_tokenizer(), "max_images": 4, "max_len": 128}
-    train = P.load_split(world, "train", tag_classes=classes, **kw)
+    train = pretrain.load_split(world, "train", tag_classes=classes, **kw)
     notes = [n for n in read_notes(world) if n.split == "train"]
     for i in (0, len(notes) - 1):
         for k in range(4):
             want = set() if k >= len(notes[i].objects) else {o.category for o in notes[i].objects[k]}
             assert {classes[c] for c in train.tags[i, k].nonzero().flatten().tolist()} == want
-    P.train(cfg, out_dir=tmp_path, train_data=train, eval_data=test, vocab_size=vocab, show_progress=False)
+    pretrain.train(
+        cfg, out_dir=tmp_path, train_data=train, eval_data=test, vocab_size=vocab, show_progress=False
+    )
     rec = common.read_metrics(tmp_path / "metrics.jsonl")[-1]
     assert rec["step"] == 2 and 0.0 < rec["tag_loss"] < 1.0
     assert rec["loss"] == pytest.approx(rec["contrastive_loss"] + rec["tag_loss"], rel=1e-6)
     # a tagger only: the contrastive loss is still logged but does not count
     only = load_config(
-        P.PretrainConfig, TEST_CFG, ["train.steps=1", "loss.tag_weight=2.0", "loss.contrastive_weight=0"]
+        pretrain.PretrainConfig,
+        TEST_CFG,
+        ["train.steps=1", "loss.tag_weight=2.0", "loss.contrastive_weight=0"],
     )
-    P.train(
+    pretrain.train(
         only, out_dir=tmp_path / "t", train_data=train, eval_data=test, vocab_size=vocab, show_progress=False
     )
     rec = common.read_metrics(tmp_path / "t" / "metrics.jsonl")[-1]
     assert rec["contrastive_loss"] > 0 and rec["loss"] == pytest.approx(2.0 * rec["tag_loss"], rel=1e-6)
     with pytest.raises(ValueError, match="nothing to train"):
-        load_config(P.PretrainConfig, TEST_CFG, ["loss.contrastive_weight=0"])
+        load_config(pretrain.PretrainConfig, TEST_CFG, ["loss.contrastive_weight=0"])
     with pytest.raises(UserError, match="tag_classes"):
-        P.train(
+        pretrain.train(
             cfg,
             out_dir=tmp_path / "b",
             train_data=test,
@@ -320,4 +329,4 @@ def test_tags_follow_the_objects_and_train(world, splits, tmp_path):
             show_progress=False,
         )
     with pytest.raises(Exception, match="not a tag class"):
-        P.load_split(world, "train", tag_classes=["fork"], **kw)
+        pretrain.load_split(world, "train", tag_classes=["fork"], **kw)

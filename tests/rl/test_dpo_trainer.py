@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -196,3 +200,77 @@ def test_config_errors_exit_2_with_one_line(tmp_path, dirs, capsys, override, me
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
     assert not (tmp_path / "out" / "model").exists()
+
+
+def _torchrun(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node 2 -m rl ...``: two CPU processes over gloo."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+        "--master_port", str(port), "-m", "rl", *args,
+    ]  # fmt: skip
+    return subprocess.run(
+        cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_two_processes_train_data_parallel_equal_to_one(tmp_path, dirs):
+    """2 ranks x 2 pairs (+ 1 yes/no pair each) == 1 process x 4 pairs (+ 2), weights and losses."""
+    from safetensors.torch import load_file
+
+    model, data = dirs
+    sets = [
+        f"init.model={model}", "data.batch_size=4", "data.question_batch_size=2", "train.steps=2",
+        "train.checkpoint_every=1", "train.device=cpu", "train.threads=1", "optim.lr=0.01",
+    ]  # fmt: skip
+    args = ["dpo", "--config", str(CONFIG), "--data", str(data), "--no-progress"]
+    args += [x for s in sets for x in ("--set", s)]
+    ref = tmp_path / "one"
+    threads = torch.get_num_threads()
+    try:
+        assert main([*args, "--out", str(ref)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "two"
+    proc = _torchrun(work, *args, "--out", str(out))
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert proc.stdout.count('"pair_kinds"') == 1  # rank 0 alone reports
+    assert sorted(p.name for p in work.iterdir()) == ["two"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "checkpoints", "config.yaml", "curves.png", "metrics.jsonl", "model", "result.json",
+    ]  # fmt: skip
+    two, one = _records(out), _records(ref)
+    assert [r["step"] for r in two] == [1, 2]  # one record per step: only rank 0 logs
+    for a, b in zip(two, one):
+        for k in ("loss", "reward_margin", "question/dpo_loss", "kl"):
+            assert a[k] == pytest.approx(b[k], abs=1e-5), (a["step"], k)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    for step in (1, 2):
+        name = f"step-{step:08d}/model.safetensors"
+        wa, wb = load_file(str(out / "checkpoints" / name)), load_file(str(ref / "checkpoints" / name))
+        assert wa.keys() == wb.keys()
+        assert max((wa[k].double() - wb[k].double()).abs().max().item() for k in wa) < 1e-5
+    start = load_file(
+        str(model / "model.safetensors")
+    )  # the steps moved the weights: the check means something
+    assert any(not torch.equal(start[k], wa[k]) for k in start if k in wa)
+
+
+def test_batch_that_does_not_split_over_the_processes_is_refused(tmp_path, dirs, monkeypatch):
+    from mm.config import load_config
+    from mm.errors import UserError
+    from rl.trainers import dpo
+
+    model, data = dirs
+    sets = [f"init.model={model}", f"data.folder={data}", "data.batch_size=3", "train.device=cpu"]
+    cfg = load_config(dpo.DPOConfig, CONFIG, sets)
+    monkeypatch.setattr("mm.train.common.init_distributed", lambda: (0, 2))  # as rank 0 of 2
+    with pytest.raises(UserError, match="global batch of 3 must be divisible by 2 processes"):
+        dpo.train(cfg, out_dir=tmp_path / "o", show_progress=False)
+    assert not (tmp_path / "o").exists()

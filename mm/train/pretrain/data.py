@@ -1,0 +1,126 @@
+"""Pretraining data held in memory: a split of a note folder as uint8 images + token ids (+ object tags)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mm.data.dataset import NoteDataset
+from mm.errors import UserError
+from mm.train.pretrain.config import PretrainConfig
+from mm.world.vocab import CATEGORY_NAMES
+
+
+@dataclass
+class NoteTensors:
+    """A split held in memory: uint8 images, image mask, token ids (all indexed by note)."""
+
+    pixels: torch.Tensor
+    """(M, N, 3, H, W) uint8."""
+    image_mask: torch.Tensor
+    """(M, N) bool."""
+    input_ids: torch.Tensor
+    """(M, T) long."""
+    attention_mask: torch.Tensor
+    """(M, T) long."""
+    tags: torch.Tensor | None = None
+    """(M, N, C) bool: which of ``tag_classes`` each image shows (None = not loaded)."""
+
+    def __len__(self) -> int:
+        return self.pixels.shape[0]
+
+    def batch(self, idx: list[int] | torch.Tensor) -> dict[str, torch.Tensor]:
+        """Model inputs for notes ``idx``: pixels scaled to [-1, 1]."""
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        ids, am = self.input_ids[idx], self.attention_mask[idx]
+        t = int(am.sum(1).max())  # trim padding shared by the whole batch
+        out = {
+            "pixel_values": self.pixels[idx].float().div_(127.5).sub_(1.0),  # (B, N, 3, H, W)
+            "image_mask": self.image_mask[idx],
+            "input_ids": ids[:, :t],
+            "attention_mask": am[:, :t],
+        }
+        if self.tags is not None:
+            out["tags"] = self.tags[idx]  # (B, N, C)
+        return out
+
+
+def load_split(
+    folder: str | Path,
+    split: str,
+    *,
+    tokenizer: Any,
+    max_images: int,
+    max_len: int,
+    limit: int | None = None,
+    tag_classes: Sequence[str] | None = None,
+) -> NoteTensors:
+    """Read a split of a note folder into memory (images decoded once, texts tokenized once).
+
+    Notes are padded to ``max_images`` image slots; a note with more images is a :class:`UserError`.
+    With ``tag_classes`` the per-image object tags are loaded too (an object of another category, or a
+    note without object annotations, is a :class:`UserError`).
+    """
+    ds = NoteDataset(folder, split=split, limit=limit)  # decodes only the notes used
+    n = len(ds)
+    if n == 0:
+        raise UserError(
+            f"{folder} has no notes in split {split!r}; generate more notes or choose another split"
+        )
+    first = ds.pixels_uint8(0)  # (N_img, 3, H, W)
+    pixels = torch.zeros(n, max_images, *first.shape[1:], dtype=torch.uint8)  # (M, N, 3, H, W)
+    mask = torch.zeros(n, max_images, dtype=torch.bool)  # (M, N)
+    for i in range(n):
+        px = ds.pixels_uint8(i)
+        if px.shape[0] > max_images or px.shape[1:] != first.shape[1:]:
+            raise UserError(
+                f"note {ds.notes[i].id} in {folder}: {px.shape[0]} images of shape {tuple(px.shape[1:])}; "
+                f"expected at most model.max_images={max_images} of shape {tuple(first.shape[1:])}"
+            )
+        pixels[i, : px.shape[0]] = px
+        mask[i, : px.shape[0]] = True
+    tags = None if tag_classes is None else _load_tags(ds.notes, folder, tag_classes, max_images)
+    texts = [ds.notes[i].text for i in range(n)]
+    # pad to the longest text only: batch() trims padding per batch anyway
+    enc = tokenizer(texts, padding="longest", truncation=True, max_length=max_len, return_tensors="pt")
+    return NoteTensors(
+        pixels=pixels,
+        image_mask=mask,
+        input_ids=enc["input_ids"].long(),
+        attention_mask=enc["attention_mask"].long(),
+        tags=tags,
+    )
+
+
+def tag_classes(cfg: PretrainConfig) -> list[str] | None:
+    """The tag classes ``load_split`` needs for ``cfg``: the world's categories when ``loss.tag_weight``
+    is on, else None (no tags loaded)."""
+    if cfg.loss.tag_weight <= 0:
+        return None
+    return list(CATEGORY_NAMES)
+
+
+def _load_tags(
+    notes: Sequence[Any], folder: str | Path, classes: Sequence[str], max_images: int
+) -> torch.Tensor:
+    index = {c: i for i, c in enumerate(classes)}
+    tags = torch.zeros(len(notes), max_images, len(classes), dtype=torch.bool)  # (M, N, C)
+    for i, note in enumerate(notes):
+        if not note.objects:
+            raise UserError(
+                f"note {note.id} in {folder} has no object annotations, which loss.tag_weight > 0 needs; "
+                "use notes with objects (world or COCO) or set loss.tag_weight: 0"
+            )
+        for k, objs in enumerate(note.objects[:max_images]):
+            for o in objs:
+                if o.category not in index:
+                    raise UserError(
+                        f"note {note.id} in {folder}: object category {o.category!r} is not a tag class "
+                        f"({len(classes)} world categories); set loss.tag_weight: 0 for other vocabularies"
+                    )
+                tags[i, k, index[o.category]] = True
+    return tags

@@ -1,0 +1,153 @@
+"""The pretraining model (note encoder + text encoder + temperature) and its losses.
+
+pixel_values (B, N, 3, H, W) -> vision tower -> patches (B, N, P, Dv) -> fusion (any kind, budget K)
+-> tokens (B, N, K, D) -> mean over K -> per-image MLP (+ image index embedding) -> masked mean over
+images -> projection -> L2-normalised note embedding (B, E)
+text ids (B, T) -> TextEncoder -> projection -> L2-normalised text embedding (B, E)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mm import contrastive
+from mm.fusion import build_fusion_from_config
+from mm.train.pretrain.config import LossConfig, PretrainModelConfig
+from mm.train.text_encoder import TextEncoder
+from mm.vision import build_vision_tower
+
+
+class NoteTextModel(nn.Module):
+    """Note encoder + text encoder + temperature; ``forward`` returns normalised embeddings."""
+
+    def __init__(
+        self, *, cfg: PretrainModelConfig, loss: LossConfig, vocab_size: int, num_tags: int = 0
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.vision = build_vision_tower(cfg.vision)
+        self.fusion = build_fusion_from_config(
+            cfg.fusion, d_vision=self.vision.dim, d_model=cfg.d_model, grid=self.vision.grid
+        )
+        self.image_index = nn.Embedding(cfg.max_images, cfg.d_model)
+        self.image_mlp = nn.Sequential(
+            nn.LayerNorm(cfg.d_model),
+            nn.Linear(cfg.d_model, cfg.d_model),
+            nn.GELU(),
+            nn.Linear(cfg.d_model, cfg.d_model),
+        )
+        self.note_proj = nn.Linear(cfg.d_model, cfg.embed_dim, bias=False)
+        self.text = TextEncoder(cfg=cfg.text, vocab_size=vocab_size)
+        self.text_proj = nn.Linear(cfg.text.width, cfg.embed_dim, bias=False)
+        init = torch.tensor(contrastive.init_logit_scale(loss.init_temperature))
+        if loss.learn_temperature:
+            self.log_scale = nn.Parameter(init)
+        else:
+            self.register_buffer("log_scale", init)
+        if loss.kind == "siglip":
+            self.logit_bias = nn.Parameter(torch.tensor(contrastive.init_logit_bias()))
+        else:
+            self.logit_bias = None
+        self.tag_head = nn.Linear(cfg.d_model, num_tags) if num_tags else None
+
+    def encode_images(
+        self, pixel_values: torch.Tensor, image_mask: torch.Tensor, *, tags: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """(B, N, 3, H, W), (B, N) -> per-image features (B, N, D) (zeros at padded slots); with ``tags``
+        also the tag logits (B, N, C) of the tag head."""
+        B, N = image_mask.shape
+        if N > self.cfg.max_images:
+            raise ValueError(f"notes have {N} image slots, model.max_images is {self.cfg.max_images}")
+        patches = self.vision(pixel_values, image_mask)  # (B, N, P, Dv)
+        tokens, token_mask = self.fusion(patches, image_mask)  # (B, N, K, D), (B, N, K)
+        token_mask = token_mask.to(torch.bool)
+        m = token_mask[..., None].to(tokens.dtype)  # (B, N, K, 1)
+        per_image = (tokens * m).sum(2) / m.sum(2).clamp(min=1.0)  # (B, N, D)
+        idx = self.image_index.weight[:N][None]  # (1, N, D)
+        per_image = per_image + self.image_mlp(per_image + idx)  # (B, N, D)
+        per_image = per_image * image_mask[..., None].to(per_image.dtype)
+        if not tags:
+            return per_image
+        if self.tag_head is None:
+            raise ValueError("this model has no tag head (built with num_tags=0)")
+        # multiple-instance tagging: a class is in the image when ANY token says so, so each token's own
+        # logits are max-pooled (a Linear over max-pooled features cannot single out one token's object:
+        # it plateaued at tag loss 0.13, the tower reading only the theme; per-token logits reach ~0.02)
+        logits = self.tag_head(tokens)  # (B, N, K, C)
+        logits = logits.masked_fill(~token_mask[..., None], float("-inf")).amax(2)  # (B, N, C)
+        logits = torch.where(image_mask[..., None], logits, torch.zeros_like(logits))  # no -inf at padding
+        return per_image, logits  # (B, N, D), (B, N, C)
+
+    def encode_note(
+        self, pixel_values: torch.Tensor, image_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normalised note embeddings (B, E) and per-image embeddings (B, N, E)."""
+        return self._pool(self.encode_images(pixel_values, image_mask), image_mask)
+
+    def _pool(self, per_image: torch.Tensor, image_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        w = image_mask[..., None].to(per_image.dtype)  # (B, N, 1)
+        pooled = (per_image * w).sum(1) / w.sum(1).clamp(min=1.0)  # (B, D)
+        note = F.normalize(self.note_proj(pooled), dim=-1)  # (B, E)
+        images = F.normalize(self.note_proj(per_image), dim=-1) * w  # (B, N, E)
+        return note, images
+
+    def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(B, T), (B, T) -> normalised text embeddings (B, E)."""
+        return F.normalize(self.text_proj(self.text(input_ids, attention_mask)), dim=-1)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        if self.tag_head is not None:
+            per_image, out["tag_logits"] = self.encode_images(
+                batch["pixel_values"], batch["image_mask"], tags=True
+            )
+        else:
+            per_image = self.encode_images(batch["pixel_values"], batch["image_mask"])
+        out["note"], out["images"] = self._pool(per_image, batch["image_mask"])
+        out["text"] = self.encode_text(batch["input_ids"], batch["attention_mask"])
+        return out
+
+
+def tag_loss(
+    logits: torch.Tensor, tags: torch.Tensor, image_mask: torch.Tensor, *, count: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean multi-label BCE over the real images: logits (B, N, C), tags (B, N, C) in {0, 1}, mask (B, N).
+
+    ``count`` replaces the number of real images the sum is divided by (default: this batch's). Under DDP
+    pass (real images of the global batch) / world, so that DDP's gradient average is the global mean.
+    """
+    per = F.binary_cross_entropy_with_logits(logits, tags.to(logits.dtype), reduction="none").mean(
+        -1
+    )  # (B, N)
+    m = image_mask.to(per.dtype)
+    return (per * m).sum() / (m.sum() if count is None else count).clamp(min=1.0)
+
+
+def contrastive_loss(
+    out: dict[str, torch.Tensor],
+    image_mask: torch.Tensor,
+    *,
+    log_scale: torch.Tensor,
+    logit_bias: torch.Tensor | None,
+    cfg: LossConfig,
+) -> torch.Tensor:
+    """The configured loss on features gathered (with gradients) across DDP ranks."""
+    scale = log_scale.exp()
+    text = contrastive.gather_with_grad(out["text"])  # (W*B, E)
+    if cfg.multi_positive:
+        images = contrastive.gather_with_grad(out["images"])  # (W*B, N, E)
+        mask = contrastive.gather_no_grad(image_mask)  # (W*B, N)
+        if cfg.kind == "clip":
+            return contrastive.multi_positive_clip_loss(
+                images, mask, text, scale, label_smoothing=cfg.label_smoothing
+            )
+        flat, valid = images.flatten(0, 1), mask.flatten()  # (W*B*N, E), (W*B*N,)
+        owner = torch.arange(mask.shape[0], device=mask.device).repeat_interleave(mask.shape[1])
+        pos = owner[valid][:, None] == torch.arange(text.shape[0], device=mask.device)[None, :]
+        return contrastive.siglip_loss(flat[valid], text, scale, logit_bias, positive_mask=pos)
+    note = contrastive.gather_with_grad(out["note"])  # (W*B, E)
+    if cfg.kind == "clip":
+        return contrastive.clip_loss(note, text, scale, label_smoothing=cfg.label_smoothing)
+    return contrastive.siglip_loss(note, text, scale, logit_bias)

@@ -1,0 +1,138 @@
+"""Config of ``rl dpo``: the DPO-family loss with mDPO's terms, the preference pairs, optimiser and run."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from mm.train.tasks import ANSWER_STYLES
+from rl.corrupt import KINDS
+from rl.losses import DPO_LOSS_TYPES
+from rl.trainers.common import InitConfig, LoraConfig, OptimConfig, RunConfig
+
+
+@dataclass(kw_only=True)
+class LossConfig:
+    """The DPO-family loss and mDPO's extra terms."""
+
+    loss_type: str = "sigmoid"
+    """One of rl.losses.DPO_LOSS_TYPES (sigmoid, ipo, hinge, robust, bco_pair, ..., sigmoid_norm)."""
+    beta: float = 0.1
+    """DPO temperature (KL strength to the reference); > 0."""
+    label_smoothing: float = 0.0
+    """cDPO / robust DPO label-flip rate in [0, 0.5)."""
+    sft_weight: float = 0.0
+    """Weight of the chosen answer's NLL mixed in (RPO); 0 = off."""
+    conditional_weight: float = 0.0
+    """mDPO conditional term weight (chosen answer with true vs corrupted images); 0 = off."""
+    anchor_weight: float = 0.0
+    """mDPO anchor term weight (chosen implicit reward kept above anchor_delta); 0 = off."""
+    anchor_delta: float = 0.0
+    """mDPO anchor threshold delta (0 in the paper)."""
+    corruption: str = "crop"
+    """rl.corrupt kind for mDPO's conditional rows: noise, crop, patch_shuffle or blank."""
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in DPO_LOSS_TYPES:
+            raise ValueError(f"loss.loss_type must be one of {DPO_LOSS_TYPES}, got {self.loss_type!r}")
+        if self.beta <= 0:
+            raise ValueError(f"loss.beta must be > 0 for DPO (it scales the log-ratios), got {self.beta}")
+        if not 0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"loss.label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
+        if min(self.sft_weight, self.conditional_weight, self.anchor_weight) < 0:
+            raise ValueError("loss.sft_weight, conditional_weight and anchor_weight must be >= 0")
+        if self.corruption not in KINDS:
+            raise ValueError(f"loss.corruption must be one of {KINDS}, got {self.corruption!r}")
+
+
+BUILDS = ("injection", "corrupt", "correction", "onpolicy")
+"""Pair kinds ``rl dpo`` builds itself (``data.build``)."""
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Preference pairs: a JSONL from ``rl pairs``, or injection/corrupt pairs built from the notes."""
+
+    folder: str = "runs/data/world"
+    """Note folder (notes.jsonl + images); pair image paths are relative to it."""
+    pairs: str | None = None
+    """Pairs JSONL written by ``rl pairs``; None = build ``build`` pairs from ``split`` notes."""
+    build: str = "injection"
+    """Pairs to build when ``pairs`` is None: injection (POVID/HA-DPO), corrupt (mDPO), correction
+    (RLHF-V: the starting policy's own greedy captions minus their hallucinated objects) or onpolicy
+    (RLAIF-V: best vs worst by the scene reward of ``samples`` captions sampled from the starting policy).
+    correction and onpolicy generate with the policy first, so they need ``notes`` > 0."""
+    samples: int = 4
+    """onpolicy: captions sampled per note."""
+    temperature: float = 1.0
+    """onpolicy: sampling temperature."""
+    hallucination_weight: float = 1.0
+    """onpolicy: weight of the hallucinated-mention penalty in the reward that ranks the samples (the
+    covered-object fraction has weight 1; :class:`rl.rewards.RewardConfig`). RLAIF-V ranks by
+    hallucinations; at 1 the best sample is often the one that names more objects, hallucinations too."""
+    split: str = "train"
+    """Note split pairs are built from."""
+    notes: int = 0
+    """Use the first n notes (0 = all)."""
+    prompt: str = "Describe the note."
+    """Caption prompt (the SFT caption prompt)."""
+    batch_size: int = 8
+    """Pairs per optimizer step."""
+    question_ratio: float = 0.0
+    """Add POPE-style yes/no pairs (:func:`rl.pairs.question_pairs`, one "yes" and one adversarial "no" per
+    image of the ``split`` notes), this many per caption pair, drawn at random (0 = none; also with
+    ``pairs``). They teach the model to say "no" to the absent partner that a caption pair punishes."""
+    question_batch_size: int = 0
+    """POPE-style yes/no pairs (:func:`rl.pairs.question_pairs` on the notes the caption pairs come from,
+    one "yes" and one adversarial "no" per image) trained in a batch of their own beside every step's
+    pairs (0 = none); their loss (same loss type, beta and SFT term) is added with weight 1, metrics under
+    ``question/``. A question pair is ~3x shorter than a caption pair, which a mixed batch
+    (``question_ratio``) pads to caption length, so many cost little this way."""
+    answer_style: str = "word"
+    """How the yes/no pairs' answers are written: the SFT model's ``tasks.answer_style`` ("word": "yes";
+    "object": "A fork: yes"; :func:`mm.train.tasks.yes_no_answer`)."""
+
+    def __post_init__(self) -> None:
+        if self.question_ratio < 0 or self.question_batch_size < 0:
+            raise ValueError(
+                "data.question_ratio and data.question_batch_size must be >= 0, got "
+                f"{self.question_ratio} and {self.question_batch_size}"
+            )
+        if self.answer_style not in ANSWER_STYLES:
+            raise ValueError(f"data.answer_style must be one of {ANSWER_STYLES}, got {self.answer_style!r}")
+        if self.build not in BUILDS:
+            raise ValueError(f"data.build must be one of {', '.join(BUILDS)}, got {self.build!r}")
+        if self.build in ("correction", "onpolicy") and self.pairs is None and self.notes == 0:
+            raise ValueError(
+                f"data.build={self.build} captions every note with the policy first; set data.notes to how "
+                "many (e.g. 600)"
+            )
+        hw = self.hallucination_weight
+        if not (hw >= 0 and math.isfinite(hw)):
+            raise ValueError(f"data.hallucination_weight must be a finite number >= 0, got {hw}")
+        if self.samples < 2 or self.temperature <= 0:
+            raise ValueError(
+                f"need data.samples >= 2 and data.temperature > 0, got {self.samples}, {self.temperature}"
+            )
+        if self.batch_size < 1 or self.notes < 0:
+            raise ValueError(
+                f"need data.batch_size >= 1 and data.notes >= 0, got {self.batch_size}, {self.notes}"
+            )
+
+
+@dataclass(kw_only=True)
+class DPOConfig:
+    """Everything ``rl dpo`` needs."""
+
+    init: InitConfig = field(default_factory=InitConfig)
+    """SFT checkpoint to start from."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA (reference = adapters off) or full fine-tuning (reference = frozen copy)."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """DPO-family loss and mDPO terms."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Preference pairs."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and schedule."""
+    train: RunConfig = field(default_factory=RunConfig)
+    """Steps, seed, cadence."""
