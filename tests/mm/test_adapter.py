@@ -18,6 +18,7 @@ import torch
 
 from mm.errors import UserError
 from mm.model.adapter import Sample, load_adapter
+from mm.model.adapter.batching import TOKEN_KEYS
 from mm.model.adapter.hf import TransformersAdapter
 from tests.mm.adapter_helpers import BUILDERS, build_family, random_image
 
@@ -133,6 +134,22 @@ def test_batched_equals_one_by_one(adapter):
             one, one_mask = adapter.answer_logps([s], [a])
             assert int(one_mask.sum()) == int(mask[b].sum())
             torch.testing.assert_close(logps[b][mask[b] == 1], one[0][one_mask[0] == 1], atol=1e-5, rtol=0)
+
+
+def test_right_padded_batch_scores_the_same(adapter):
+    """`token_logps` takes any padding layout: rows shifted to start at column 0 score the same."""
+    batch = adapter.answer_batch(_samples(), ANSWERS)
+    lead = (batch["attention_mask"] == 0).long().cumprod(-1).sum(-1)  # (B,) leading pads per row
+    assert int(lead.max()) > 0
+    right = dict(batch)
+    for key in (*TOKEN_KEYS, "response_mask"):
+        if key in batch:
+            right[key] = torch.stack([row.roll(-int(n)) for row, n in zip(batch[key], lead)])
+    assert bool((right["attention_mask"][:, 0] == 1).all())
+    with torch.no_grad():
+        left_logps, left_mask = adapter.token_logps(batch)
+        right_logps, right_mask = adapter.token_logps(right)
+    torch.testing.assert_close(right_logps[right_mask == 1], left_logps[left_mask == 1], atol=1e-5, rtol=0)
 
 
 def test_greedy_tokens_score_as_argmax(adapter):
