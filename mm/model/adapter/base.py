@@ -241,7 +241,10 @@ class VLMAdapter(ABC):
     ) -> Generation:
         """Continue each sample's chat-template generation prompt (left-padded batch, KV cache).
 
-        Greedy unless ``do_sample``; ``temperature`` / ``top_p`` / ``top_k`` apply only when sampling.
+        Greedy unless ``do_sample``; ``temperature`` / ``top_p`` / ``top_k`` (None = no top-k) apply only
+        when sampling and override the checkpoint's generation config. Other settings of that config
+        (e.g. ``repetition_penalty``) still apply unless passed here: pass them neutral when the sampled
+        ids are scored with :meth:`answer_logps`, which sees plain softmax(logits / temperature).
         Extra keyword arguments go to the model's `generate`. The model is in eval mode meanwhile.
         """
         if max_new_tokens < 1:
@@ -249,7 +252,7 @@ class VLMAdapter(ABC):
         if do_sample and (temperature <= 0 or not 0 < top_p <= 1):
             raise ValueError(f"sampling needs temperature > 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
         inputs = self.to_device(self.build_prompts(samples))
-        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k} if do_sample else {}
+        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k or 0} if do_sample else {}
         was_training = self._model.training
         self._model.eval()
         try:

@@ -23,6 +23,8 @@ class TransformersAdapter(VLMAdapter):
     """A transformers VLM and its processor; family quirks come from :mod:`mm.model.adapter.family`."""
 
     def __init__(self, *, model: Any, processor: Any) -> None:
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.family = base.config.model_type
         super().__init__(model=model, processor=processor)
         if not getattr(processor, "chat_template", None):
             raise UserError(
@@ -30,7 +32,6 @@ class TransformersAdapter(VLMAdapter):
                 "family's template (as shipped with the hub checkpoint) and save it with the model"
             )
         self.spec: FamilySpec = family_spec(self.base_model)
-        self.family = self.base_model.config.model_type
 
     @classmethod
     def from_folder(
