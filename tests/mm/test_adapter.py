@@ -293,3 +293,16 @@ def test_bad_inputs(folders, tmp_path):
         a, _ = adapter.answer_logps(with_answers)
         b, _ = adapter.answer_logps(samples, ANSWERS)
     assert torch.equal(a, b)
+
+
+def test_bfloat16_weights_score_in_float32(folders):
+    """dtype= casts the weights; image inputs follow the model's dtype; log-probs come back float32."""
+    adapter = load_adapter(folders["qwen2_vl"], dtype="bfloat16")
+    assert adapter.dtype == torch.bfloat16
+    batch = adapter.answer_batch(_samples(), ANSWERS)
+    assert batch["pixel_values"].dtype == torch.bfloat16
+    with torch.no_grad():
+        logps, mask = adapter.token_logps(batch)
+        full, _ = load_adapter(folders["qwen2_vl"]).answer_logps(_samples(), ANSWERS)
+    assert logps.dtype == torch.float32 and bool(torch.isfinite(logps).all())
+    assert float((logps - full)[mask == 1].abs().max()) < 0.05  # bf16 rounding (about 1e-3 here)
