@@ -1,0 +1,253 @@
+"""Tiny random instances of real transformers VLM families, saved with a working processor.
+
+Each builder writes a folder that `AutoModelForImageTextToText.from_pretrained` and
+`AutoProcessor.from_pretrained` load offline, as a hub checkpoint of that family would be:
+
+    folder = build_family("qwen2_vl", tmp_path / "qwen2_vl")
+    adapter = load_adapter(folder)
+
+The models have 2-layer vision towers and 2-layer LMs with hidden size 32; the tokenizer is the shipped
+byte-level BPE (``assets/tokenizer``) plus the family's special tokens, and the chat templates follow
+each family's hub template (image placeholders in the family's place and format).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ASSET_TOKENIZER = Path(__file__).resolve().parents[2] / "assets" / "tokenizer" / "tokenizer.json"
+HIDDEN = 32
+
+LLAVA_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': ' }}"
+    "{% endif %}{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
+    "{{ '<image>\n' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ content['text'] + ' ' }}{% endfor %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
+QWEN2_VL_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% elif content['type'] == 'text' %}{{ content['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+IDEFICS3_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
+    "{% if message['content'][0]['type'] == 'image' %}{{ ':' }}{% else %}{{ ': ' }}{% endif %}"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{ line['text'] }}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+
+
+def tiny_tokenizer(*, specials: list[str], bos: str, eos: str, pad: str, chat_template: str) -> Any:
+    """The shipped byte-level BPE with the family's special tokens added (ids after the base vocabulary)."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_file(str(ASSET_TOKENIZER)),
+        bos_token=bos,
+        eos_token=eos,
+        pad_token=pad,
+        unk_token="<unk>",
+    )
+    new = [t for t in specials if t not in tok.get_vocab()]
+    tok.add_special_tokens({"additional_special_tokens": new})
+    tok.chat_template = chat_template
+    return tok
+
+
+def _vocab(tok: Any) -> int:
+    return (len(tok) + 15) // 16 * 16
+
+
+def _text_config(tok: Any, model_type: str = "llama", **extra: Any) -> dict[str, Any]:
+    return {
+        "model_type": model_type,
+        "vocab_size": _vocab(tok),
+        "hidden_size": HIDDEN,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "pad_token_id": tok.pad_token_id,
+        **extra,
+    }
+
+
+def build_llava(seed: int = 0) -> tuple[Any, Any]:
+    """LLaVA-1.5 layout: CLIP tower (16 px, 4 px patches) + MLP projector + Llama; 16 tokens per image."""
+    from transformers import (
+        CLIPImageProcessor,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    tok = tiny_tokenizer(
+        specials=["<image>", "<s>", "</s>"], bos="<s>", eos="</s>", pad="<pad>", chat_template=LLAVA_TEMPLATE
+    )
+    config = LlavaConfig(
+        vision_config={
+            "model_type": "clip_vision_model",
+            "hidden_size": HIDDEN,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": 16,
+            "patch_size": 4,
+            "projection_dim": HIDDEN,
+        },
+        text_config=_text_config(tok),
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
+    )
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config).eval()
+    image_processor = CLIPImageProcessor(
+        size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}, do_center_crop=True
+    )
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tok,
+        patch_size=4,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=LLAVA_TEMPLATE,
+    )
+    return model, processor
+
+
+def build_qwen2_vl(seed: int = 0) -> tuple[Any, Any]:
+    """Qwen2-VL layout: 4 px patches merged 2x2 (an H x W image -> H*W/64 tokens), M-RoPE Qwen2 LM."""
+    from transformers import (
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+        Qwen2VLImageProcessor,
+        Qwen2VLProcessor,
+        Qwen2VLVideoProcessor,
+    )
+
+    specials = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                "<|video_pad|>", "<|endoftext|>"]  # fmt: skip
+    tok = tiny_tokenizer(
+        specials=specials, bos="<|endoftext|>", eos="<|im_end|>", pad="<|endoftext|>",
+        chat_template=QWEN2_VL_TEMPLATE,
+    )  # fmt: skip
+    ids = {t: tok.convert_tokens_to_ids(t) for t in specials}
+    text = _text_config(
+        tok, "qwen2_vl_text", rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                               "mrope_section": [2, 1, 1]},
+    )  # fmt: skip
+    config = Qwen2VLConfig(
+        text_config=text,
+        vision_config={
+            "depth": 2,
+            "embed_dim": HIDDEN,
+            "hidden_size": HIDDEN,
+            "num_heads": 2,
+            "mlp_ratio": 2,
+            "patch_size": 4,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    pixels = {"shortest_edge": 8 * 8, "longest_edge": 32 * 32}
+    image_processor = Qwen2VLImageProcessor(size=pixels, patch_size=4, merge_size=2, temporal_patch_size=2)
+    video_processor = Qwen2VLVideoProcessor(size=pixels, patch_size=4, merge_size=2, temporal_patch_size=2)
+    processor = Qwen2VLProcessor(
+        image_processor=image_processor, tokenizer=tok, video_processor=video_processor,
+        chat_template=QWEN2_VL_TEMPLATE,
+    )  # fmt: skip
+    return model, processor
+
+
+def build_idefics3(seed: int = 0) -> tuple[Any, Any]:
+    """Idefics3/SmolVLM layout: SigLIP-like tower (16 px tiles, 8 px patches), pixel shuffle x2, Llama LM.
+
+    Images are split into up to 2 x 2 tiles of 16 px plus a global view (one token per tile).
+    """
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessor,
+        Idefics3Processor,
+    )
+
+    specials = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>", "<|im_start|>"]
+    specials += [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)]
+    tok = tiny_tokenizer(
+        specials=specials, bos="<|im_start|>", eos="<end_of_utterance>", pad="<pad>",
+        chat_template=IDEFICS3_TEMPLATE,
+    )  # fmt: skip
+    config = Idefics3Config(
+        vision_config={
+            "hidden_size": HIDDEN,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": 16,
+            "patch_size": 8,
+        },
+        text_config=_text_config(tok),
+        scale_factor=2,
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+    )
+    torch.manual_seed(seed)
+    model = Idefics3ForConditionalGeneration(config).eval()
+    image_processor = Idefics3ImageProcessor(
+        size={"longest_edge": 32}, max_image_size={"longest_edge": 16}, do_image_splitting=True
+    )
+    processor = Idefics3Processor(
+        image_processor=image_processor, tokenizer=tok, image_seq_len=1, chat_template=IDEFICS3_TEMPLATE
+    )
+    return model, processor
+
+
+BUILDERS: dict[str, Callable[[int], tuple[Any, Any]]] = {
+    "llava": build_llava,
+    "qwen2_vl": build_qwen2_vl,
+    "idefics3": build_idefics3,
+}
+"""Family name -> builder of a tiny random (model, processor)."""
+
+
+def build_family(family: str, folder: Path, seed: int = 0) -> Path:
+    """Build the tiny ``family`` model, save it with its processor into ``folder``; returns ``folder``."""
+    if family not in BUILDERS:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(BUILDERS)}")
+    model, processor = BUILDERS[family](seed)
+    eos = processor.tokenizer.eos_token_id
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+def random_image(width: int, height: int, seed: int = 0) -> Any:
+    """A random RGB PIL image of the given size."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8), "RGB")
