@@ -9,7 +9,7 @@ import torch
 from mm.model.adapter import Sample, load_adapter
 from mm.model.adapter.notevlm import NoteVLMAdapter
 from rl.trainers.common import batch_token_logps
-from tests.mm.test_model_helpers import random_images, tiny_model, tiny_processor
+from tests.helpers.model import random_images, tiny_model, tiny_processor
 
 PROMPTS = ["describe the note", "is there a cat in image 2", "is there a red cup"]
 ANSWERS = ["a red cat", "yes", "no the cup is blue"]
