@@ -10,7 +10,7 @@ Every value is checked against its field's annotation when the config is loaded,
 writes anything:
 
 - ``int``: an integer; ``True``/``False`` and non-integral numbers (``2.5``) are rejected, an
-  integral float (``3.0``, ``1.0e4``) is accepted as the integer it equals.
+  integral float (``3.0``, ``1e4``) is accepted as the integer it equals.
 - ``float``: a number (an int becomes a float) or a float literal string such as ``1e-4``
   (PyYAML reads YAML 1.1, where ``1e-4`` is a string); booleans are rejected.
 - ``bool``: ``true`` or ``false`` only (not ``1``, ``"yes"``).
@@ -25,6 +25,7 @@ writes anything:
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -33,6 +34,9 @@ from typing import Any, TypeVar
 import yaml
 
 T = TypeVar("T")
+
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+"""A number in exponent form, which PyYAML (YAML 1.1) reads as a string unless it has ``.`` and a sign."""
 
 
 class ConfigError(ValueError):
@@ -105,6 +109,8 @@ def check_value(tp: Any, value: Any, key: str) -> Any:
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+            value = float(value)  # ``1e4``: a string to PyYAML (YAML 1.1)
         if isinstance(value, float) and value.is_integer():
             return int(value)
         raise ConfigError(f"{key}: expected an integer, got {_got(value)}")
