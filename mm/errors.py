@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import traceback
 from pathlib import Path
 
@@ -48,11 +49,17 @@ _OPERATIONS = {
 
 
 def _operation(e: OSError) -> str:
-    """What was being done when ``e`` was raised, from the innermost frame with a known name."""
-    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+    """What was being done when ``e`` was raised: the innermost call with a known name."""
+    frames = traceback.extract_tb(e.__traceback__)
+    for frame in reversed(frames):
         if frame.name in _OPERATIONS:
             return _OPERATIONS[frame.name]
-    return "use"
+    if frames:  # a builtin (open, os.replace, ...) called from the innermost frame's line
+        calls = re.findall(r"(\w+)\(", frames[-1].line or "")
+        for name in reversed(calls):
+            if name in _OPERATIONS:
+                return _OPERATIONS[name]
+    return "access"
 
 
 def describe_os_error(e: OSError) -> str:
