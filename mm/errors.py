@@ -49,14 +49,15 @@ _OPERATIONS = {
 
 
 def _operation(e: OSError) -> str:
-    """What was being done when ``e`` was raised: the innermost call with a known name."""
-    frames = traceback.extract_tb(e.__traceback__)
-    for frame in reversed(frames):
+    """What was being done when ``e`` was raised: the innermost known call in its traceback.
+
+    A Python-level call (``Path.mkdir``, ``shutil.rmtree``) shows as a frame's name; a builtin
+    (``open``, ``os.replace``) only in the source line of the frame that called it.
+    """
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
         if frame.name in _OPERATIONS:
             return _OPERATIONS[frame.name]
-    if frames:  # a builtin (open, os.replace, ...) called from the innermost frame's line
-        calls = re.findall(r"(\w+)\(", frames[-1].line or "")
-        for name in reversed(calls):
+        for name in reversed(re.findall(r"(\w+)\(", frame.line or "")):
             if name in _OPERATIONS:
                 return _OPERATIONS[name]
     return "access"

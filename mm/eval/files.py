@@ -165,6 +165,8 @@ def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> Path:
     p = Path(path)
     if not p.parent.is_dir():
         raise UserError(f"{p}: folder {p.parent} does not exist; create it first")
+    if p.is_dir():
+        raise UserError(f"{p} is a folder; pass the path of the file to write")
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -88,18 +88,30 @@ def test_missing_inputs(tmp_path, capsys, monkeypatch):
 
 
 def test_os_error_raised_inside_a_command_is_one_line(tmp_path, capsys, monkeypatch):
-    """An OSError the early checks cannot foresee (here: the output path is a folder)."""
+    """An OSError no early check can foresee (here a full disk) is one line too, and leaves no file."""
+    import errno
+
+    def full_disk(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+
+    monkeypatch.setattr("mm.eval.files.os.replace", full_disk)
+    objects = tmp_path / "o.json"
+    objects.write_text('{"1": ["dog"], "2": ["cat"]}')
+    argv = ["eval", "pope-build", "--objects", str(objects), "--out", str(tmp_path / "q.jsonl")]
+    assert mm_main(argv) == 2
+    line = _one_line(capsys, "mm eval: error: ")
+    fix = "free some space or choose another disk"
+    assert line.endswith(f"cannot replace {tmp_path / 'q.jsonl'}: no space left on the disk; {fix}")
+    assert [p.name for p in tmp_path.iterdir()] == ["o.json"]  # the temporary file is removed
+
+
+def test_output_path_that_is_a_folder(tmp_path, capsys):
     objects = tmp_path / "o.json"
     objects.write_text('{"1": ["dog"], "2": ["cat"]}')
     (tmp_path / "q.jsonl").mkdir()
     argv = ["eval", "pope-build", "--objects", str(objects), "--out", str(tmp_path / "q.jsonl")]
     assert mm_main(argv) == 2
-    line = _one_line(capsys, "mm eval: error: cannot ")
-    assert str(tmp_path / "q.jsonl") in line and "it is a folder" in line
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "o.json",
-        "q.jsonl",
-    ]  # no temporary file left behind
+    assert "q.jsonl is a folder; pass the path of the file to write" in _one_line(capsys, "mm eval: error: ")
 
 
 def test_describe_os_error_names_operation_path_and_fix(tmp_path):
