@@ -45,7 +45,7 @@ def coco(tmp_path):
             {"image_id": 2, "category_id": 3, "bbox": [0, 0]},
         ],
     }
-    (tmp_path / "captions.json").write_text(json.dumps(caps))
+    (tmp_path / "captions.json").write_text(json.dumps(caps, indent=1))  # images[i] on line 3 + 4 i
     (tmp_path / "instances.json").write_text(json.dumps(inst))
     return tmp_path
 
@@ -62,7 +62,7 @@ def test_coco_notes_objects_and_report(coco):
     assert report.notes == 2 and report.skipped == 3  # missing image, unknown category, bad bbox
     assert report.ignored == {"captions of skipped or unlisted images": 1}
     assert "missing image file" in report.summary()
-    with pytest.raises(FormatError, match=r"captions.json: images\[2\]: missing image file"):
+    with pytest.raises(FormatError, match=r"captions.json:11: images\[2\]: missing image file"):
         read_coco(coco / "captions.json", coco / "instances.json", images=coco / "imgs", strict=True)
 
 
@@ -101,13 +101,15 @@ def test_llava(tmp_path):
         {"id": "4", "image": "nope.png", "conversations": [{"from": "human", "value": "?"}]},
         {"id": "5", "image": ["x.png", "y.png"], "conversations": [{"from": "gpt", "value": "Two."}]},
     ]  # fmt: skip
-    (tmp_path / "l.json").write_text(json.dumps(data))
+    (tmp_path / "l.json").write_text(
+        "[\n" + ",\n".join(json.dumps(r) for r in data) + "\n]\n"
+    )  # record i: line i+2
     notes, report = read_llava(tmp_path / "l.json", images=tmp_path / "imgs")
     assert [n.id for n in notes] == ["llava_000001", "llava_5"] and notes[0].text == "A fork."
     assert notes[1].images == ["images/x.png", "images/y.png"]  # a multi-image note
     assert notes[0].conversations[0]["value"].startswith("<image>")
     assert report.skipped == 3 and report.reasons["missing image file"] == 1
-    with pytest.raises(FormatError, match=r"l.json: record 1 \(id '2'\): no image"):
+    with pytest.raises(FormatError, match=r"l.json:3: record 1 \(id '2'\): no image"):
         read_llava(tmp_path / "l.json", images=tmp_path / "imgs", strict=True)
     out = tmp_path / "out"
     assert (
