@@ -151,3 +151,61 @@ def test_pope(tmp_path):
     assert report.skipped == 2
     with pytest.raises(FormatError, match=r"p.jsonl:3: label must be yes/no"):
         read_pope(tmp_path / "p.jsonl", images=tmp_path / "imgs", strict=True)
+
+
+# ---- encodings and ids ---------------------------------------------------------------------------
+def _pope_line(qid, image="COCO_1.jpg", label="yes"):
+    return json.dumps(
+        {"question_id": qid, "image": image, "text": "Is there a dog in the image?", "label": label}
+    )
+
+
+def test_pope_bom_ids_and_non_utf8(tmp_path):
+    _img(tmp_path / "imgs", "COCO_1.jpg")
+    p = tmp_path / "p.jsonl"
+    p.write_text(
+        "\ufeff" + "\n".join([_pope_line(2), _pope_line(2.0), _pope_line(True), _pope_line("3")]) + "\n"
+    )
+    notes, report = read_pope(p, images=tmp_path / "imgs")
+    assert [q.question_id for q in notes[0].questions] == ["pope_2", "pope_3"]  # the BOM is not a bad record
+    assert report.skipped == 2 and report.reasons["duplicate question_id"] == 1
+    assert any(
+        "p.jsonl:3: question_id must be a string or an integer, got true" in e for e in report.examples
+    )
+    p.write_bytes(_pope_line(1).encode() + b"\n" + _pope_line(2).encode().replace(b"dog", b"d\xe9g"))
+    with pytest.raises(FormatError, match=r"p.jsonl:2: not UTF-8 text \(byte 0xe9"):
+        read_pope(p, images=tmp_path / "imgs")
+
+
+def test_data_cli_non_utf8_is_one_line_and_writes_nothing(tmp_path, capsys):
+    _img(tmp_path / "imgs", "COCO_1.jpg")
+    p = tmp_path / "p.jsonl"
+    p.write_bytes(_pope_line(1).encode() + b"\n\xff\n")
+    out = tmp_path / "out"
+    assert (
+        main(["data", "pope", "--questions", str(p), "--images", str(tmp_path / "imgs"), "--out", str(out)])
+        == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"mm data: error: {p}:2: not UTF-8 text") and not out.exists()
+
+
+def test_llava_bom_and_bad_ids(tmp_path):
+    _img(tmp_path / "imgs", "x.png")
+    conv = [{"from": "gpt", "value": "A fork."}]
+    data = [
+        {"id": 7.0, "image": "x.png", "conversations": conv},
+        {"id": True, "image": "x.png", "conversations": conv},
+    ]
+    (tmp_path / "l.json").write_text("\ufeff[\n" + ",\n".join(json.dumps(r) for r in data) + "\n]\n")
+    notes, report = read_llava(tmp_path / "l.json", images=tmp_path / "imgs")
+    assert [n.id for n in notes] == ["llava_7"] and report.skipped == 1
+    with pytest.raises(FormatError, match=r"l.json:3: record 1: id must be a string or an integer, got true"):
+        read_llava(tmp_path / "l.json", images=tmp_path / "imgs", strict=True)
+
+
+def test_coco_instances_errors_name_the_line(coco):
+    inst = json.loads((coco / "instances.json").read_text())
+    (coco / "instances.json").write_text(json.dumps(inst, indent=1))
+    _, report = read_coco(coco / "captions.json", coco / "instances.json", images=coco / "imgs")
+    assert f"{coco / 'instances.json'}:49: annotations[2]: unknown category_id: 99" in report.examples
