@@ -127,7 +127,8 @@ def check_value(tp: Any, value: Any, key: str) -> Any:
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f'{key}: expected a string, got {_got(value)}; quote it in YAML: "{value}"')
+        hint = f'; quote it in YAML: "{value}"' if isinstance(value, int | float) else ""  # bools too
+        raise ConfigError(f"{key}: expected a string, got {_got(value)}{hint}")
     if tp is Path or (isinstance(tp, type) and issubclass(tp, Path)):
         if isinstance(value, str | Path):
             return Path(value)
