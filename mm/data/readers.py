@@ -54,7 +54,7 @@ class ReadReport:
     ignored: Counter = field(default_factory=Counter)
     """Well-formed records that do not apply (e.g. annotations of images not converted) -> count."""
 
-    def skip(self, where: str, why: str, *, strict: bool) -> None:
+    def skip(self, where: str | _At, why: str, *, strict: bool) -> None:
         """Count a bad record, or raise naming it when ``strict``."""
         if strict:
             raise FormatError(f"{where}: {why}")
@@ -71,6 +71,18 @@ class ReadReport:
         if self.ignored:
             s += f"; ignored {dict(self.ignored)}"
         return s
+
+
+class _At:
+    """``FILE:LINE: what``, the line looked up only when a message is written (large JSON files)."""
+
+    def __init__(self, path: str | Path, lines: Lines, what: str, index: int, section: str | None = None):
+        self.path, self.lines, self.what, self.index, self.section = path, lines, what, index, section
+
+    def __str__(self) -> str:
+        i = self.index
+        line = self.lines.member(self.section, i) if self.section else self.lines.item(i)
+        return f"{self.path}:{line}: {self.what}"
 
 
 def _load_json(path: str | Path) -> tuple[Any, Lines]:
@@ -108,7 +120,7 @@ def read_coco(
     img_dir = Path(images)
     files: dict[int, str] = {}
     for i, im in enumerate(cap["images"]):
-        where = f"{captions}:{cap_lines.member('images', i)}: images[{i}]"
+        where = _At(captions, cap_lines, f"images[{i}]", i, "images")
         if not (
             isinstance(im, dict) and isinstance(im.get("id"), int) and isinstance(im.get("file_name"), str)
         ):
@@ -119,7 +131,7 @@ def read_coco(
             files[im["id"]] = im["file_name"]
     texts: dict[int, tuple[int, str]] = {}
     for i, a in enumerate(cap["annotations"]):
-        where = f"{captions}:{cap_lines.member('annotations', i)}: annotations[{i}]"
+        where = _At(captions, cap_lines, f"annotations[{i}]", i, "annotations")
         if not (
             isinstance(a, dict) and isinstance(a.get("caption"), str) and isinstance(a.get("image_id"), int)
         ):
@@ -139,7 +151,7 @@ def read_coco(
             )
         cats = {c["id"]: c["name"] for c in inst.get("categories", []) if isinstance(c, dict) and "id" in c}
         for i, a in enumerate(inst["annotations"]):
-            where = f"{instances}:{inst_lines.member('annotations', i)}: annotations[{i}]"
+            where = _At(instances, inst_lines, f"annotations[{i}]", i, "annotations")
             bbox = a.get("bbox") if isinstance(a, dict) else None
             if not (
                 isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, int | float) for v in bbox)
@@ -194,7 +206,7 @@ def read_llava(
     img_dir = Path(images)
     notes, seen = [], set()
     for i, r in enumerate(data):
-        where = f"{path}:{lines.item(i)}: record {i}"
+        where = _At(path, lines, f"record {i}", i)
         if not isinstance(r, dict) or "id" not in r:
             report.skip(where, "record needs an 'id'", strict=strict)
             continue
@@ -202,7 +214,7 @@ def read_llava(
         if rid is None:
             report.skip(where, id_problem(r["id"]), strict=strict)
             continue
-        where += f" (id {rid!r})"
+        where.what += f" (id {rid!r})"
         image = r.get("image")
         names = [image] if isinstance(image, str) else image
         if not (isinstance(names, list) and 1 <= len(names) and all(isinstance(x, str) for x in names)):
