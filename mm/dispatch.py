@@ -2,8 +2,10 @@
 
 Each subcommand module exposes ``configure(parser)`` and ``run(args) -> int``. Only the chosen
 module is imported, so ``--help`` and light commands never pay for torch start-up. A
-:class:`~mm.errors.UserError`, :class:`~mm.config.ConfigError` or missing file becomes one line on
-stderr and exit code 2.
+:class:`~mm.errors.UserError`, :class:`~mm.config.ConfigError` or disk error (any ``OSError``: a
+missing input, ``--out`` under a regular file, an unwritable folder, a full disk) becomes one line on
+stderr and exit code 2. Before the command runs, a given ``--out`` is checked without creating
+anything: its nearest existing ancestor must be a writable folder.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import importlib
 import sys
 
 from mm.config import ConfigError
-from mm.errors import UserError
+from mm.errors import UserError, check_out_path, describe_os_error
 
 
 def build_parser(
@@ -36,7 +38,12 @@ def dispatch(
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(prog, description, commands, argv).parse_args(argv)
     try:
+        if isinstance(getattr(args, "out", None), str):
+            check_out_path(args.out)
         return int(importlib.import_module(commands[args.command][0]).run(args) or 0)
-    except (UserError, ConfigError, FileNotFoundError) as e:
-        print(f"{prog} {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except (UserError, ConfigError) as e:
+        message = str(e)
+    except OSError as e:
+        message = describe_os_error(e)
+    print(f"{prog} {args.command}: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2

@@ -12,9 +12,11 @@
   -> one note per image holding its yes/no questions.
 
 Bad records never pass silently: with ``strict=True`` the first one raises
-:class:`~mm.data.format.FormatError` naming the file and line (JSONL) or record index (JSON);
+:class:`~mm.data.format.FormatError` naming the file and line (and, in JSON, the record's index);
 otherwise it is skipped and counted in the returned :class:`ReadReport`. A referenced image that
-is missing on disk is a bad record too.
+is missing on disk is a bad record too. Files are UTF-8 (a BOM is fine; other bytes are an error
+naming the line); ids follow :func:`mm.data.jsonio.normalize_id` (``2``, ``"2"`` and ``2.0`` are one
+id; ``true`` is a bad record).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mm.data.format import FormatError, Note, ObjectAnnotation, Question, staged_folder, write_notes
+from mm.data.jsonio import Lines, as_id, id_problem, read_json, read_utf8
 
 IMAGE_DIR = "images"
 """Converted notes reference their images as ``images/<file name>`` inside the output folder."""
@@ -51,7 +54,7 @@ class ReadReport:
     ignored: Counter = field(default_factory=Counter)
     """Well-formed records that do not apply (e.g. annotations of images not converted) -> count."""
 
-    def skip(self, where: str, why: str, *, strict: bool) -> None:
+    def skip(self, where: str | _At, why: str, *, strict: bool) -> None:
         """Count a bad record, or raise naming it when ``strict``."""
         if strict:
             raise FormatError(f"{where}: {why}")
@@ -70,14 +73,20 @@ class ReadReport:
         return s
 
 
-def _load_json(path: str | Path) -> Any:
-    p = Path(path)
-    if not p.is_file():
-        raise FormatError(f"{p} does not exist")
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise FormatError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from e
+class _At:
+    """``FILE:LINE: what``, the line looked up only when a message is written (large JSON files)."""
+
+    def __init__(self, path: str | Path, lines: Lines, what: str, index: int, section: str | None = None):
+        self.path, self.lines, self.what, self.index, self.section = path, lines, what, index, section
+
+    def __str__(self) -> str:
+        i = self.index
+        line = self.lines.member(self.section, i) if self.section else self.lines.item(i)
+        return f"{self.path}:{line}: {self.what}"
+
+
+def _load_json(path: str | Path) -> tuple[Any, Lines]:
+    return read_json(path, FormatError)
 
 
 def _safe_id(s: Any) -> str:
@@ -97,32 +106,32 @@ def read_coco(
     strict: bool = False,
 ) -> tuple[list[Note], ReadReport]:
     """COCO captions (+ instances) -> single-image notes, in image-id order."""
-    cap = _load_json(captions)
+    cap, cap_lines = _load_json(captions)
     report = ReadReport(source=str(captions))
     if (
         not isinstance(cap, dict)
         or not isinstance(cap.get("images"), list)
         or not isinstance(cap.get("annotations"), list)
     ):
-        raise FormatError(f"{captions}: expected a COCO captions file with 'images' and 'annotations' lists")
+        raise FormatError(
+            f"{captions}:{cap_lines.start()}: expected a COCO captions file "
+            "with 'images' and 'annotations' lists"
+        )
     img_dir = Path(images)
     files: dict[int, str] = {}
     for i, im in enumerate(cap["images"]):
+        where = _At(captions, cap_lines, f"images[{i}]", i, "images")
         if not (
             isinstance(im, dict) and isinstance(im.get("id"), int) and isinstance(im.get("file_name"), str)
         ):
-            report.skip(
-                f"{captions}: images[{i}]", "image record needs int 'id' and str 'file_name'", strict=strict
-            )
+            report.skip(where, "image record needs int 'id' and str 'file_name'", strict=strict)
         elif not (img_dir / im["file_name"]).is_file():
-            report.skip(
-                f"{captions}: images[{i}]", f"missing image file: {img_dir / im['file_name']}", strict=strict
-            )
+            report.skip(where, f"missing image file: {img_dir / im['file_name']}", strict=strict)
         else:
             files[im["id"]] = im["file_name"]
     texts: dict[int, tuple[int, str]] = {}
     for i, a in enumerate(cap["annotations"]):
-        where = f"{captions}: annotations[{i}]"
+        where = _At(captions, cap_lines, f"annotations[{i}]", i, "annotations")
         if not (
             isinstance(a, dict) and isinstance(a.get("caption"), str) and isinstance(a.get("image_id"), int)
         ):
@@ -135,12 +144,14 @@ def read_coco(
         texts[a["image_id"]] = min(texts.get(a["image_id"], key), key)
     objects: dict[int, list[ObjectAnnotation]] = {k: [] for k in files}
     if instances is not None:
-        inst = _load_json(instances)
+        inst, inst_lines = _load_json(instances)
         if not isinstance(inst, dict) or not isinstance(inst.get("annotations"), list):
-            raise FormatError(f"{instances}: expected a COCO instances file with an 'annotations' list")
+            raise FormatError(
+                f"{instances}:{inst_lines.start()}: expected a COCO instances file with an 'annotations' list"
+            )
         cats = {c["id"]: c["name"] for c in inst.get("categories", []) if isinstance(c, dict) and "id" in c}
         for i, a in enumerate(inst["annotations"]):
-            where = f"{instances}: annotations[{i}]"
+            where = _At(instances, inst_lines, f"annotations[{i}]", i, "annotations")
             bbox = a.get("bbox") if isinstance(a, dict) else None
             if not (
                 isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, int | float) for v in bbox)
@@ -185,20 +196,25 @@ def read_llava(
     path: str | Path, *, images: str | Path, split: str = "train", strict: bool = False
 ) -> tuple[list[Note], ReadReport]:
     """LLaVA conversation JSON -> notes (records without an image are skipped: a note needs one)."""
-    data = _load_json(path)
+    data, lines = _load_json(path)
     if not isinstance(data, list):
         raise FormatError(
-            f"{path}: expected a JSON list of {{id, image, conversations}}, got {type(data).__name__}"
+            f"{path}:{lines.start()}: expected a JSON list of {{id, image, conversations}}, "
+            f"got {type(data).__name__}"
         )
     report = ReadReport(source=str(path))
     img_dir = Path(images)
     notes, seen = [], set()
     for i, r in enumerate(data):
-        where = f"{path}: record {i}"
+        where = _At(path, lines, f"record {i}", i)
         if not isinstance(r, dict) or "id" not in r:
             report.skip(where, "record needs an 'id'", strict=strict)
             continue
-        where += f" (id {r['id']!r})"
+        rid = as_id(r["id"])
+        if rid is None:
+            report.skip(where, id_problem(r["id"]), strict=strict)
+            continue
+        where.what += f" (id {rid!r})"
         image = r.get("image")
         names = [image] if isinstance(image, str) else image
         if not (isinstance(names, list) and 1 <= len(names) and all(isinstance(x, str) for x in names)):
@@ -223,7 +239,7 @@ def read_llava(
         if missing:
             report.skip(where, f"missing image file: {img_dir / missing[0]}", strict=strict)
             continue
-        nid = f"llava_{_safe_id(r['id'])}"
+        nid = f"llava_{_safe_id(rid)}"
         if nid in seen:
             report.skip(where, "duplicate id", strict=strict)
             continue
@@ -254,50 +270,52 @@ def read_pope(
     ``label`` is lower-cased (``yes``/``no``); ``object`` is parsed from "Is there a X in the image?".
     """
     p = Path(path)
-    if not p.is_file():
-        raise FormatError(f"{p} does not exist")
+    text = read_utf8(p, FormatError)
     report = ReadReport(source=str(p))
     img_dir = Path(images)
     by_image: dict[str, list[Question]] = {}
     seen_q: set[str] = set()
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{p}:{lineno}"
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError as e:
-                report.skip(where, f"not valid JSON: {e.msg}", strict=strict)
-                continue
-            if not isinstance(r, dict):
-                report.skip(where, "line must be a JSON object", strict=strict)
-                continue
-            missing = [k for k in ("question_id", "image", "text", "label") if k not in r]
-            if missing:
-                report.skip(where, f"missing key(s): {missing}", strict=strict)
-                continue
-            label = str(r["label"]).strip().lower()
-            if label not in ("yes", "no"):
-                report.skip(where, f"label must be yes/no, got {r['label']!r}", strict=strict)
-                continue
-            qid = f"pope_{_safe_id(r['question_id'])}"
-            if qid in seen_q:
-                report.skip(where, f"duplicate question_id: {r['question_id']!r}", strict=strict)
-                continue
-            if not (img_dir / str(r["image"])).is_file():
-                report.skip(where, f"missing image file: {img_dir / str(r['image'])}", strict=strict)
-                continue
-            seen_q.add(qid)
-            m = _POPE_OBJECT.search(str(r["text"]))
-            q = Question(
-                question_id=qid,
-                question=str(r["text"]),
-                answer=label,
-                image=0,
-                object=m.group(1) if m else None,
-            )
-            by_image.setdefault(str(r["image"]), []).append(q)
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        where = f"{p}:{lineno}"
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as e:
+            report.skip(where, f"not valid JSON: {e.msg}", strict=strict)
+            continue
+        if not isinstance(r, dict):
+            report.skip(where, "line must be a JSON object", strict=strict)
+            continue
+        missing = [k for k in ("question_id", "image", "text", "label") if k not in r]
+        if missing:
+            report.skip(where, f"missing key(s): {missing}", strict=strict)
+            continue
+        label = str(r["label"]).strip().lower()
+        if label not in ("yes", "no"):
+            report.skip(where, f"label must be yes/no, got {r['label']!r}", strict=strict)
+            continue
+        raw_id = as_id(r["question_id"])
+        if raw_id is None:
+            report.skip(where, id_problem(r["question_id"], "question_id"), strict=strict)
+            continue
+        qid = f"pope_{_safe_id(raw_id)}"
+        if qid in seen_q:
+            report.skip(where, f"duplicate question_id: {raw_id!r}", strict=strict)
+            continue
+        if not (img_dir / str(r["image"])).is_file():
+            report.skip(where, f"missing image file: {img_dir / str(r['image'])}", strict=strict)
+            continue
+        seen_q.add(qid)
+        m = _POPE_OBJECT.search(str(r["text"]))
+        q = Question(
+            question_id=qid,
+            question=str(r["text"]),
+            answer=label,
+            image=0,
+            object=m.group(1) if m else None,
+        )
+        by_image.setdefault(str(r["image"]), []).append(q)
     notes = [
         Note(
             id=f"pope_{_safe_id(os.path.splitext(img)[0])}",

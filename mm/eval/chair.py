@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mm.data.jsonio import as_id, id_problem
 from mm.errors import UserError
 from mm.eval.singularize import singularize
 from mm.eval.words import word_tokenize
@@ -208,14 +209,22 @@ def _ratio(num: float, den: float, what: str, warn: list[str]) -> float:
     return num / den
 
 
+def _image_id(value: Any, where: str) -> str:
+    """An image id as a string (:func:`mm.data.jsonio.normalize_id`: ``2``, ``"2"``, ``2.0`` -> ``"2"``)."""
+    key = as_id(value)
+    if key is None:
+        raise UserError(f"{where}: {id_problem(value, 'image_id')}")
+    return key
+
+
 def _normalize_captions(captions: Mapping[Any, str] | Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     if isinstance(captions, Mapping):
-        return [(str(k), v) for k, v in captions.items()]
+        return [(_image_id(k, "captions"), v) for k, v in captions.items()]
     out = []
     for i, c in enumerate(captions):
         if not isinstance(c, Mapping) or "image_id" not in c or not isinstance(c.get("caption"), str):
             raise UserError(f"caption entry {i}: expected {{'image_id': ..., 'caption': str}}, got {c!r}")
-        out.append((str(c["image_id"]), c["caption"]))
+        out.append((_image_id(c["image_id"], f"caption entry {i}"), c["caption"]))
     return out
 
 
@@ -228,11 +237,13 @@ def chair_scores(
 
     ``captions``: ``{image_id: caption}`` or a list of ``{"image_id", "caption"}`` (one image may
     have several captions); ``objects``: ``{image_id: [object names]}`` (names are mapped to
-    canonical ones through ``vocab``; ids are compared as strings). Returns ``chair_s``,
+    canonical ones through ``vocab``; ids are compared as strings: ``2``, ``"2"`` and ``2.0`` are one
+    id). Every caption is scored, several per image included (the file reader
+    :func:`mm.eval.files.read_captions` keeps the first caption of each image). Returns ``chair_s``,
     ``chair_i``, ``recall``, ``mean_length``, counts, ``per_caption`` and ``warnings``.
     """
     caps = _normalize_captions(captions)
-    gt_by_id = {str(k): v for k, v in objects.items()}
+    gt_by_id = {_image_id(k, "objects"): v for k, v in objects.items()}
     missing = sorted({i for i, _ in caps if i not in gt_by_id})
     if missing:
         raise UserError(

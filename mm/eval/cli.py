@@ -24,7 +24,13 @@ from typing import Any
 
 from mm.errors import UserError
 from mm.eval.chair import Vocabulary, chair_scores
-from mm.eval.files import read_captions, read_objects, read_pope_answers, read_pope_questions, write_jsonl
+from mm.eval.files import (
+    read_chair_files,
+    read_objects,
+    read_pope_answers,
+    read_pope_questions,
+    write_jsonl,
+)
 from mm.eval.pope import DEFAULT_TEMPLATE, PopeBuildConfig, build_questions, pope_scores
 
 
@@ -203,10 +209,10 @@ def _run_chair(args: argparse.Namespace) -> int:
         )  # fmt: skip
     else:
         args.vocab = args.vocab or "coco"
-        captions = read_captions(args.captions)
-        objects = read_objects(args.objects)
+        captions, objects, file_warnings = read_chair_files(args.captions, args.objects)
         vocab = Vocabulary.coco() if args.vocab == "coco" else Vocabulary.world()
         res = chair_scores(captions, objects, vocab)
+        res["warnings"] = file_warnings + res["warnings"]
     _print_warnings(res["warnings"])
     if args.json:
         print(json.dumps(res))

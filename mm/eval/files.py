@@ -5,83 +5,33 @@
   as in the original POPE answer files).
 - Objects (JSON): ``{image_id: [name, ...]}``; list items may also be ``{"category": name, ...}``
   (the note format); a COCO ``instances_*.json`` (``images`` / ``annotations`` / ``categories``)
-  is read as ``{image_id: [category names]}``.
-- Captions (JSON): ``[{"image_id", "caption"}, ...]`` or ``{image_id: caption}``.
-"""
+  is read as ``{image_id: [category names]}``. An image id listed twice is an error.
+- Captions (JSON): ``[{"image_id", "caption"}, ...]`` or ``{image_id: caption}``. An image captioned
+  twice is scored once, by its first caption, with one warning naming the file and the count.
 
-from __future__ import annotations
+Files are UTF-8 (a BOM is fine). Ids follow :func:`mm.data.jsonio.normalize_id`: ``2``, ``"2"`` and
+``2.0`` are the same id ``"2"``; ``true``, ``null`` or ``2.5`` as an id is an error. Every error
+names the file and the line.
+"""
 
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
+from mm.data.jsonio import Lines, normalize_id, read_json, read_jsonl
 from mm.errors import UserError
 
-
-def _read_text(path: str | Path) -> str:
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{p}: no such file")
-    try:
-        return p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{p}: not UTF-8 text ({e})") from None
-
-
-def read_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
-    """``(line number, object)`` for each non-blank line; a bad line raises ``file:line: why``."""
-    out = []
-    for i, line in enumerate(_read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{i}: not valid JSON ({e.msg}); expected one object per line") from None
-        if not isinstance(obj, dict):
-            raise UserError(f"{path}:{i}: expected a JSON object, got {type(obj).__name__}")
-        out.append((i, obj))
-    return out
-
-
-def read_json(path: str | Path) -> Any:
-    """Parsed JSON; an error names the file, line and column."""
-    try:
-        return json.loads(_read_text(path))
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
-
-
-def _top_level_lines(text: str) -> list[int]:
-    """Line number of each item (list) or key (object) of a JSON document's top level."""
-    dec, lines = json.JSONDecoder(), []
-    i = len(text) - len(text.lstrip())
-    if i >= len(text) or text[i] not in "[{":
-        return lines
-    is_obj, i = text[i] == "{", i + 1
-    while True:
-        while i < len(text) and text[i] in " \t\r\n,":
-            i += 1
-        if i >= len(text) or text[i] in "]}":
-            return lines
-        lines.append(text.count("\n", 0, i) + 1)
-        _, i = dec.raw_decode(text, i)
-        if is_obj:
-            while text[i] in " \t\r\n:":
-                i += 1
-            _, i = dec.raw_decode(text, i)
-
-
-def read_json_located(path: str | Path) -> tuple[Any, list[int]]:
-    """Parsed JSON and the line of each top-level item (list) or key (object), for errors."""
-    data = read_json(path)
-    return data, _top_level_lines(_read_text(path))
+__all__ = [
+    "read_captions", "read_chair_files", "read_json", "read_jsonl", "read_objects", "read_pope_answers",
+    "read_pope_questions", "write_jsonl",
+]  # fmt: skip
 
 
 def read_pope_questions(path: str | Path) -> list[dict[str, Any]]:
-    """POPE questions; checks keys, labels and unique ids."""
+    """POPE questions (``question_id`` as a string); checks keys, labels and unique ids."""
     questions, seen = [], {}
     for line, q in read_jsonl(path):
         for key in ("question_id", "label"):
@@ -90,11 +40,11 @@ def read_pope_questions(path: str | Path) -> list[dict[str, Any]]:
         label = q["label"]
         if not isinstance(label, str) or label.strip().lower() not in ("yes", "no"):
             raise UserError(f"{path}:{line}: label must be 'yes' or 'no', got {label!r}")
-        qid = str(q["question_id"])
+        qid = normalize_id(q["question_id"], f"{path}:{line}", "question_id")
         if qid in seen:
             raise UserError(f"{path}:{line}: question_id {qid!r} already used on line {seen[qid]}")
         seen[qid] = line
-        questions.append(q)
+        questions.append({**q, "question_id": qid})
     return questions
 
 
@@ -107,7 +57,7 @@ def read_pope_answers(path: str | Path) -> list[tuple[str, str]]:
         key = "text" if "text" in a else "answer" if "answer" in a else None
         if key is None or not isinstance(a[key], str):
             raise UserError(f"{path}:{line}: answer needs a string 'text' (or 'answer'); keys: {sorted(a)}")
-        out.append((str(a["question_id"]), a[key]))
+        out.append((normalize_id(a["question_id"], f"{path}:{line}", "question_id"), a[key]))
     return out
 
 
@@ -119,45 +69,135 @@ def _object_name(where: str, image: str, item: Any) -> str:
     raise UserError(f"{where}: image {image!r}: object must be a name or {{'category': name}}, got {item!r}")
 
 
-def read_objects(path: str | Path) -> dict[str, list[str]]:
-    """``{image_id: [object names]}`` from an objects JSON or a COCO instances file."""
-    data, lines = read_json_located(path)
-    if isinstance(data, dict) and {"annotations", "categories"} <= set(data):
-        try:
-            names = {c["id"]: c["name"] for c in data["categories"]}
-            out: dict[str, list[str]] = {str(im["id"]): [] for im in data.get("images", [])}
-            for ann in data["annotations"]:
-                out.setdefault(str(ann["image_id"]), []).append(names[ann["category_id"]])
-        except (KeyError, TypeError) as e:
-            raise UserError(f"{path}: looks like COCO instances but is malformed ({e!r})") from None
-        return out
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a JSON object {{image_id: [objects]}}, got {type(data).__name__}")
-    out = {}
-    for (image, objs), line in zip(data.items(), lines):
-        where = f"{path}:{line}"
-        if not isinstance(objs, list):
-            raise UserError(f"{where}: image {image!r}: expected a list, got {type(objs).__name__}")
-        out[str(image)] = [_object_name(where, image, o) for o in objs]
+def _read_coco_instances(path: str | Path, data: dict[str, Any], lines: Lines) -> dict[str, list[str]]:
+    def bad(section: str, i: int, why: str) -> UserError:
+        return UserError(f"{path}:{lines.member(section, i)}: {section}[{i}]: {why} (a COCO instances file)")
+
+    for section in ("images", "annotations", "categories"):
+        if not isinstance(data.get(section, []), list):
+            raise UserError(f"{path}:{lines.start()}: {section!r} must be a list in a COCO instances file")
+    names = {}
+    for i, c in enumerate(data["categories"]):
+        if not (isinstance(c, dict) and "id" in c and isinstance(c.get("name"), str)):
+            raise bad("categories", i, "a category needs 'id' and a string 'name'")
+        names[c["id"]] = c["name"]
+    out: dict[str, list[str]] = {}
+    for i, im in enumerate(data.get("images", [])):
+        if not (isinstance(im, dict) and "id" in im):
+            raise bad("images", i, "an image needs an 'id'")
+        out[normalize_id(im["id"], f"{path}:{lines.member('images', i)}", "images[].id")] = []
+    for i, ann in enumerate(data["annotations"]):
+        if not (isinstance(ann, dict) and "image_id" in ann and "category_id" in ann):
+            raise bad("annotations", i, "an annotation needs 'image_id' and 'category_id'")
+        if ann["category_id"] not in names:
+            raise bad("annotations", i, f"category_id {ann['category_id']!r} is not in 'categories'")
+        image = normalize_id(ann["image_id"], f"{path}:{lines.member('annotations', i)}", "image_id")
+        out.setdefault(image, []).append(names[ann["category_id"]])
     return out
 
 
-def read_captions(path: str | Path) -> list[dict[str, Any]]:
-    """Captions as ``[{"image_id": str, "caption": str}]`` from a list or a mapping."""
-    data, lines = read_json_located(path)
+def _repeated_keys(lines: Lines) -> list[tuple[int, str, int]]:
+    """``(line, key, first line)`` for each top-level key that repeats an earlier one."""
+    first: dict[str, int] = {}
+    repeats = []
+    for line, key in lines.keys():
+        if key in first:
+            repeats.append((line, key, first[key]))
+        else:
+            first[key] = line
+    return repeats
+
+
+def read_objects(path: str | Path) -> dict[str, list[str]]:
+    """``{image_id: [object names]}`` from an objects JSON or a COCO instances file."""
+    data, lines = read_json(path)
+    if isinstance(data, dict) and {"annotations", "categories"} <= set(data):
+        return _read_coco_instances(path, data, lines)
+    if not isinstance(data, dict):
+        raise UserError(
+            f"{path}:{lines.start()}: expected a JSON object {{image_id: [objects]}}, "
+            f"got {type(data).__name__}"
+        )
+    for line, key, first in _repeated_keys(lines)[:1]:
+        raise UserError(
+            f"{path}:{line}: image_id {key!r} is listed again (first on line {first}); "
+            "give each image one list of objects"
+        )
+    out = {}
+    for i, (image, objs) in enumerate(data.items()):
+        where = f"{path}:{lines.item(i)}"
+        if not isinstance(objs, list):
+            raise UserError(f"{where}: image {image!r}: expected a list, got {type(objs).__name__}")
+        out[image] = [_object_name(where, image, o) for o in objs]
+    return out
+
+
+def read_captions_located(
+    path: str | Path, warn: list[str] | None = None
+) -> list[tuple[int, dict[str, str]]]:
+    """``(line, {"image_id", "caption"})`` per image, first caption kept (see the module docstring).
+
+    The duplicate warning is appended to ``warn`` when given, else issued with :func:`warnings.warn`.
+    """
+    data, lines = read_json(path)
     if isinstance(data, dict):
-        data = [{"image_id": k, "caption": v} for k, v in data.items()]
-    if not isinstance(data, list):
-        raise UserError(f"{path}: expected a list of {{'image_id', 'caption'}}, got {type(data).__name__}")
-    out = []
-    for i, (c, line) in enumerate(zip(data, lines)):
+        entries = [
+            (lines.item(i), {"image_id": key, "caption": lines.value(i)})
+            for i, (_, key) in enumerate(lines.keys())
+        ]
+    elif isinstance(data, list):
+        entries = [(lines.item(i), c) for i, c in enumerate(data)]
+    else:
+        raise UserError(
+            f"{path}:{lines.start()}: expected a list of {{'image_id', 'caption'}}, got {type(data).__name__}"
+        )
+    out, seen, repeats = [], {}, []
+    for i, (line, c) in enumerate(entries):
         if not isinstance(c, dict) or "image_id" not in c or not isinstance(c.get("caption"), str):
             raise UserError(
                 f"{path}:{line}: entry {i}: expected {{'image_id': ..., 'caption': str}}, "
                 f"got {json.dumps(c)[:200]}"
             )
-        out.append({"image_id": str(c["image_id"]), "caption": c["caption"]})
+        image = normalize_id(c["image_id"], f"{path}:{line}", "image_id")
+        if image in seen:
+            repeats.append((line, image, seen[image]))
+            continue
+        seen[image] = line
+        out.append((line, {"image_id": image, "caption": c["caption"]}))
+    if repeats:
+        line, image, first = repeats[0]
+        msg = (
+            f"{path}: {len(repeats)} caption(s) repeat an image_id already captioned (first: {image!r} on "
+            f"line {line}, captioned on line {first}); only the first caption of each image is scored"
+        )
+        if warn is None:
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        else:
+            warn.append(msg)
     return out
+
+
+def read_captions(path: str | Path, warn: list[str] | None = None) -> list[dict[str, str]]:
+    """Captions as ``[{"image_id": str, "caption": str}]`` from a list or a mapping, one per image."""
+    return [c for _, c in read_captions_located(path, warn)]
+
+
+def read_chair_files(
+    captions: str | Path, objects: str | Path
+) -> tuple[list[dict[str, str]], dict[str, list[str]], list[str]]:
+    """Captions, objects and warnings for CHAIR; a captioned image missing from ``objects`` is an error."""
+    warn: list[str] = []
+    located = read_captions_located(captions, warn)
+    gt = read_objects(objects)
+    missing = [(line, c["image_id"]) for line, c in located if c["image_id"] not in gt]
+    if missing:
+        line, image = missing[0]
+        raise UserError(
+            f"{captions}:{line}: image_id {image!r} has no ground-truth objects in {objects} "
+            f"({len(missing)} captioned image id(s) have none, e.g. {[i for _, i in missing[:5]]}); "
+            "the objects file must list every captioned image (use [] for an image with no objects)"
+        )
+    return [c for _, c in located], gt, warn
 
 
 def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> Path:
@@ -165,6 +205,8 @@ def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> Path:
     p = Path(path)
     if not p.parent.is_dir():
         raise UserError(f"{p}: folder {p.parent} does not exist; create it first")
+    if p.is_dir():
+        raise UserError(f"{p} is a folder; pass the path of the file to write")
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -31,6 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mm.data.jsonio import as_id, id_problem
+
 PARSERS: tuple[str, ...] = ("original", "lmms", "vlmevalkit")
 """Names accepted by :func:`parse_answer` and :func:`pope_scores`."""
 
@@ -98,6 +100,14 @@ def parse_answer(text: str, parser: str) -> str | None:
 
 
 # ---- scoring -----------------------------------------------------------------------------------
+def _qid(qid: Any) -> str:
+    """A question id as a string (:func:`mm.data.jsonio.normalize_id`: ``2``, ``"2"``, ``2.0`` -> ``"2"``)."""
+    key = as_id(qid)
+    if key is None:
+        raise ValueError(id_problem(qid, "question id"))
+    return key
+
+
 def _ratio(num: float, den: float, what: str, warn: list[str]) -> float:
     if den == 0:
         warn.append(f"{what} is undefined (denominator 0); reported as 0.0")
@@ -114,8 +124,9 @@ def pope_scores(
 
     ``labels``: ``{question_id: "yes" | "no"}``; ``answers``: ``{question_id: text}`` or
     ``(question_id, text)`` pairs (pairs let duplicates be reported; the first one is scored).
-    Ids are compared as strings. Only questions with an answer are scored; ``missing_ids``,
-    ``duplicate_ids`` and ``extra_ids`` (answers to unknown questions) are reported.
+    Ids are compared as strings (``2``, ``"2"`` and ``2.0`` are one id; ``True`` is an error).
+    Only questions with an answer are scored; ``missing_ids``, ``duplicate_ids`` and ``extra_ids``
+    (answers to unknown questions) are reported.
 
     ``tp/fp/tn/fn`` count parsed answers; ``unparsed`` counts the rest (always wrong for accuracy;
     see the module docstring for how each parser treats them in recall).
@@ -127,13 +138,13 @@ def pope_scores(
         lab = str(label).strip().lower()
         if lab not in ("yes", "no"):
             raise ValueError(f"question {qid!r}: label must be 'yes' or 'no', got {label!r}")
-        gold[str(qid)] = lab
+        gold[_qid(qid)] = lab
     pairs = answers.items() if isinstance(answers, Mapping) else answers
     seen: dict[str, str] = {}
     duplicates: list[str] = []
     extra: list[str] = []
     for qid, text in pairs:
-        key = str(qid)
+        key = _qid(qid)
         if key not in gold:
             extra.append(key)
         elif key in seen:

@@ -169,3 +169,17 @@ def test_world_vocabulary():
     ]
     res = chair_scores({"n1": "A dog and two knives."}, {"n1": ["dog", "fork"]}, v)
     assert res["chair_i"] == pytest.approx(0.5) and res["recall"] == pytest.approx(0.5)
+
+
+def test_chair_ids_2_string_2_and_2_0_are_one_image(coco):
+    caps = [{"image_id": 2.0, "caption": "A dog."}, {"image_id": "3", "caption": "A cat."}]
+    res = chair_scores(caps, {"2": ["dog"], 3: ["cat"]}, coco)
+    assert [c["image_id"] for c in res["per_caption"]] == ["2", "3"] and res["recall"] == 1.0
+
+
+@pytest.mark.parametrize("bad", [True, None, 2.5, [2]])
+def test_chair_rejects_ids_that_are_not_ids(coco, bad):
+    with pytest.raises(UserError, match="caption entry 0: image_id must be a string or an integer"):
+        chair_scores([{"image_id": bad, "caption": "A dog."}], {"1": ["dog"]}, coco)
+    with pytest.raises(UserError, match="objects: image_id must be a string or an integer"):
+        chair_scores({"1": "A dog."}, {bad if not isinstance(bad, list) else (2,): ["dog"]}, coco)

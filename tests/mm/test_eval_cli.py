@@ -199,3 +199,148 @@ def test_help(sub, capsys):
         main(["eval", sub, "--help"])
     assert e.value.code == 0
     assert "usage: mm eval " + sub in capsys.readouterr().out
+
+
+# ---- encodings, ids, duplicates: every problem is FILE:LINE or one warning ---------------------
+def test_utf8_bom_is_accepted_in_every_file(tmp_path, capsys):
+    bom = "\ufeff"
+    q = _write(tmp_path / "q.jsonl", bom + json.dumps({"question_id": 1, "label": "yes"}) + "\n")
+    a = _write(tmp_path / "a.jsonl", bom + json.dumps({"question_id": 1, "text": "Yes"}) + "\n")
+    assert main(["eval", "pope", "--questions", q, "--answers", a, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["accuracy"] == 1.0
+    caps = _write(tmp_path / "c.json", bom + json.dumps([{"image_id": 1, "caption": "A dog."}]))
+    objs = _write(tmp_path / "o.json", bom + json.dumps({"1": ["dog"]}))
+    assert main(["eval", "chair", "--captions", caps, "--objects", objs, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["recall"] == 1.0
+
+
+@pytest.mark.parametrize("which", ["questions", "answers", "captions", "objects"])
+def test_non_utf8_names_file_and_line(tmp_path, capsys, which):
+    rows = {
+        "questions": ['{"question_id": 1, "label": "yes"}', '{"question_id": 2, "label": "no"}'],
+        "answers": ['{"question_id": 1, "text": "yes"}', '{"question_id": 2, "text": "no"}'],
+        "captions": ['[{"image_id": 1, "caption": "a dog"},', ' {"image_id": 2, "caption": "a cat"}]'],
+        "objects": ['{"1": ["dog"],', ' "2": ["cat"]}'],
+    }
+    paths = {}
+    for name, lines in rows.items():
+        paths[name] = tmp_path / f"{name}.txt"
+        paths[name].write_text("\n".join(lines) + "\n")
+    first, second = rows[which]  # a Latin-1 byte (0xe9) inside the second line's text:
+    paths[which].write_bytes(
+        f"{first}\n".encode() + second.replace('"', '"\xe9', 1).encode("latin-1") + b"\n"
+    )
+    if which in ("questions", "answers"):
+        argv = ["eval", "pope", "--questions", str(paths["questions"]), "--answers", str(paths["answers"])]
+    else:
+        argv = ["eval", "chair", "--captions", str(paths["captions"]), "--objects", str(paths["objects"])]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"mm eval: error: {paths[which]}:2: not UTF-8 text (byte 0xe9")
+
+
+def test_ids_2_string_2_and_2_0_are_one_id(tmp_path, capsys):
+    q = _write(
+        tmp_path / "q.jsonl",
+        '{"question_id": 2, "label": "yes"}\n{"question_id": "3", "label": "no"}\n'
+        '{"question_id": 4.0, "label": "no"}\n',
+    )
+    a = _write(
+        tmp_path / "a.jsonl",
+        '{"question_id": 2.0, "text": "yes"}\n{"question_id": 3, "text": "no"}\n'
+        '{"question_id": "4", "text": "no"}\n',
+    )
+    assert main(["eval", "pope", "--questions", q, "--answers", a, "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["n_scored"] == 3 and res["accuracy"] == 1.0 and res["missing_ids"] == res["extra_ids"] == []
+    caps = _write(tmp_path / "c.json", '[{"image_id": 2.0, "caption": "A dog."}]')
+    objs = _write(tmp_path / "o.json", '{"2": ["dog"]}')
+    assert main(["eval", "chair", "--captions", caps, "--objects", objs, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["per_caption"][0]["image_id"] == "2"
+
+
+@pytest.mark.parametrize(
+    "which, text, match",
+    [
+        (
+            "answers",
+            '{"question_id": 1, "text": "yes"}\n{"question_id": true, "text": "no"}\n',
+            "bad.jsonl:2: ",
+        ),
+        ("questions", '{"question_id": false, "label": "yes"}\n', "bad.jsonl:1: "),
+        ("questions", '{"question_id": null, "label": "yes"}\n', "bad.jsonl:1: "),
+        ("answers", '{"question_id": 2.5, "text": "no"}\n', "bad.jsonl:1: "),
+        (
+            "questions",
+            '{"question_id": 2, "label": "yes"}\n{"question_id": 2.0, "label": "no"}\n',
+            "bad.jsonl:2: ",
+        ),
+    ],
+)
+def test_bad_question_ids_name_file_and_line(tmp_path, pope_files, capsys, which, text, match):
+    q, a = pope_files
+    bad = _write(tmp_path / "bad.jsonl", text)
+    args = {"questions": q, "answers": a, which: bad}
+    assert main(["eval", "pope", "--questions", args["questions"], "--answers", args["answers"]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match + "question_id" in err[0]
+
+
+def test_bad_image_id_in_captions_names_file_and_line(tmp_path, capsys):
+    caps = _write(
+        tmp_path / "c.json", '[\n {"image_id": 1, "caption": "a"},\n {"image_id": true, "caption": "b"}\n]'
+    )
+    objs = _write(tmp_path / "o.json", '{"1": []}')
+    assert main(["eval", "chair", "--captions", caps, "--objects", objs]) == 2
+    err = capsys.readouterr().err
+    assert "c.json:3: image_id must be a string or an integer, got true" in err
+
+
+@pytest.mark.parametrize(
+    "captions",
+    [
+        '[\n {"image_id": 1, "caption": "A dog."},\n {"image_id": 1.0, "caption": "A cat and a sofa."},\n'
+        ' {"image_id": "1", "caption": "A cup."}\n]',
+        '{\n "1": "A dog.",\n "1": "A cat and a sofa.",\n "1": "A cup."\n}',
+    ],
+)
+def test_chair_duplicate_image_ids_keep_the_first_caption_with_one_warning(tmp_path, capsys, captions):
+    caps = _write(tmp_path / "c.json", captions)
+    objs = _write(tmp_path / "o.json", '{"1": ["dog"]}')
+    assert main(["eval", "chair", "--captions", caps, "--objects", objs, "--json"]) == 0
+    captured = capsys.readouterr()
+    res = json.loads(captured.out)
+    assert res["n_captions"] == 1 and res["per_caption"][0]["caption"] == "A dog." and res["chair_s"] == 0.0
+    warns = [w for w in captured.err.splitlines() if "repeat an image_id" in w]
+    assert len(warns) == 1 and warns == [w for w in captured.err.splitlines() if "c.json" in w]
+    assert f"{caps}: 2 caption(s) repeat an image_id already captioned (first: '1' on line 3" in warns[0]
+    assert any("repeat an image_id" in w for w in res["warnings"])
+
+
+def test_objects_listing_an_image_twice_is_an_error(tmp_path, capsys):
+    caps = _write(tmp_path / "c.json", '[{"image_id": 1, "caption": "A dog."}]')
+    objs = _write(tmp_path / "o.json", '{\n "1": ["dog"],\n "2": [],\n "1": ["cat"]\n}')
+    assert main(["eval", "chair", "--captions", caps, "--objects", objs]) == 2
+    assert "o.json:4: image_id '1' is listed again (first on line 2)" in capsys.readouterr().err
+
+
+def test_chair_caption_without_objects_names_file_and_line(tmp_path, capsys):
+    caps = _write(
+        tmp_path / "c.json", '[\n {"image_id": 1, "caption": "a"},\n {"image_id": 7, "caption": "b"}\n]'
+    )
+    objs = _write(tmp_path / "o.json", '{"1": []}')
+    assert main(["eval", "chair", "--captions", caps, "--objects", objs]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{caps}:3: image_id '7' has no ground-truth objects in {objs}" in err[0]
+
+
+def test_coco_instances_errors_name_file_and_line(tmp_path, capsys):
+    coco = {
+        "images": [{"id": 1}],
+        "categories": [{"id": 18, "name": "dog"}],
+        "annotations": [{"image_id": 1, "category_id": 18}, {"image_id": 1, "category_id": 99}],
+    }
+    objects = _write(tmp_path / "instances.json", json.dumps(coco, indent=1))
+    assert main(["eval", "pope-build", "--objects", objects, "--out", str(tmp_path / "q.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "instances.json:18: annotations[1]: category_id 99 is not in 'categories'" in err  # fmt: skip

@@ -175,3 +175,17 @@ def test_original_parity_with_evaluate_py(rows):
     ours = pope_scores(dict(enumerate(labels)), list(enumerate(answers)), parser="original")
     for key, want in ref.items():
         assert ours[key] == pytest.approx(want, abs=1e-12), key
+
+
+def test_ids_2_string_2_and_2_0_are_one_question():
+    res = pope_scores({2: "yes", "3": "no"}, [(2.0, "yes"), ("2", "no"), (3, "no")])
+    assert res["n_scored"] == 2 and res["accuracy"] == 1.0
+    assert res["duplicate_ids"] == ["2"] and res["missing_ids"] == res["extra_ids"] == []
+
+
+@pytest.mark.parametrize("bad", [True, False, None, 2.5])
+def test_ids_that_are_not_ids_are_clear(bad):
+    with pytest.raises(ValueError, match="question id must be a string or an integer"):
+        pope_scores({bad: "yes"}, [])
+    with pytest.raises(ValueError, match="question id must be a string or an integer"):
+        pope_scores({1: "yes"}, [(bad, "yes")])

@@ -45,7 +45,7 @@ def coco(tmp_path):
             {"image_id": 2, "category_id": 3, "bbox": [0, 0]},
         ],
     }
-    (tmp_path / "captions.json").write_text(json.dumps(caps))
+    (tmp_path / "captions.json").write_text(json.dumps(caps, indent=1))  # images[i] on line 3 + 4 i
     (tmp_path / "instances.json").write_text(json.dumps(inst))
     return tmp_path
 
@@ -62,7 +62,7 @@ def test_coco_notes_objects_and_report(coco):
     assert report.notes == 2 and report.skipped == 3  # missing image, unknown category, bad bbox
     assert report.ignored == {"captions of skipped or unlisted images": 1}
     assert "missing image file" in report.summary()
-    with pytest.raises(FormatError, match=r"captions.json: images\[2\]: missing image file"):
+    with pytest.raises(FormatError, match=r"captions.json:11: images\[2\]: missing image file"):
         read_coco(coco / "captions.json", coco / "instances.json", images=coco / "imgs", strict=True)
 
 
@@ -101,13 +101,15 @@ def test_llava(tmp_path):
         {"id": "4", "image": "nope.png", "conversations": [{"from": "human", "value": "?"}]},
         {"id": "5", "image": ["x.png", "y.png"], "conversations": [{"from": "gpt", "value": "Two."}]},
     ]  # fmt: skip
-    (tmp_path / "l.json").write_text(json.dumps(data))
+    (tmp_path / "l.json").write_text(
+        "[\n" + ",\n".join(json.dumps(r) for r in data) + "\n]\n"
+    )  # record i: line i+2
     notes, report = read_llava(tmp_path / "l.json", images=tmp_path / "imgs")
     assert [n.id for n in notes] == ["llava_000001", "llava_5"] and notes[0].text == "A fork."
     assert notes[1].images == ["images/x.png", "images/y.png"]  # a multi-image note
     assert notes[0].conversations[0]["value"].startswith("<image>")
     assert report.skipped == 3 and report.reasons["missing image file"] == 1
-    with pytest.raises(FormatError, match=r"l.json: record 1 \(id '2'\): no image"):
+    with pytest.raises(FormatError, match=r"l.json:3: record 1 \(id '2'\): no image"):
         read_llava(tmp_path / "l.json", images=tmp_path / "imgs", strict=True)
     out = tmp_path / "out"
     assert (
@@ -149,3 +151,61 @@ def test_pope(tmp_path):
     assert report.skipped == 2
     with pytest.raises(FormatError, match=r"p.jsonl:3: label must be yes/no"):
         read_pope(tmp_path / "p.jsonl", images=tmp_path / "imgs", strict=True)
+
+
+# ---- encodings and ids ---------------------------------------------------------------------------
+def _pope_line(qid, image="COCO_1.jpg", label="yes"):
+    return json.dumps(
+        {"question_id": qid, "image": image, "text": "Is there a dog in the image?", "label": label}
+    )
+
+
+def test_pope_bom_ids_and_non_utf8(tmp_path):
+    _img(tmp_path / "imgs", "COCO_1.jpg")
+    p = tmp_path / "p.jsonl"
+    p.write_text(
+        "\ufeff" + "\n".join([_pope_line(2), _pope_line(2.0), _pope_line(True), _pope_line("3")]) + "\n"
+    )
+    notes, report = read_pope(p, images=tmp_path / "imgs")
+    assert [q.question_id for q in notes[0].questions] == ["pope_2", "pope_3"]  # the BOM is not a bad record
+    assert report.skipped == 2 and report.reasons["duplicate question_id"] == 1
+    assert any(
+        "p.jsonl:3: question_id must be a string or an integer, got true" in e for e in report.examples
+    )
+    p.write_bytes(_pope_line(1).encode() + b"\n" + _pope_line(2).encode().replace(b"dog", b"d\xe9g"))
+    with pytest.raises(FormatError, match=r"p.jsonl:2: not UTF-8 text \(byte 0xe9"):
+        read_pope(p, images=tmp_path / "imgs")
+
+
+def test_data_cli_non_utf8_is_one_line_and_writes_nothing(tmp_path, capsys):
+    _img(tmp_path / "imgs", "COCO_1.jpg")
+    p = tmp_path / "p.jsonl"
+    p.write_bytes(_pope_line(1).encode() + b"\n\xff\n")
+    out = tmp_path / "out"
+    assert (
+        main(["data", "pope", "--questions", str(p), "--images", str(tmp_path / "imgs"), "--out", str(out)])
+        == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"mm data: error: {p}:2: not UTF-8 text") and not out.exists()
+
+
+def test_llava_bom_and_bad_ids(tmp_path):
+    _img(tmp_path / "imgs", "x.png")
+    conv = [{"from": "gpt", "value": "A fork."}]
+    data = [
+        {"id": 7.0, "image": "x.png", "conversations": conv},
+        {"id": True, "image": "x.png", "conversations": conv},
+    ]
+    (tmp_path / "l.json").write_text("\ufeff[\n" + ",\n".join(json.dumps(r) for r in data) + "\n]\n")
+    notes, report = read_llava(tmp_path / "l.json", images=tmp_path / "imgs")
+    assert [n.id for n in notes] == ["llava_7"] and report.skipped == 1
+    with pytest.raises(FormatError, match=r"l.json:3: record 1: id must be a string or an integer, got true"):
+        read_llava(tmp_path / "l.json", images=tmp_path / "imgs", strict=True)
+
+
+def test_coco_instances_errors_name_the_line(coco):
+    inst = json.loads((coco / "instances.json").read_text())
+    (coco / "instances.json").write_text(json.dumps(inst, indent=1))
+    _, report = read_coco(coco / "captions.json", coco / "instances.json", images=coco / "imgs")
+    assert f"{coco / 'instances.json'}:49: annotations[2]: unknown category_id: 99" in report.examples
