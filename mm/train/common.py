@@ -7,6 +7,7 @@ Resume equality needs the batch order to be a pure function of ``(seed, step)`` 
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 from collections.abc import Sequence
@@ -130,7 +131,15 @@ def init_distributed() -> tuple[int, int]:
         return 0, 1
     if not dist.is_initialized():
         dist.init_process_group("gloo")
+        # Leave the group before the interpreter exits: a live gloo group torn down at exit can abort
+        # the process ("terminate called without an active exception") after the work is done.
+        atexit.register(_leave_group)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _leave_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def is_main_process() -> bool:
