@@ -10,15 +10,12 @@ Decoded arrays are what :func:`imgdiff.diff` takes: ``(H, W)`` gray or ``(H, W, 
 ``{3, 4}`` (RGB / RGBA order), ``uint8`` or ``uint16``. Palette images are expanded to RGB, or to RGBA
 when they carry transparency; gray+alpha becomes RGBA; 1/2/4-bit gray becomes 8-bit.
 
-Decoders, measured on 4K RGB PNGs from `tests/imgdiff/cases.py` on the 2-core dev machine (CPU seconds
-per image): :mod:`imgdiff.png` (ISA-L inflate + vectorised unfilter) ~0.055, imagecodecs'
-``png_decode`` 0.097, ``cv2.imdecode`` 0.126 (+ a BGR->RGB swap), libspng via pyspng 0.123, Pillow
-0.165. So gray/RGB/RGBA 8- and 16-bit PNGs whose rows use the None/Sub/Up filters (every PNG OpenCV
-writes) go through :mod:`imgdiff.png`, whose inflate needs no NumPy and releases the GIL, so
-:func:`read_pair` decodes both images of a pair in two threads while the CLI imports NumPy; such
-PNGs with Avg/Paeth rows go through imagecodecs (RGB order, 16 bits kept, GIL released); palette,
-gray+alpha and 1/2/4-bit PNGs go through OpenCV (which expands them to RGB(A) with transparency as
-alpha), as does every PNG when imagecodecs is missing. The other formats
+Decoders (their speeds: benchmarks/README.md): gray/RGB/RGBA 8- and 16-bit PNGs go through
+:mod:`imgdiff.png` (ISA-L inflate, which needs no NumPy and releases the GIL; None/Sub/Up rows
+unfiltered by NumPy, Avg/Paeth rows by libspng, :mod:`imgdiff.png_spng`), faster than any full
+decoder at hand, so :func:`read_pair` decodes both images of a pair in two threads while the CLI
+imports NumPy; palette, gray+alpha and 1/2/4-bit PNGs go through OpenCV (which expands them to RGB(A)
+with transparency as alpha), as does every PNG when imagecodecs is missing. The other formats
 go through Pillow, which raises on truncated JPEGs where libjpeg inside OpenCV only prints a warning
 and returns a grey-filled image; 16-bit RGB TIFFs go through OpenCV because Pillow reduces them to 8
 bits. OpenCV's own logging is silenced so the CLI's one-line errors are the only thing on stderr.
@@ -285,8 +282,8 @@ def _map_bytes(info: ImageInfo):
 
 
 def _decode_png(info: ImageInfo, data: bytes) -> np.ndarray:
-    """Gray/RGB/RGBA 8/16-bit PNGs whose rows use None/Sub/Up: :mod:`imgdiff.png` (ISA-L inflate,
-    vectorised unfilter; no NumPy until the unfilter); other such PNGs: imagecodecs; the rest: OpenCV."""
+    """Gray/RGB/RGBA 8/16-bit PNGs: :mod:`imgdiff.png` (ISA-L inflate, then the unfilter; no NumPy
+    until the unfilter), or imagecodecs' libpng when that cannot finish; the rest: OpenCV."""
     from imgdiff import png
 
     depth, colour = data[24], data[25]
@@ -414,7 +411,7 @@ def _inflate_or_decode(info: ImageInfo, data: bytes):
     if fast and b"IEND" in data[-1024:]:
         try:
             layout = png.layout(data, idat_crc=False)  # IDAT CRCs: read_pair_rows, after the inflate
-            if layout is not None and png.plain_filters_ahead(layout):
+            if layout is not None:
                 from imgdiff.png_shared import inflate_one
 
                 return layout, inflate_one(layout, data) or png.inflate(layout)
@@ -423,10 +420,9 @@ def _inflate_or_decode(info: ImageInfo, data: bytes):
     return decode(info, data)
 
 
-def _fast_layout(info: ImageInfo, data, checked: int = 0, *, peek: bool = True):
-    """The :class:`imgdiff.png.Layout` of a PNG that :func:`imgdiff.png.unfilter` may finish (None for
-    other kinds, or when the first rows use Avg/Paeth: ``peek``); raises :class:`ImageIOError` on bad
-    chunks."""
+def _fast_layout(info: ImageInfo, data, checked: int = 0):
+    """The :class:`imgdiff.png.Layout` of a PNG that :func:`imgdiff.png.unfilter` can finish (None for
+    other kinds); raises :class:`ImageIOError` on bad chunks."""
     from imgdiff import png
 
     if not (info.format == "PNG" and data[24] in (8, 16) and data[25] in _PNG_FAST_COLOURS):
@@ -435,7 +431,7 @@ def _fast_layout(info: ImageInfo, data, checked: int = 0, *, peek: bool = True):
         return None  # the plain path reports it
     try:
         layout = png.layout(data, checked, idat_crc=False)  # IDAT CRCs: read_pair_rows, after the inflate
-        return layout if layout is not None and (not peek or png.plain_filters_ahead(layout)) else None
+        return layout
     except png.PngDataError as e:
         raise _fail(info.path, str(e), "re-export or re-download it") from None
 
@@ -472,9 +468,7 @@ def _inflate_shared(infos, data, on_inflate=_nothing):
     from imgdiff import png_shared
 
     la = _fast_layout(infos[0], data[0])
-    # B's shared chunks are A's: their CRCs are checked, and B's first rows inflate to A's (no peek:
-    # B's rows, Avg/Paeth ones too, still decode right, through the full decoder, see _finish)
-    lb = _fast_layout(infos[1], data[1], common, peek=False) if la is not None else None
+    lb = _fast_layout(infos[1], data[1], common) if la is not None else None  # shared chunks: A's CRCs
     if lb is None:
         return None
     on_inflate()
@@ -484,26 +478,26 @@ def _inflate_shared(infos, data, on_inflate=_nothing):
     return (la, got[0]), (lb, got[1]), got[2], common, got[3]
 
 
-def _fill_shared_rows(sa, sb, b_from: int, y0: int) -> None:
-    """Make B's buffer from :func:`_inflate_shared` (B's bytes from ``b_from`` on) hold every row that
-    unfiltering B from row ``y0`` reads (:func:`imgdiff.png.chain_start`): the rows before ``b_from``
-    are A's (the shared prefix), copied over only when needed."""
+def _fill_shared_rows(sa, sb, b_from: int, first: int) -> None:
+    """Make B's buffer from :func:`_inflate_shared` (B's bytes from ``b_from`` on) hold the rows from
+    ``first`` on: the rows before ``b_from`` are A's (the shared prefix), copied over only when needed."""
     if not b_from:
         return
-    from imgdiff import png, png_shared
+    from imgdiff import png_shared
 
-    layout, (buf_b, filters) = sb
-    png_shared.fill_shared(sa[1][0], buf_b, b_from, png.chain_start(filters, y0) * layout.row_bytes)
+    png_shared.fill_shared(sa[1][0], sb[1][0], b_from, first * sb[0].row_bytes)
 
 
-def _finish(info: ImageInfo, data: bytes, staged, rows=None):
-    """Stage 2: the unfiltered ``rows`` of a staged PNG (full decode when it has Avg/Paeth rows)."""
+def _finish(info: ImageInfo, data: bytes, staged, rows=None, above=None):
+    """Stage 2: the unfiltered ``rows`` of a staged PNG (``above``: its unfiltered row above them, if
+    known; :func:`imgdiff.png.unfilter`), or of a decoded array; a full decode when the unfilter
+    cannot finish."""
     from imgdiff import png
 
     if not isinstance(staged, tuple):
         return staged if rows is None else staged[rows[0] : rows[1]]
     layout, (buf, filters) = staged
-    arr = png.unfilter(layout, buf, filters, rows)
+    arr = png.unfilter(layout, buf, filters, rows, above)
     if arr is None:
         arr = decode(info, data)
         return arr if rows is None else arr[rows[0] : rows[1]]
@@ -532,17 +526,17 @@ def read_pair_rows(
 
     Both files are validated and inflated (for PNGs of the :mod:`imgdiff.png` kind this needs no
     NumPy, so it overlaps the caller's imports); when both are such PNGs of one layout, only the rows
-    ``band(height, r0, r1) -> (y0, y1)`` are unfiltered, ``r0..r1`` being the rows that may differ
-    (:func:`imgdiff.png.changed_span`). When those few rows are all B needs of its own (a thin span),
-    ``window(width, c0, c1) -> (x0, x1)`` gets the columns ``c0..c1`` where they differ and the band
-    is cut to the columns it returns: B's band is then A's cut band with B's span rows written in,
-    no full-width copy. Otherwise (other formats, sizes or kinds) both images are decoded whole.
+    ``band(height, r0, r1) -> (y0, y1)`` are unfiltered, ``r0..r1`` being the rows that differ
+    (:func:`_png_band`; ``band`` may be asked twice). When those few rows are all B needs of its own
+    (a thin span), ``window(width, c0, c1) -> (x0, x1)`` gets the columns ``c0..c1`` where they
+    differ and the band is cut to the columns it returns: B's band is then A's cut band with B's
+    span rows written in, no full-width copy. Otherwise (other formats, sizes or kinds) both images are decoded whole.
     Errors as in :func:`read_pair`.
 
     ``on_inflate()`` is called once, when the GIL-holding checks and chunk walks are done and the
     inflate (GIL released) starts: the CLI starts its NumPy import thread there, as a thread that
     competes for the GIL from the start only stretches this thread's walks and gains nothing (the
-    GIL-held work is the same in total); measured 2.2 ms less wall on the 4K small-patch pair.
+    GIL-held work is the same in total; benchmarks/README.md).
     """
     from imgdiff import png
 
@@ -563,26 +557,56 @@ def read_pair_rows(
     if isinstance(sa, tuple) and isinstance(sb, tuple):
         la, lb = sa[0], sb[0]
         if (la.width, la.height, la.colour, la.depth) == (lb.width, lb.height, lb.colour, lb.depth):
-            span = png.changed_span(la, sa[1], lb, sb[1], equal)
-            r0, r1 = span if span is not None else (0, 0)
-            rows = band(la.height, r0, r1)
-            if 2 * (r1 - r0 + 1) > rows[1] - rows[0]:  # a wide span: both bands unfiltered
-                _fill_shared_rows(sa, sb, b_from, rows[0])
-                ra, rb = _finish_both(infos, data, (sa, sb), rows)
-                return Band(ra, rb, rows[0], la.height, 0, la.width)
-            ra = _finish(infos[0], data[0], sa, rows)
-            if span is None:
-                return Band(ra, ra, rows[0], la.height, 0, la.width)  # the same pixels
-            _fill_shared_rows(sa, sb, b_from, r0)
-            span_b = _finish(infos[1], data[1], sb, (r0, r1 + 1))  # (r1 - r0 + 1, W[, C]): B's own rows
+            return _png_band(infos, data, (sa, sb), equal, b_from, band, window)
+    ra, rb = _finish_both(infos, data, (sa, sb), None)
+    return Band(ra, rb, 0, ra.shape[0], 0, ra.shape[1])
+
+
+def _png_band(infos, data, staged, equal: int, b_from: int, band, window) -> Band:
+    """:func:`read_pair_rows` for two inflated PNGs of one layout (``staged``: A's and B's
+    ``(layout, (buffer, filters))``). The rows whose filtered bytes differ, ``r0..r1``
+    (:func:`imgdiff.png.changed_rows`), hold every pixel difference when B's row ``r1`` equals A's:
+    below it the filtered bytes and the row above are equal. Else the span grows through the rows
+    below that read the row above (:func:`imgdiff.png.changed_span`), and ``band`` is asked again.
+    A thin span: A's band is unfiltered, B's span rows from A's row above them (no chain of rows
+    above the span), and B's band is A's with them written in. A wide one: both bands."""
+    from imgdiff import png
+
+    sa, sb = staged
+    layout, filters_b = sa[0], sb[1][1]
+    h, w = layout.height, layout.width
+    found = png.changed_rows(layout, sa[1], sb[0], sb[1], equal)
+    if found is None:
+        rows = band(h, 0, 0)
+        ra = _finish(infos[0], data[0], sa, rows)
+        return Band(ra, ra, rows[0], h, 0, w)  # the same pixels
+    r0, r1 = found
+    settled = r1 == png.changed_span(layout, sa[1], sb[0], sb[1], equal)[1]
+    rows = band(h, r0, r1)
+    if 2 * (r1 - r0 + 1) <= rows[1] - rows[0]:  # a thin span
+        lo = min(rows[0], max(r0 - 1, 0))  # A's row above the span too
+        a_rows = _finish(infos[0], data[0], sa, (lo, rows[1]))
+        _fill_shared_rows(sa, sb, b_from, r0)
+        above = a_rows[r0 - 1 - lo] if r0 else None
+        span_b = _finish(infos[1], data[1], sb, (r0, r1 + 1), above)  # (r1 - r0 + 1, W[, C]): B's own rows
+        if settled or (r1 < rows[1] and (span_b[-1] == a_rows[r1 - lo]).all()):
+            ra = a_rows[rows[0] - lo :]
             span_at = slice(r0 - rows[0], r1 + 1 - rows[0])
             x0, x1 = _columns(ra[span_at], span_b, window)
             ra = ra[:, x0:x1]
             rb = ra.copy()
             rb[span_at] = span_b[:, x0:x1]
-            return Band(ra, rb, rows[0], la.height, x0, la.width)
-    ra, rb = _finish_both(infos, data, (sa, sb), None)
-    return Band(ra, rb, 0, ra.shape[0], 0, ra.shape[1])
+            return Band(ra, rb, rows[0], h, x0, w)
+    else:
+        _fill_shared_rows(sa, sb, b_from, png.chain_start(filters_b, rows[0]))
+        ra, rb = _finish_both(infos, data, staged, rows)
+        if settled or (rows[0] <= r1 < rows[1] and (ra[r1 - rows[0]] == rb[r1 - rows[0]]).all()):
+            return Band(ra, rb, rows[0], h, 0, w)
+    r1 = png.changed_span(layout, sa[1], sb[0], sb[1], equal)[1]  # B's pixels below r1 may differ
+    rows = band(h, r0, r1)
+    _fill_shared_rows(sa, sb, b_from, png.chain_start(filters_b, rows[0]))
+    ra, rb = _finish_both(infos, data, staged, rows)
+    return Band(ra, rb, rows[0], h, 0, w)
 
 
 def _columns(span_a, span_b, window) -> tuple[int, int]:
