@@ -530,8 +530,8 @@ def read_pair_rows(
     (:func:`_png_band`; ``band`` may be asked twice). When those few rows are all B needs of its own
     (a thin span), ``window(width, c0, c1) -> (x0, x1)`` gets the columns ``c0..c1`` where they
     differ and the band is cut to the columns it returns: B's band is then A's cut band with B's
-    span rows written in, no full-width copy. Otherwise (other formats, sizes or kinds) both images are decoded whole.
-    Errors as in :func:`read_pair`.
+    span rows written in, no full-width copy. Otherwise (other formats, sizes or kinds) both images
+    are decoded whole. Errors as in :func:`read_pair`.
 
     ``on_inflate()`` is called once, when the GIL-holding checks and chunk walks are done and the
     inflate (GIL released) starts: the CLI starts its NumPy import thread there, as a thread that

@@ -45,11 +45,13 @@ def _encode(img: np.ndarray, filters: list[int]) -> bytes:
     return iio._PNG_MAGIC + _chunk(b"IHDR", ihdr) + body + _chunk(b"IEND", b"")
 
 
+FILTER_MIXES = [[0], [1], [2], [3], [4], [2, 2, 1, 2, 0, 2], [1, 0, 2], [4, 3, 2, 1, 0, 4], [0, 3, 4, 2]]
+"""Row filter types cycled down a test image: each alone, and mixes as adaptive encoders write them."""
+
+
 @pytest.mark.parametrize("shape", [(9, 13), (9, 13, 3), (9, 13, 4), (1, 5, 3)])
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
-@pytest.mark.parametrize(
-    "filters", [[0], [1], [2], [3], [4], [2, 2, 1, 2, 0, 2, 2], [1, 0, 2], [4, 3, 2, 1, 0, 4, 4], [0, 3, 4, 2]]
-)
+@pytest.mark.parametrize("filters", FILTER_MIXES)
 def test_decode_matches_libpng(shape, dtype, filters):
     img = np.random.default_rng(3).integers(0, np.iinfo(dtype).max + 1, shape, dtype=dtype)
     data = _encode(img, filters)
