@@ -14,8 +14,9 @@ is known.
 libspng is called through ``ctypes`` on the symbols that imagecodecs' ``_spng`` extension exports
 (like :mod:`imgdiff.png_shared` calls ISA-L's), with the CRC and Adler-32 checks off: the file's
 own checksums were checked when it was inflated, and the wrapper is built here. When those symbols
-are missing, :func:`imagecodecs.spng_decode` decodes the same wrapper with real checksums (~10 ms
-more per 4K image). None when neither is available (the caller then decodes the file in full).
+are missing, imagecodecs' public ``png_decode`` (libpng; its ``spng_decode`` rejects 16-bit gray)
+decodes the same wrapper with real checksums (a little slower). None when neither is available (the
+caller then decodes the file in full).
 """
 
 from __future__ import annotations
@@ -138,12 +139,12 @@ def unfilter_rows(png: Layout, buf, start: int, stop: int, above: np.ndarray | N
             lib.spng_ctx_free(ctx)
         return out[1:] if ok else None
     try:
-        from imagecodecs import SpngError, spng_decode
+        from imagecodecs import PngError, png_decode
     except ImportError:  # pragma: no cover - a declared dependency
         return None
     wrapped, size = wrap(png, buf, start, stop, raw, checksums=True)
     try:
-        out = spng_decode(memoryview(wrapped)[:size])
-    except SpngError:  # pragma: no cover - the wrapper is well formed
+        out = png_decode(memoryview(wrapped)[:size])  # (1 + rows, W[, C]) native byte order
+    except PngError:  # pragma: no cover - the wrapper is well formed
         return None
     return out.reshape(shape)[1:]
