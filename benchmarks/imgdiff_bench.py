@@ -148,7 +148,7 @@ def opencv_exact_box(a: np.ndarray, b: np.ndarray) -> tuple[int, int, int, int] 
 
 def compile_bytecode() -> None:
     """Write imgdiff's ``.pyc`` files, as ``pip install`` does (and any run does unless
-    ``PYTHONDONTWRITEBYTECODE`` is set, as it is on the dev VM): otherwise every CLI run would
+    ``PYTHONDONTWRITEBYTECODE`` is set, as some environments do): otherwise every CLI run would
     compile the package's source first (~20 ms), which no installed copy pays."""
     import compileall
 

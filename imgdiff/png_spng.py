@@ -3,7 +3,7 @@
 The Avg and Paeth filters predict a byte from its left neighbour, so a row is a chain of dependent
 steps (Paeth: a branchy choice among three neighbours per byte) that NumPy cannot vectorise; the
 fastest unfilter at hand is libspng's (part of imagecodecs, a dependency), and the alternatives
-measured (benchmarks/README.md) were no faster per image or cost ~1 s to start (Numba). libspng
+measured (benchmarks/README.md) were slower per image or cost ~0.4 s to start (Numba). libspng
 only decodes whole PNG streams, so :func:`unfilter_rows` copies the rows ``[start, stop)`` of an
 already inflated and validated image (:func:`imgdiff.png.inflate`) into a minimal PNG whose zlib
 stream is stored (uncompressed) deflate blocks: re-inflating it is a copy, and libspng does the
@@ -74,7 +74,7 @@ def wrap(png: Layout, buf, start: int, stop: int, above: bytes | None, *, checks
     blocks = -(-n // BLOCK)
     size = 8 + 25 + blocks * (12 + 5) + 2 + n + 4 + 12
     out = _buffer(size)
-    view, rows = memoryview(out), memoryview(buf)[start * row : stop * row]
+    view, rows = memoryview(out), memoryview(buf).cast("B")[start * row : stop * row]
     ihdr = struct.pack(">4sIIBBBBB", b"IHDR", png.width, stop - start + 1, png.depth, png.colour, 0, 0, 0)
     crc32, adler32 = (_zlib()[0].crc32, _zlib()[0].adler32) if checksums else (None, None)
     view[:33] = _SIGNATURE + struct.pack(">I", 13) + ihdr + struct.pack(">I", crc32(ihdr) if crc32 else 0)
@@ -122,7 +122,9 @@ def unfilter_rows(png: Layout, buf, start: int, stop: int, above: np.ndarray | N
     shape = (stop - start + 1, png.width) if c == 1 else (stop - start + 1, png.width, c)
     lib = _lib()
     if lib is not None:
-        out = np.empty(shape, dtype)  # (1 + rows, W[, C]): the head row, then the rows asked for
+        count = int(np.prod(shape))
+        out = np.frombuffer(_buffer(count * np.dtype(dtype).itemsize), dtype, count=count).reshape(shape)
+        # (1 + rows, W[, C]): the head row, then the rows asked for; a huge-page mapping (few faults)
         wrapped, size = wrap(png, buf, start, stop, raw, checksums=False)
         ctx = lib.spng_ctx_new(SPNG_CTX_IGNORE_ADLER32)
         if not ctx:
