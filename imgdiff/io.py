@@ -573,7 +573,7 @@ def _png_band(infos, data, staged, equal: int, b_from: int, band, window) -> Ban
     from imgdiff import png
 
     sa, sb = staged
-    layout, filters_b = sa[0], sb[1][1]
+    layout, filters_a, filters_b = sa[0], sa[1][1], sb[1][1]
     h, w = layout.height, layout.width
     found = png.changed_rows(layout, sa[1], sb[0], sb[1], equal)
     if found is None:
@@ -581,7 +581,7 @@ def _png_band(infos, data, staged, equal: int, b_from: int, band, window) -> Ban
         ra = _finish(infos[0], data[0], sa, rows)
         return Band(ra, ra, rows[0], h, 0, w)  # the same pixels
     r0, r1 = found
-    settled = r1 == png.changed_span(layout, sa[1], sb[0], sb[1], equal)[1]
+    settled = r1 == png.span_end(filters_a, filters_b, r1)
     rows = band(h, r0, r1)
     if 2 * (r1 - r0 + 1) <= rows[1] - rows[0]:  # a thin span
         lo = min(rows[0], max(r0 - 1, 0))  # A's row above the span too
@@ -602,7 +602,7 @@ def _png_band(infos, data, staged, equal: int, b_from: int, band, window) -> Ban
         ra, rb = _finish_both(infos, data, staged, rows)
         if settled or (rows[0] <= r1 < rows[1] and (ra[r1 - rows[0]] == rb[r1 - rows[0]]).all()):
             return Band(ra, rb, rows[0], h, 0, w)
-    r1 = png.changed_span(layout, sa[1], sb[0], sb[1], equal)[1]  # B's pixels below r1 may differ
+    r1 = png.span_end(filters_a, filters_b, r1)  # B's pixels below r1 may differ
     rows = band(h, r0, r1)
     _fill_shared_rows(sa, sb, b_from, png.chain_start(filters_b, rows[0]))
     ra, rb = _finish_both(infos, data, staged, rows)

@@ -302,12 +302,15 @@ def changed_span(pa: Layout, a: tuple, pb: Layout, b: tuple, equal: int = 0) -> 
     or that row is equal, so the span grows down through the Up/Avg/Paeth rows after the last
     differing row (:func:`imgdiff.io.read_pair_rows` narrows it by comparing pixels)."""
     rows = changed_rows(pa, a, pb, b, equal)
-    if rows is None:
-        return None
-    r0, r1 = rows
-    while r1 + 1 < pa.height and max(a[1][r1 + 1], b[1][r1 + 1]) >= UP:  # Up, Avg, Paeth read row r1
+    return None if rows is None else (rows[0], span_end(a[1], b[1], rows[1]))
+
+
+def span_end(fa: bytes, fb: bytes, r1: int) -> int:
+    """The last row whose pixels may differ when row ``r1`` does and no filtered byte after it does
+    (``fa``, ``fb``: both images' filter types): the run of rows after ``r1`` that read the row above."""
+    while r1 + 1 < len(fa) and max(fa[r1 + 1], fb[r1 + 1]) >= UP:  # Up, Avg, Paeth read row r1
         r1 += 1
-    return r0, r1
+    return r1
 
 
 SCAN_WORDS = 1 << 15
