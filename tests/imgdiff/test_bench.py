@@ -39,6 +39,7 @@ def test_opencv_recipe_gives_the_exact_box(bench):
 def test_table_prints_every_row(bench, capsys, monkeypatch):
     monkeypatch.setenv("IMGDIFF_BENCH_ODIFF", "/nonexistent/odiff")
     monkeypatch.setattr(bench.shutil, "which", lambda name: None)
+    monkeypatch.setattr(bench, "has_blazediff", lambda: False)  # one CLI per pair: a fast smoke run
     argv = ["--width", "64", "--height", "48", "--runs", "1", "--backends", "numpy", "--photos", "coffee"]
     assert bench.main(argv) == 0
     out = capsys.readouterr().out
@@ -48,7 +49,7 @@ def test_table_prints_every_row(bench, capsys, monkeypatch):
         assert pair in out
     assert "browser coffee jpeg_q90" in out
     assert "imgdiff wall/cpu ms" in out and "load average" in out
-    assert "skipped: cli odiff: not found" in out
+    assert "skipped: cli odiff: not found" in out and "skipped: cli blazediff" in out
 
 
 def test_photo_pairs_are_written_as_described(bench, tmp_path):
