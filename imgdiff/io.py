@@ -1,4 +1,5 @@
-"""Image files in and out for imgdiff: the only imgdiff module that touches disk.
+"""Image files in and out for imgdiff: the only imgdiff module that touches disk (:mod:`imgdiff.pair_rows`
+reads a pair's rows through it).
 
 Reading validates before decoding, in this order: the path exists, is a regular file, is readable, is
 not empty, starts with the magic bytes of a supported format (PNG, JPEG, WebP, TIFF, BMP), has a
@@ -10,15 +11,12 @@ Decoded arrays are what :func:`imgdiff.diff` takes: ``(H, W)`` gray or ``(H, W, 
 ``{3, 4}`` (RGB / RGBA order), ``uint8`` or ``uint16``. Palette images are expanded to RGB, or to RGBA
 when they carry transparency; gray+alpha becomes RGBA; 1/2/4-bit gray becomes 8-bit.
 
-Decoders, measured on 4K RGB PNGs from `tests/imgdiff/cases.py` on the 2-core dev machine (CPU seconds
-per image): :mod:`imgdiff.png` (ISA-L inflate + vectorised unfilter) ~0.055, imagecodecs'
-``png_decode`` 0.097, ``cv2.imdecode`` 0.126 (+ a BGR->RGB swap), libspng via pyspng 0.123, Pillow
-0.165. So gray/RGB/RGBA 8- and 16-bit PNGs whose rows use the None/Sub/Up filters (every PNG OpenCV
-writes) go through :mod:`imgdiff.png`, whose inflate needs no NumPy and releases the GIL, so
-:func:`read_pair` decodes both images of a pair in two threads while the CLI imports NumPy; such
-PNGs with Avg/Paeth rows go through imagecodecs (RGB order, 16 bits kept, GIL released); palette,
-gray+alpha and 1/2/4-bit PNGs go through OpenCV (which expands them to RGB(A) with transparency as
-alpha), as does every PNG when imagecodecs is missing. The other formats
+Decoders (their speeds: benchmarks/README.md): gray/RGB/RGBA 8- and 16-bit PNGs go through
+:mod:`imgdiff.png` (ISA-L inflate, which needs no NumPy and releases the GIL; None/Sub/Up rows
+unfiltered by NumPy, Avg/Paeth rows by libspng, :mod:`imgdiff.png_spng`), faster than any full
+decoder at hand, so :func:`read_pair` decodes both images of a pair in two threads while the CLI
+imports NumPy; palette, gray+alpha and 1/2/4-bit PNGs go through OpenCV (which expands them to RGB(A)
+with transparency as alpha), as does every PNG when imagecodecs is missing. The other formats
 go through Pillow, which raises on truncated JPEGs where libjpeg inside OpenCV only prints a warning
 and returns a grey-filled image; 16-bit RGB TIFFs go through OpenCV because Pillow reduces them to 8
 bits. OpenCV's own logging is silenced so the CLI's one-line errors are the only thing on stderr.
@@ -282,8 +280,8 @@ def _map_bytes(info: ImageInfo):
 
 
 def _decode_png(info: ImageInfo, data: bytes) -> np.ndarray:
-    """Gray/RGB/RGBA 8/16-bit PNGs whose rows use None/Sub/Up: :mod:`imgdiff.png` (ISA-L inflate,
-    vectorised unfilter; no NumPy until the unfilter); other such PNGs: imagecodecs; the rest: OpenCV."""
+    """Gray/RGB/RGBA 8/16-bit PNGs: :mod:`imgdiff.png` (ISA-L inflate, then the unfilter; no NumPy
+    until the unfilter), or imagecodecs' libpng when that cannot finish; the rest: OpenCV."""
     from imgdiff import png
 
     depth, colour = data[24], data[25]
@@ -402,211 +400,12 @@ def read_pair(
     return arrays[0], arrays[1]
 
 
-def _inflate_or_decode(info: ImageInfo, data: bytes):
-    """Stage 1 of :func:`read_pair_rows` (no NumPy for the fast PNG kind): ``(layout, (buffer,
-    filters))`` of an inflated PNG that :func:`imgdiff.png.unfilter` can finish, else the decoded array."""
-    from imgdiff import png
+def read_pair_rows(a: str | os.PathLike, b: str | os.PathLike, **options):
+    """Like :func:`read_pair`, but decodes only the rows a diff needs (and, given a ``window``, only
+    its columns): :func:`imgdiff.pair_rows.read_pair_rows`, which has the options."""
+    from imgdiff.pair_rows import read_pair_rows as read
 
-    fast = info.format == "PNG" and data[24] in (8, 16) and data[25] in _PNG_FAST_COLOURS
-    if fast and b"IEND" in data[-1024:]:
-        try:
-            layout = png.layout(data, idat_crc=False)  # IDAT CRCs: read_pair_rows, after the inflate
-            if layout is not None and png.plain_filters_ahead(layout):
-                from imgdiff.png_shared import inflate_one
-
-                return layout, inflate_one(layout, data) or png.inflate(layout)
-        except png.PngDataError as e:
-            raise _fail(info.path, str(e), "re-export or re-download it") from None
-    return decode(info, data)
-
-
-def _fast_layout(info: ImageInfo, data, checked: int = 0, *, peek: bool = True):
-    """The :class:`imgdiff.png.Layout` of a PNG that :func:`imgdiff.png.unfilter` may finish (None for
-    other kinds, or when the first rows use Avg/Paeth: ``peek``); raises :class:`ImageIOError` on bad
-    chunks."""
-    from imgdiff import png
-
-    if not (info.format == "PNG" and data[24] in (8, 16) and data[25] in _PNG_FAST_COLOURS):
-        return None
-    if b"IEND" not in data[-1024:]:
-        return None  # the plain path reports it
-    try:
-        layout = png.layout(data, checked, idat_crc=False)  # IDAT CRCs: read_pair_rows, after the inflate
-        return layout if layout is not None and (not peek or png.plain_filters_ahead(layout)) else None
-    except png.PngDataError as e:
-        raise _fail(info.path, str(e), "re-export or re-download it") from None
-
-
-def _nothing() -> None:
-    """The default ``on_inflate`` of :func:`read_pair_rows`."""
-
-
-class _Once:
-    """``fn`` callable any number of times, run the first time only."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self) -> None:
-        fn, self.fn = self.fn, _nothing
-        fn()
-
-
-def _inflate_shared(infos, data, on_inflate=_nothing):
-    """Stage 1 of :func:`read_pair_rows` for two PNGs of one layout whose files share a long prefix:
-    ``((layout A, inflated A), (layout B, inflated B), equal leading bytes, common file prefix, b_from)``
-    with the common compressed prefix inflated once (:func:`imgdiff.png_shared.inflate_pair`; B's
-    buffer holds B's bytes from ``b_from`` on, see :func:`_fill_shared_rows`), else None. The IDAT
-    CRCs are left to the caller (:func:`imgdiff.png.check_idat_crcs`). ``on_inflate()`` is called
-    after the chunk walks, before the inflate (see :func:`read_pair_rows`)."""
-    if not (infos[0].format == infos[1].format == "PNG" and data[0][16:29] == data[1][16:29]):
-        return None
-    from imgdiff import png
-
-    common = png.common_prefix(data[0], data[1])
-    if common < png.MIN_SHARED:  # cheap: before any CRC pass or ctypes import
-        return None
-    from imgdiff import png_shared
-
-    la = _fast_layout(infos[0], data[0])
-    # B's shared chunks are A's: their CRCs are checked, and B's first rows inflate to A's (no peek:
-    # B's rows, Avg/Paeth ones too, still decode right, through the full decoder, see _finish)
-    lb = _fast_layout(infos[1], data[1], common, peek=False) if la is not None else None
-    if lb is None:
-        return None
-    on_inflate()
-    got = png_shared.inflate_pair(la, data[0], lb, data[1], common)
-    if got is None:
-        return None
-    return (la, got[0]), (lb, got[1]), got[2], common, got[3]
-
-
-def _fill_shared_rows(sa, sb, b_from: int, y0: int) -> None:
-    """Make B's buffer from :func:`_inflate_shared` (B's bytes from ``b_from`` on) hold every row that
-    unfiltering B from row ``y0`` reads (:func:`imgdiff.png.chain_start`): the rows before ``b_from``
-    are A's (the shared prefix), copied over only when needed."""
-    if not b_from:
-        return
-    from imgdiff import png, png_shared
-
-    layout, (buf_b, filters) = sb
-    png_shared.fill_shared(sa[1][0], buf_b, b_from, png.chain_start(filters, y0) * layout.row_bytes)
-
-
-def _finish(info: ImageInfo, data: bytes, staged, rows=None):
-    """Stage 2: the unfiltered ``rows`` of a staged PNG (full decode when it has Avg/Paeth rows)."""
-    from imgdiff import png
-
-    if not isinstance(staged, tuple):
-        return staged if rows is None else staged[rows[0] : rows[1]]
-    layout, (buf, filters) = staged
-    arr = png.unfilter(layout, buf, filters, rows)
-    if arr is None:
-        arr = decode(info, data)
-        return arr if rows is None else arr[rows[0] : rows[1]]
-    return arr
-
-
-class Band(namedtuple("Band", "a b y0 height x0 width")):
-    """What :func:`read_pair_rows` returns: ``a``, ``b`` the pixels of A and B in rows
-    ``[y0, y0 + len(a))`` and columns ``[x0, x0 + a.shape[1])`` of two ``height`` x ``width`` images
-    that are equal everywhere else (whole images: ``y0 = x0 = 0``)."""
-
-    __slots__ = ()
-
-
-def read_pair_rows(
-    a: str | os.PathLike,
-    b: str | os.PathLike,
-    *,
-    band,
-    window=None,
-    on_inflate=_nothing,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
-) -> Band:
-    """Like :func:`read_pair`, but decodes only the rows a diff needs (and, with ``window``, cuts them
-    to the columns it needs): a :class:`Band`.
-
-    Both files are validated and inflated (for PNGs of the :mod:`imgdiff.png` kind this needs no
-    NumPy, so it overlaps the caller's imports); when both are such PNGs of one layout, only the rows
-    ``band(height, r0, r1) -> (y0, y1)`` are unfiltered, ``r0..r1`` being the rows that may differ
-    (:func:`imgdiff.png.changed_span`). When those few rows are all B needs of its own (a thin span),
-    ``window(width, c0, c1) -> (x0, x1)`` gets the columns ``c0..c1`` where they differ and the band
-    is cut to the columns it returns: B's band is then A's cut band with B's span rows written in,
-    no full-width copy. Otherwise (other formats, sizes or kinds) both images are decoded whole.
-    Errors as in :func:`read_pair`.
-
-    ``on_inflate()`` is called once, when the GIL-holding checks and chunk walks are done and the
-    inflate (GIL released) starts: the CLI starts its NumPy import thread there, as a thread that
-    competes for the GIL from the start only stretches this thread's walks and gains nothing (the
-    GIL-held work is the same in total); measured 2.2 ms less wall on the 4K small-patch pair.
-    """
-    from imgdiff import png
-
-    infos = (probe(a, max_pixels=max_pixels), probe(b, max_pixels=max_pixels))
-    data = [_map_bytes(info) if info.format == "PNG" else _read_bytes(info) for info in infos]
-    once = _Once(on_inflate)
-    staged = _inflate_shared(infos, data, once)
-    if staged is None:
-        once()
-        staged = (*_in_two_threads(_inflate_or_decode, infos, data), 0, 0, 0)
-    sa, sb, equal, common, b_from = staged
-    for i, s, done in ((0, sa, 0), (1, sb, common)):  # B's chunks in the common prefix: A's CRCs
-        if isinstance(s, tuple):
-            try:
-                png.check_idat_crcs(s[0], data[i], done)
-            except png.PngDataError as e:
-                raise _fail(infos[i].path, str(e), "re-export or re-download it") from None
-    if isinstance(sa, tuple) and isinstance(sb, tuple):
-        la, lb = sa[0], sb[0]
-        if (la.width, la.height, la.colour, la.depth) == (lb.width, lb.height, lb.colour, lb.depth):
-            span = png.changed_span(la, sa[1], lb, sb[1], equal)
-            r0, r1 = span if span is not None else (0, 0)
-            rows = band(la.height, r0, r1)
-            if 2 * (r1 - r0 + 1) > rows[1] - rows[0]:  # a wide span: both bands unfiltered
-                _fill_shared_rows(sa, sb, b_from, rows[0])
-                ra, rb = _finish_both(infos, data, (sa, sb), rows)
-                return Band(ra, rb, rows[0], la.height, 0, la.width)
-            ra = _finish(infos[0], data[0], sa, rows)
-            if span is None:
-                return Band(ra, ra, rows[0], la.height, 0, la.width)  # the same pixels
-            _fill_shared_rows(sa, sb, b_from, r0)
-            span_b = _finish(infos[1], data[1], sb, (r0, r1 + 1))  # (r1 - r0 + 1, W[, C]): B's own rows
-            span_at = slice(r0 - rows[0], r1 + 1 - rows[0])
-            x0, x1 = _columns(ra[span_at], span_b, window)
-            ra = ra[:, x0:x1]
-            rb = ra.copy()
-            rb[span_at] = span_b[:, x0:x1]
-            return Band(ra, rb, rows[0], la.height, x0, la.width)
-    ra, rb = _finish_both(infos, data, (sa, sb), None)
-    return Band(ra, rb, 0, ra.shape[0], 0, ra.shape[1])
-
-
-def _columns(span_a, span_b, window) -> tuple[int, int]:
-    """``window(width, c0, c1)`` for the columns ``c0..c1`` where two row spans differ; all columns
-    without a ``window`` or a difference."""
-    import numpy as np
-
-    w = span_a.shape[1]
-    if window is None:
-        return 0, w
-    differ = (span_a != span_b).reshape(len(span_a), -1).any(axis=0)  # (W*C,): contiguous reductions
-    cols = np.flatnonzero(differ.reshape(w, -1).any(axis=1))  # (W,) -> differing columns
-    return window(w, int(cols[0]), int(cols[-1])) if cols.size else (0, w)
-
-
-def _finish_both(infos, data, staged, rows):
-    """:func:`_finish` of both images: in two threads when there are many rows to unfilter
-    (``imagecodecs.delta_decode`` releases the GIL: a whole 4K image is ~10-25 ms each), else here."""
-    many = rows is None or rows[1] - rows[0] >= PARALLEL_ROWS
-    if not many:
-        return [_finish(infos[i], data[i], staged[i], rows) for i in (0, 1)]
-    pairs = list(zip(data, staged))
-    return _in_two_threads(lambda info, item: _finish(info, item[0], item[1], rows), infos, pairs)
-
-
-PARALLEL_ROWS = 512
-"""Rows from which :func:`_finish_both` unfilters the two images in two threads."""
+    return read(a, b, **options)
 
 
 # ---------------------------------------------------------------------------------------------- writing

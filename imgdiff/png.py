@@ -1,12 +1,12 @@
 """PNG pixel data without libpng: chunk walk, ISA-L inflate, vectorised unfilter (the CLI's fast path).
 
-A 4K RGB PNG spends most of its decode time in inflate (zlib: ~80-110 ms here; ISA-L via PyPI
-``isal``: ~35-45 ms) and the rest in the per-row unfilter. :func:`inflate` needs no NumPy, so the CLI
-starts it in a thread while NumPy is still being imported; :func:`unfilter` undoes the None, Sub and
-Up filters with ``imagecodecs.delta_decode`` (a cumulative sum modulo 256: Sub along the row with a
-distance of one pixel, Up down a run of rows) and returns None for rows filtered with Avg or Paeth,
-which depend on both neighbours and cannot be vectorised; the caller then decodes the file with a
-full decoder. OpenCV writes every row with Sub; libpng's and Pillow's adaptive choice mixes all five.
+A 4K RGB PNG spends its decode time in inflate (zlib: ~80-110 ms; ISA-L via PyPI ``isal``: ~20-45 ms)
+and in the per-row unfilter. :func:`inflate` needs no NumPy, so the CLI starts it in a thread while
+NumPy is still being imported; :func:`unfilter` undoes the None, Sub and Up filters with
+``imagecodecs.delta_decode`` (a cumulative sum modulo 256: Sub along the row with a distance of one
+pixel, Up down a run of rows) and hands rows that use Avg or Paeth, which depend on the unfiltered
+left neighbour and cannot be vectorised, to libspng (:mod:`imgdiff.png_spng`). OpenCV writes every
+row with Sub; libpng's and Pillow's adaptive choice mixes all five (photos: almost every row Paeth).
 
 Validation is what libpng checks: chunk lengths inside the file, the CRC of every critical chunk, an
 IEND chunk, a zlib stream (with its Adler-32) that inflates to exactly ``height * (1 + row bytes)``
@@ -15,7 +15,7 @@ bytes, and filter types 0-4. Any failure raises :class:`PngDataError` with a one
 (what :func:`layout` accepts); other PNGs go to the full decoders.
 
 The inflated rows land in an anonymous ``mmap`` advised for transparent huge pages: a fresh 25 MB
-buffer otherwise costs ~6,000 page faults, which on the dev VM cost as much as the inflate itself.
+buffer otherwise costs ~6,000 page faults, which can cost as much as the inflate itself.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ CHANNELS = {0: 1, 2: 3, 4: 2, 6: 4}
 """Samples per pixel of the PNG colour types :func:`inflate` can validate (palette is decoded elsewhere)."""
 FAST_COLOURS = (0, 2, 6)
 """Colour types :func:`unfilter` turns into arrays: gray, RGB, RGBA."""
-NONE, SUB, UP = 0, 1, 2
+NONE, SUB, UP, AVG, PAETH = 0, 1, 2, 3, 4
 
 
 class PngDataError(Exception):
@@ -218,57 +218,67 @@ def _runs(filters: bytes):
             start = i
 
 
-def unfilter(png: Layout, buf, filters: bytes, rows: tuple[int, int] | None = None) -> np.ndarray | None:
+def unfilter(
+    png: Layout, buf, filters: bytes, rows: tuple[int, int] | None = None, above: np.ndarray | None = None
+) -> np.ndarray | None:
     """The pixels of an inflated PNG of a :data:`FAST_COLOURS` type with 8 or 16 bits: ``(h, W)`` or
     ``(h, W, C)`` uint8/uint16 in RGB(A) order, native byte order, for the rows ``rows = (y0, y1)``
-    (default: all). Rows above ``y0`` are unfiltered only as far as an Up chain needs them. None when
-    a row uses the Avg or Paeth filter, or imagecodecs is missing (use a full decoder then)."""
+    (default: all). Rows above ``y0`` are unfiltered as far as a chain of rows that read the row
+    above needs them (:func:`chain_start`), unless ``above`` gives the unfiltered row ``y0 - 1``
+    (shape ``(W[, C])``). Rows with Avg or Paeth go to :func:`imgdiff.png_spng.unfilter_rows`. None
+    when imagecodecs is missing (use a full decoder then)."""
     import numpy as np
 
-    if png.colour not in FAST_COLOURS or png.depth not in (8, 16) or not set(filters) <= {NONE, SUB, UP}:
+    if png.colour not in FAST_COLOURS or png.depth not in (8, 16):
         return None
+    h, w, c = png.height, png.width, CHANNELS[png.colour]
+    y0, y1 = rows if rows is not None else (0, h)
+    start = y0 if above is not None else chain_start(filters, y0)
+    if max(filters[start:y1], default=NONE) >= AVG:
+        from imgdiff import png_spng
+
+        got = png_spng.unfilter_rows(png, buf, start, y1, above)
+        return None if got is None else got[y0 - start :]
     try:
         from imagecodecs import delta_decode
     except ImportError:  # pragma: no cover - a declared dependency
         return None
-    h, w, c = png.height, png.width, CHANNELS[png.colour]
-    y0, y1 = rows if rows is not None else (0, h)
-    start = chain_start(filters, y0)
     bpp = c * png.depth // 8
     raw = np.frombuffer(buf, np.uint8, count=h * png.row_bytes).reshape(h, png.row_bytes)[:, 1:]  # (H, W*bpp)
-    out = np.empty((y1 - start, w * bpp), np.uint8)  # (rows, W*bpp) bytes, big-endian samples for 16-bit
+    out = np.empty((1 + y1 - start, w * bpp), np.uint8)  # (1 + rows, W*bpp) bytes, big-endian samples
+    if above is None:
+        out[0] = 0  # the row above row 0 (PNG: zeros); a None/Sub row at `start` does not read it
+    else:
+        out[0] = np.ascontiguousarray(above, ">u2" if png.depth == 16 else np.uint8).view(np.uint8).ravel()
     for kind, r0, r1 in _runs(filters[start:y1]):
         src = raw[start + r0 : start + r1]
         if kind == SUB:
-            delta_decode(src.reshape(-1, w, bpp), axis=1, out=out[r0:r1].reshape(-1, w, bpp))
+            delta_decode(src.reshape(-1, w, bpp), axis=1, out=out[1 + r0 : 1 + r1].reshape(-1, w, bpp))
             continue
-        out[r0:r1] = src
-        if kind == UP and start + r0 > 0:  # row r = filtered row r + row r-1: a running sum down the run
-            delta_decode(out[r0 - 1 : r1], axis=0, out=out[r0 - 1 : r1])
-        elif kind == UP and r1 - r0 > 1:  # Up on the image's first row has no row above (it is None)
-            delta_decode(out[r0:r1], axis=0, out=out[r0:r1])
-    out = out[y0 - start :]
+        out[1 + r0 : 1 + r1] = src
+        if kind == UP:  # row r = filtered row r + row r-1: a running sum down the run from the row above
+            delta_decode(out[r0 : 1 + r1], axis=0, out=out[r0 : 1 + r1])
+    out = out[1 + y0 - start :]
     if png.depth == 16:
         out = out.view(">u2").astype(np.uint16)  # (rows, W*C) native byte order
     return out.reshape(-1, w) if c == 1 else out.reshape(-1, w, c)
 
 
 def chain_start(filters: bytes, y0: int) -> int:
-    """The first row :func:`unfilter` reads to unfilter rows from ``y0`` on: an Up row needs the
-    unfiltered row above it, so a run of Up rows reaches back to the row before it."""
+    """The first row :func:`unfilter` reads to unfilter rows from ``y0`` on: an Up, Avg or Paeth row
+    needs the unfiltered row above it, so a run of them reaches back to the row before it (a None or
+    Sub row, or row 0)."""
     start = y0
-    while start > 0 and filters[start] == UP:
+    while start > 0 and filters[start] >= UP:
         start -= 1
     return start
 
 
-def changed_span(pa: Layout, a: tuple, pb: Layout, b: tuple, equal: int = 0) -> tuple[int, int] | None:
-    """``(r0, r1)`` inclusive: the first and last rows whose pixels may differ between two inflated
-    PNGs of the same layout (``a``, ``b``: what :func:`inflate` returned), or None when every row is
-    equal. A row whose filtered bytes (filter type included) are equal has equal pixels when its
-    filter does not read the row above (None, Sub) or that row is equal, so the span grows down
-    through the Up/Avg/Paeth rows after the last differing row. ``equal``: a count of leading inflated
-    bytes known to be equal in both (:func:`imgdiff.png_shared.inflate_pair`), which are not compared."""
+def changed_rows(pa: Layout, a: tuple, pb: Layout, b: tuple, equal: int = 0) -> tuple[int, int] | None:
+    """``(r0, r1)`` inclusive: the first and last rows whose filtered bytes (filter type included)
+    differ between two inflated PNGs of the same layout (``a``, ``b``: what :func:`inflate` returned),
+    or None when every byte is equal. ``equal``: a count of leading inflated bytes known to be equal
+    in both (:func:`imgdiff.png_shared.inflate_pair`), which are not compared."""
     import numpy as np
 
     total = pa.height * pa.row_bytes
@@ -282,9 +292,25 @@ def changed_span(pa: Layout, a: tuple, pb: Layout, b: tuple, equal: int = 0) -> 
         return None if not tail else (pa.height - 1, pa.height - 1)
     r0 = first * 8 // pa.row_bytes
     r1 = pa.height - 1 if tail else (_first_unequal(ua, ub, n8 - 1, first - 1, -1) * 8 + 7) // pa.row_bytes
-    while r1 + 1 < pa.height and max(a[1][r1 + 1], b[1][r1 + 1]) >= UP:  # Up, Avg, Paeth read row r1
-        r1 += 1
     return r0, r1
+
+
+def changed_span(pa: Layout, a: tuple, pb: Layout, b: tuple, equal: int = 0) -> tuple[int, int] | None:
+    """``(r0, r1)`` inclusive: the first and last rows whose pixels may differ between two inflated
+    PNGs of the same layout, or None when every row is equal. A row whose filtered bytes are equal
+    (:func:`changed_rows`) has equal pixels when its filter does not read the row above (None, Sub)
+    or that row is equal, so the span grows down through the Up/Avg/Paeth rows after the last
+    differing row (:func:`imgdiff.io.read_pair_rows` narrows it by comparing pixels)."""
+    rows = changed_rows(pa, a, pb, b, equal)
+    return None if rows is None else (rows[0], span_end(a[1], b[1], rows[1]))
+
+
+def span_end(fa: bytes, fb: bytes, r1: int) -> int:
+    """The last row whose pixels may differ when row ``r1`` does and no filtered byte after it does
+    (``fa``, ``fb``: both images' filter types): the run of rows after ``r1`` that read the row above."""
+    while r1 + 1 < len(fa) and max(fa[r1 + 1], fb[r1 + 1]) >= UP:  # Up, Avg, Paeth read row r1
+        r1 += 1
+    return r1
 
 
 SCAN_WORDS = 1 << 15
@@ -306,37 +332,16 @@ def _first_unequal(ua, ub, start: int, stop: int, step: int) -> int | None:
     return None
 
 
-PEEK_ROWS = 16
-"""Rows whose filter types :func:`decode` reads before committing to the fast path."""
-
-
-def plain_filters_ahead(png: Layout, rows: int = PEEK_ROWS) -> bool:
-    """Whether the first ``rows`` rows use only None/Sub/Up (inflating just those rows; a corrupt
-    start answers True so that :func:`inflate` reports it). Encoders that pick one filter (OpenCV:
-    Sub) keep it for every row; adaptive ones (libpng, Pillow) pick Avg/Paeth within a few rows."""
-    zlib_mod, zerror = _zlib()
-    row, n = png.row_bytes, min(rows, png.height)
-    inflater, head = zlib_mod.decompressobj(), b""
-    try:
-        for chunk in png.idat:
-            head += inflater.decompress(chunk, n * row - len(head))
-            if len(head) >= n * row:
-                break
-    except zerror:
-        return True
-    return set(head[::row]) <= {NONE, SUB, UP}
-
-
 def decode(data) -> np.ndarray | None:
     """Validate and decode a PNG held in ``data``; None when it is of a kind :func:`unfilter` leaves to
-    a full decoder (checked before the full inflate: :func:`plain_filters_ahead`). Raises
-    :class:`PngDataError` on bad data."""
+    a full decoder (palette, gray+alpha, 1/2/4 bits, interlaced). Raises :class:`PngDataError` on bad
+    data."""
     png = layout(data)
     if png is None or png.colour not in FAST_COLOURS or png.depth not in (8, 16):
         return None
-    if not plain_filters_ahead(png):
-        return None
-    buf, filters = inflate(png)
+    from imgdiff.png_shared import inflate_one
+
+    buf, filters = inflate_one(png, data) or inflate(png)
     return unfilter(png, buf, filters)
 
 

@@ -39,9 +39,32 @@ def test_opencv_recipe_gives_the_exact_box(bench):
 def test_table_prints_every_row(bench, capsys, monkeypatch):
     monkeypatch.setenv("IMGDIFF_BENCH_ODIFF", "/nonexistent/odiff")
     monkeypatch.setattr(bench.shutil, "which", lambda name: None)
-    assert bench.main(["--width", "64", "--height", "48", "--runs", "1", "--backends", "numpy"]) == 0
+    monkeypatch.setattr(bench, "has_blazediff", lambda: False)  # one CLI per pair: a fast smoke run
+    argv = ["--width", "64", "--height", "48", "--runs", "1", "--backends", "numpy", "--photos", "coffee"]
+    assert bench.main(argv) == 0
     out = capsys.readouterr().out
-    for label in ("L = np.array_equal", "kernel exact/numpy", "kernel robust/numpy", "opencv absdiff"):
+    for label in ("L = np.array_equal", "kernel exact/numpy", "kernel robust/numpy", "opencv absdiff", "xL"):
         assert label in out
-    assert "cli imgdiff" in out and "xL" in out
-    assert "skipped: cli odiff: not found" in out
+    for pair in ("opencv jpeg_q90", "pillow coffee identical", "pillow coffee small_patch"):
+        assert pair in out
+    assert "browser coffee jpeg_q90" in out
+    assert "imgdiff wall/cpu ms" in out and "load average" in out
+    assert "skipped: cli odiff: not found" in out and "skipped: cli blazediff" in out
+
+
+def test_photo_pairs_are_written_as_described(bench, tmp_path):
+    """Pillow-written pairs: RGB, adaptive filters (Paeth rows), the planted patch and a JPEG side;
+    browser-style pairs: RGBA."""
+    from imgdiff import png
+
+    pairs = {p.name: p for p in bench.write_photo_pairs(str(tmp_path), 96, 64, ["coffee"])}
+    writers = (("pillow", bench.CASES), ("browser", bench.CASES[1:]))
+    assert sorted(pairs) == sorted(f"{w} coffee {c}" for w, cases in writers for c in cases)
+    assert pairs["pillow coffee identical"].differ == 0
+    patch = pairs["pillow coffee small_patch"]
+    assert patch.differ == pytest.approx(bench.PATCH**2 / (96 * 64))
+    assert pairs["pillow coffee jpeg_q90"].differ > 0.5
+    data = open(patch.b, "rb").read()
+    layout = png.layout(data)
+    assert layout.colour == 2 and png.PAETH in png.inflate(layout)[1]
+    assert png.layout(open(pairs["browser coffee jpeg_q90"].a, "rb").read()).colour == 6

@@ -1,4 +1,4 @@
-"""imgdiff.png (ISA-L inflate + vectorised unfilter) against libpng, and read_pair_rows."""
+"""imgdiff.png (ISA-L inflate + unfilter) against libpng, and read_pair_rows."""
 
 import struct
 import zlib
@@ -16,8 +16,16 @@ def _chunk(kind: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
 
+def _paeth(left: np.ndarray, up: np.ndarray, corner: np.ndarray) -> np.ndarray:
+    """The PNG spec's Paeth predictor, elementwise (int32 arrays)."""
+    p = left + up - corner
+    pa, pb, pc = np.abs(p - left), np.abs(p - up), np.abs(p - corner)
+    return np.where((pa <= pb) & (pa <= pc), left, np.where(pb <= pc, up, corner))
+
+
 def _encode(img: np.ndarray, filters: list[int]) -> bytes:
-    """A PNG of ``img`` whose row r uses filter ``filters[r % len(filters)]`` (0 None .. 3 Avg)."""
+    """A PNG of ``img`` whose row r uses filter ``filters[r % len(filters)]`` (0 None .. 4 Paeth),
+    filtered by this test's own NumPy code from the PNG spec."""
     h, w = img.shape[:2]
     c = 1 if img.ndim == 2 else img.shape[2]
     depth = 8 * img.dtype.itemsize
@@ -29,16 +37,21 @@ def _encode(img: np.ndarray, filters: list[int]) -> bytes:
         f = filters[r % len(filters)]
         up = px[r - 1] if r else np.zeros_like(px[r])
         left = np.concatenate([np.zeros(bpp, np.int32), px[r, :-bpp]])
-        pred = {0: 0, 1: left, 2: up, 3: (left + up) // 2}[f]
+        corner = np.concatenate([np.zeros(bpp, np.int32), up[:-bpp]])
+        pred = {0: 0, 1: left, 2: up, 3: (left + up) // 2, 4: _paeth(left, up, corner)}[f]
         rows.append(bytes([f]) + ((px[r] - pred) % 256).astype(np.uint8).tobytes())
     ihdr = struct.pack(">IIBBBBB", w, h, depth, {1: 0, 3: 2, 4: 6}[c], 0, 0, 0)
     body = _chunk(b"IDAT", zlib.compress(b"".join(rows)))
     return iio._PNG_MAGIC + _chunk(b"IHDR", ihdr) + body + _chunk(b"IEND", b"")
 
 
+FILTER_MIXES = [[0], [1], [2], [3], [4], [2, 2, 1, 2, 0, 2], [1, 0, 2], [4, 3, 2, 1, 0, 4], [0, 3, 4, 2]]
+"""Row filter types cycled down a test image: each alone, and mixes as adaptive encoders write them."""
+
+
 @pytest.mark.parametrize("shape", [(9, 13), (9, 13, 3), (9, 13, 4), (1, 5, 3)])
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
-@pytest.mark.parametrize("filters", [[0], [1], [2], [2, 2, 1, 2, 0, 2, 2], [1, 0, 2]])
+@pytest.mark.parametrize("filters", FILTER_MIXES)
 def test_decode_matches_libpng(shape, dtype, filters):
     img = np.random.default_rng(3).integers(0, np.iinfo(dtype).max + 1, shape, dtype=dtype)
     data = _encode(img, filters)
@@ -53,23 +66,25 @@ def test_decode_matches_libpng(shape, dtype, filters):
             np.testing.assert_array_equal(png.unfilter(layout, buf, kinds, (y0, y1)), img[y0:y1])
 
 
-def test_avg_rows_go_to_the_full_decoder(tmp_path):
+def test_avg_and_paeth_rows_stay_on_the_fast_path(tmp_path, monkeypatch):
     img = np.random.default_rng(4).integers(0, 256, (20, 7, 3), dtype=np.uint8)
-    assert png.decode(_encode(img, [1, 3])) is None  # Avg within the first rows: no fast path
-    late = _encode(img, [1] * 19 + [3])  # Avg only on the last row: found after the inflate
-    layout = png.layout(late)
-    assert png.plain_filters_ahead(layout) and png.decode(late) is None
-    (tmp_path / "x.png").write_bytes(late)
-    np.testing.assert_array_equal(iio.read_image(tmp_path / "x.png"), img)
+    for filters in ([1, 3], [1] * 19 + [4]):  # Avg from the first rows; Paeth on the last row only
+        data = _encode(img, filters)
+        np.testing.assert_array_equal(png.decode(data), img)
+        (tmp_path / "x.png").write_bytes(data)
+        monkeypatch.setattr(iio, "_decode_imagecodecs", None)  # no full decoder: the fast path did it
+        np.testing.assert_array_equal(iio.read_image(tmp_path / "x.png"), img)
+        monkeypatch.undo()
 
 
 def test_changed_span_follows_up_chains():
     a = np.random.default_rng(5).integers(0, 256, (12, 5, 3), dtype=np.uint8)
     b = a.copy()
     b[4, 2] += 1
-    for filters, want in (([1], (4, 4)), ([1, 1, 1, 1, 1, 2, 2, 1], (4, 6)), ([2], (4, 11))):
+    for filters, want in (([1], (4, 4)), ([1, 1, 1, 1, 1, 2, 2, 1], (4, 6)), ([2], (4, 11)), ([4], (4, 11))):
         la, lb = png.layout(_encode(a, filters)), png.layout(_encode(b, filters))
         assert png.changed_span(la, png.inflate(la), lb, png.inflate(lb)) == want
+        assert png.changed_rows(la, png.inflate(la), lb, png.inflate(lb)) == (4, 4 if filters == [1] else 5)
     la = png.layout(_encode(a, [1]))
     assert png.changed_span(la, png.inflate(la), la, png.inflate(la)) is None
 
@@ -198,7 +213,7 @@ def test_layout_run_skip_equals_chunk_walk(sizes):
             png.layout(data[:cut], idat_crc=False)
 
 
-@pytest.mark.parametrize("filters", [[1], [2], [2, 2, 1], [0, 2]])
+@pytest.mark.parametrize("filters", [[1], [2], [2, 2, 1], [0, 2], [4], [3], [4, 3, 1, 4, 2]])
 @pytest.mark.parametrize("rows", [(50, 50), (48, 55), (10, 90)])
 def test_read_pair_rows_thin_span_takes_b_from_a(tmp_path, filters, rows):
     """B's band is A's band with only the changed span unfiltered from B (a thin span), or both

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from imgdiff import io as iio
-from imgdiff import png, png_shared
+from imgdiff import pair_rows, png, png_shared
 
 
 @pytest.fixture(autouse=True)
@@ -180,7 +180,7 @@ def test_read_pair_rows_fills_the_shared_rows_b_needs(tmp_path, filt, band):
     pa, pb = tmp_path / "a.png", tmp_path / "b.png"
     pa.write_bytes(_png(a, filt=filt))
     pb.write_bytes(_png(b, filt=filt))
-    got = iio._inflate_shared(*_staged_inputs(pa, pb))
+    got = pair_rows._inflate_shared(*_staged_inputs(pa, pb))
     assert got is not None and got[4] > 0  # the shared path ran and left B's leading rows unwritten
     tail = got[4] // got[0][0].row_bytes  # B's first row of its own
     rows = {
@@ -203,7 +203,7 @@ def test_b_with_avg_rows_after_the_shared_prefix(tmp_path):
     pa, pb = tmp_path / "a.png", tmp_path / "b.png"
     pa.write_bytes(_png(a, filt=1))
     pb.write_bytes(_png(b, filt=1, avg_from=160))
-    got = iio._inflate_shared(*_staged_inputs(pa, pb))
+    got = pair_rows._inflate_shared(*_staged_inputs(pa, pb))
     assert got is not None and max(got[1][1][1]) == 3  # the shared path ran; B has Avg rows
     for rows in [(100, 200), (165, 180)]:  # a thin span, a wide one
         ra, rb, y0, *_ = iio.read_pair_rows(pa, pb, band=lambda h, r0, r1, rows=rows: rows)
