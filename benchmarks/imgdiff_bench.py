@@ -24,8 +24,8 @@ Rows:
   to odiff. The load average is printed with it: the CPU time is the robust figure on a shared machine.
 
 odiff: set ``IMGDIFF_BENCH_ODIFF=/path/to/odiff`` or put ``odiff`` on PATH (``npm install --prefix
-/tmp/odiff odiff-bin`` ships it as ``/tmp/odiff/node_modules/@odiff/linux-x64/odiff``); skipped when
-absent. blazediff: ``pip install 'notelens[bench]'``; skipped when absent.
+~/.cache/odiff odiff-bin`` ships it as ``~/.cache/odiff/node_modules/@odiff/linux-x64/odiff``); skipped
+when absent. blazediff: ``pip install 'notelens[bench]'``; skipped when absent.
 
 Usage: ``python benchmarks/imgdiff_bench.py [--width 3840 --height 2160 --runs 5 --backends numpy,numba
 --photos astronaut,coffee,chelsea]``

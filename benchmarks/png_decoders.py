@@ -5,7 +5,7 @@ benchmarks/README.md:
 
 - full decoders on the file: imagecodecs' libpng / libspng / APNG, OpenCV, Pillow, and
   :func:`imgdiff.png.decode` (ISA-L inflate + unfilter);
-- the inflate alone (ISA-L, :func:`imgdiff.png_shared.inflate_one`);
+- the inflate alone (ISA-L, :func:`imgdiff.png_pair_inflate.inflate_one`);
 - unfilters of the inflated rows: libspng through ctypes (:mod:`imgdiff.png_spng`), the same
   wrapper through imagecodecs' public ``png_decode``, libspng per filter type (every row set to it);
 - a Numba kernel (scalar Paeth): start-up (``import numba`` + the first call from its cache) and the
@@ -29,7 +29,7 @@ import imagecodecs
 import numpy as np
 from PIL import Image
 
-from imgdiff import png, png_shared, png_spng
+from imgdiff import png, png_pair_inflate, png_spng
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from tests.imgdiff.photos import photo_4k  # noqa: E402
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     Image.fromarray(img).save(buffer, format="PNG")  # Pillow defaults: adaptive filters, zlib level 6
     data = buffer.getvalue()
     layout = png.layout(data)
-    buf, filters = png_shared.inflate_one(layout, data)
+    buf, filters = png_pair_inflate.inflate_one(layout, data)
     rows: list[tuple[str, float]] = [
         ("libpng, imagecodecs.png_decode (file)", best_cpu(lambda: imagecodecs.png_decode(data), args.runs)),
         (
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             best_cpu(lambda: np.asarray(Image.open(io.BytesIO(data))), args.runs),
         ),
         ("imgdiff.png.decode (file: ISA-L + unfilter)", best_cpu(lambda: png.decode(data), args.runs)),
-        ("ISA-L inflate alone", best_cpu(lambda: png_shared.inflate_one(layout, data), args.runs)),
+        ("ISA-L inflate alone", best_cpu(lambda: png_pair_inflate.inflate_one(layout, data), args.runs)),
         (
             "unfilter: libspng via ctypes, stored wrapper",
             best_cpu(lambda: png.unfilter(layout, buf, filters), args.runs),

@@ -187,7 +187,7 @@ def _check_single_outputs(args) -> None:
     for flag, path in outputs.items():
         if path is not None and not path.lower().endswith(".png"):
             raise Trouble(f"{flag} {path!r}: outputs are PNG files; give a name ending in .png")
-    from imgdiff.io import ImageIOError
+    from imgdiff.io_errors import ImageIOError
     from imgdiff.write import check_outputs, check_writable
 
     try:
@@ -205,7 +205,7 @@ def _check_batch_folders(args) -> None:
     outputs = {"--out": args.out, "--mask-out": args.mask_out}
     if args.out is None and args.mask_out is None:
         return
-    from imgdiff.io import ImageIOError
+    from imgdiff.io_errors import ImageIOError
     from imgdiff.write import check_folder_writable, check_output_folders
 
     try:
@@ -223,7 +223,7 @@ def _check_batch_targets(args, matches: list[Match]) -> None:
     outputs = {"--out": args.out, "--mask-out": args.mask_out}
     if args.out is None and args.mask_out is None:
         return
-    from imgdiff.io import ImageIOError
+    from imgdiff.io_errors import ImageIOError
     from imgdiff.write import check_targets
 
     inputs = [os.path.join(args.a, m.name) for m in matches if m.in_a]
@@ -337,10 +337,11 @@ def _prefetch_opencv(elements: int) -> None:
 
 def _diff_rows(args, on_inflate=lambda: None):
     """The default single-pair path (no image outputs): decode only the band of rows that can differ
-    (:func:`imgdiff.io.read_pair_rows`) and diff it (:func:`imgdiff.band.diff_band`); whole images
+    (:func:`imgdiff.pair_rows.read_pair_rows`) and diff it (:func:`imgdiff.band.diff_band`); whole images
     when the files are not two PNGs of one layout. ``on_inflate()``: called once when the inflate
     starts (:func:`run_single` starts its import thread there)."""
-    from imgdiff.io import ImageIOError, probe, read_pair_rows
+    from imgdiff.io import ImageIOError, probe
+    from imgdiff.pair_rows import read_pair_rows
 
     try:
 
@@ -552,7 +553,7 @@ def _main(argv: list[str] | None) -> int:
     except Exception as e:  # noqa: BLE001 - the CLI promises one line, never a traceback
         if os.environ.get("IMGDIFF_DEBUG"):
             raise
-        from imgdiff.io import ImageIOError
+        from imgdiff.io_errors import ImageIOError
 
         prefix = "" if isinstance(e, (ImageIOError, ValueError)) else f"unexpected {type(e).__name__}: "
         print(f"imgdiff: error: {prefix}{e}".replace("\n", " "), file=sys.stderr)

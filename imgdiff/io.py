@@ -1,11 +1,11 @@
 """Image files in and out for imgdiff: the only imgdiff module that touches disk (:mod:`imgdiff.pair_rows`
-reads a pair's rows through it).
+reads a pair's rows through it, and this module never imports that one).
 
 Reading validates before decoding, in this order: the path exists, is a regular file, is readable, is
 not empty, starts with the magic bytes of a supported format (PNG, JPEG, WebP, TIFF, BMP), has a
 parsable header, and declares a size within the pixel limit (a decompression-bomb guard: the size comes
 from the header, before any pixel is decoded). Anything wrong raises :class:`ImageIOError` with one line
-that names the file, says what is wrong and how to fix it.
+that names the file, says what is wrong and how to fix it (:mod:`imgdiff.io_errors`, re-exported here).
 
 Decoded arrays are what :func:`imgdiff.diff` takes: ``(H, W)`` gray or ``(H, W, C)`` with ``C`` in
 ``{3, 4}`` (RGB / RGBA order), ``uint8`` or ``uint16``. Palette images are expanded to RGB, or to RGBA
@@ -22,7 +22,8 @@ and returns a grey-filled image; 16-bit RGB TIFFs go through OpenCV because Pill
 bits. OpenCV's own logging is silenced so the CLI's one-line errors are the only thing on stderr.
 
 Writes (PNG overlay and mask, JSON) live in :mod:`imgdiff.write` (atomic, and never onto an input);
-their names are re-exported here.
+their names are re-exported here, loaded on first use (:mod:`imgdiff.write` imports only
+:mod:`imgdiff.io_errors`, so the dependency runs one way).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import struct
 import warnings
 from collections import namedtuple
 
+from imgdiff.io_errors import ImageIOError, read_error  # noqa: F401 - ImageIOError re-exported
 from imgdiff.options import DEFAULT_MAX_PIXELS, SUPPORTED_FORMATS  # noqa: F401 - re-exported
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs the CLI ~2 ms of start-up
@@ -42,10 +44,6 @@ if TYPE_CHECKING:
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _PNG_BIT_DEPTHS = {0: (1, 2, 4, 8, 16), 2: (8, 16), 3: (1, 2, 4, 8), 4: (8, 16), 6: (8, 16)}
 _HEAD_BYTES = 64
-
-
-class ImageIOError(Exception):
-    """A file could not be read or written; the one-line message names the file, the problem and the fix."""
 
 
 class ImageInfo(namedtuple("ImageInfo", "path format width height")):
@@ -72,41 +70,41 @@ def sniff_format(head: bytes) -> str | None:
     return None
 
 
-def _fail(path: str, problem: str, fix: str) -> ImageIOError:
-    return ImageIOError(f"cannot read {path!r}: {problem}; {fix}")
-
-
 def _open_checked(path: str):
     """Open ``path`` for binary reading after the file-system checks; returns ``(file, size)``."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise _fail(path, "no such file", "check the path") from None
+        raise read_error(path, "no such file", "check the path") from None
     except OSError as e:
-        raise _fail(path, e.strerror or str(e), "check the path and its permissions") from None
+        raise read_error(path, e.strerror or str(e), "check the path and its permissions") from None
     if stat.S_ISDIR(st.st_mode):
-        raise _fail(
+        raise read_error(
             path, "it is a directory, not an image file", "pass an image file (or two folders for batch)"
         )
     if not stat.S_ISREG(st.st_mode):
-        raise _fail(path, "not a regular file", "pass a PNG/JPEG/WebP/TIFF/BMP file")
+        raise read_error(path, "not a regular file", "pass a PNG/JPEG/WebP/TIFF/BMP file")
     if st.st_size == 0:
-        raise _fail(path, "the file is empty (0 bytes)", "re-export or re-download it")
+        raise read_error(path, "the file is empty (0 bytes)", "re-export or re-download it")
     try:
         return open(path, "rb"), st.st_size  # noqa: SIM115 - closed by the caller
     except PermissionError:
-        raise _fail(path, "permission denied", "make it readable (chmod +r) or run as its owner") from None
+        raise read_error(
+            path, "permission denied", "make it readable (chmod +r) or run as its owner"
+        ) from None
     except OSError as e:
-        raise _fail(path, e.strerror or str(e), "check the file") from None
+        raise read_error(path, e.strerror or str(e), "check the file") from None
 
 
 def _png_size(path: str, head: bytes) -> tuple[int, int]:
     """Width and height from a PNG's IHDR chunk, validated against the PNG spec."""
     if len(head) < 33 or head[12:16] != b"IHDR":
-        raise _fail(path, "PNG header is missing or corrupt (no IHDR chunk)", "re-export the image")
+        raise read_error(path, "PNG header is missing or corrupt (no IHDR chunk)", "re-export the image")
     width, height, depth, color = struct.unpack(">IIBB", head[16:26])
     if color not in _PNG_BIT_DEPTHS or depth not in _PNG_BIT_DEPTHS[color]:
-        raise _fail(path, f"PNG header is corrupt (bit depth {depth}, colour type {color})", "re-export it")
+        raise read_error(
+            path, f"PNG header is corrupt (bit depth {depth}, colour type {color})", "re-export it"
+        )
     return width, height
 
 
@@ -120,10 +118,10 @@ def _pil_open(path: str, f):
             warnings.simplefilter("ignore")
             return Image.open(f)
     except Image.UnidentifiedImageError:
-        raise _fail(path, "header is corrupt or truncated", "re-export or re-download it") from None
+        raise read_error(path, "header is corrupt or truncated", "re-export or re-download it") from None
     except Exception as e:  # noqa: BLE001 - Pillow raises many types for bad headers
         problem = f"header is corrupt ({type(e).__name__}: {e})".replace("\n", " ")
-        raise _fail(path, problem, "re-export it") from None
+        raise read_error(path, problem, "re-export it") from None
 
 
 def probe(path: str | os.PathLike, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
@@ -134,7 +132,7 @@ def probe(path: str | os.PathLike, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> I
         head = f.read(_HEAD_BYTES)
         fmt = sniff_format(head)
         if fmt is None:
-            raise _fail(
+            raise read_error(
                 path,
                 f"unsupported or unrecognised format (first bytes {head[:8].hex()})",
                 f"convert it to one of {', '.join(SUPPORTED_FORMATS)}",
@@ -150,9 +148,9 @@ def probe(path: str | os.PathLike, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> I
 
 def _check_size(path: str, width: int, height: int, max_pixels: int) -> None:
     if width <= 0 or height <= 0:
-        raise _fail(path, f"header declares an empty image ({width}x{height})", "re-export it")
+        raise read_error(path, f"header declares an empty image ({width}x{height})", "re-export it")
     if width * height > max_pixels:
-        raise _fail(
+        raise read_error(
             path,
             f"header declares {width}x{height} = {width * height:,} pixels, over the limit of {max_pixels:,}",
             "raise --max-pixels if you trust this file",
@@ -183,13 +181,13 @@ def _decode_cv2(path: str, data: bytes) -> np.ndarray:
     try:
         arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error as e:
-        raise _fail(
+        raise read_error(
             path, f"decoder error ({str(e).strip().splitlines()[-1]})", "re-export the image"
         ) from None
     if arr is None:
-        raise _fail(path, "image data is corrupt or truncated", "re-export or re-download it")
+        raise read_error(path, "image data is corrupt or truncated", "re-export or re-download it")
     if arr.dtype not in (np.uint8, np.uint16):
-        raise _fail(path, f"{arr.dtype} samples are not supported", "convert it to 8- or 16-bit")
+        raise read_error(path, f"{arr.dtype} samples are not supported", "convert it to 8- or 16-bit")
     if arr.ndim == 3 and arr.shape[2] == 1:
         arr = arr[:, :, 0]
     return _from_bgr(cv2, arr)
@@ -214,7 +212,7 @@ def _decode_imagecodecs(path: str, data: bytes) -> np.ndarray:
     try:
         return codecs.png_decode(data)  # RGB(A) order, native-endian uint16 for 16-bit
     except codecs.PngError as e:
-        raise _fail(
+        raise read_error(
             path, f"image data is corrupt or truncated ({e})", "re-export or re-download it"
         ) from None
 
@@ -237,7 +235,7 @@ def _decode_pil(path: str, data: bytes) -> np.ndarray:
             img.load()
     except Exception as e:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, ValueError, ...
         problem = "the file is truncated" if "truncated" in str(e) else f"image data is corrupt ({e})"
-        raise _fail(path, problem.replace("\n", " "), "re-export or re-download it") from None
+        raise read_error(path, problem.replace("\n", " "), "re-export or re-download it") from None
     mode = img.mode
     if mode == "1":
         img = img.convert("L")
@@ -250,10 +248,12 @@ def _decode_pil(path: str, data: bytes) -> np.ndarray:
     arr = np.asarray(img)
     if mode.startswith("I"):
         if arr.dtype.kind in "iu" and arr.size and (arr.min() < 0 or arr.max() > 65535):
-            raise _fail(path, f"{mode} samples outside 0..65535", "convert it to 8- or 16-bit")
+            raise read_error(path, f"{mode} samples outside 0..65535", "convert it to 8- or 16-bit")
         arr = arr.astype(np.uint16)
     if arr.dtype not in (np.uint8, np.uint16):
-        raise _fail(path, f"pixel mode {mode} ({arr.dtype}) is not supported", "convert it to 8- or 16-bit")
+        raise read_error(
+            path, f"pixel mode {mode} ({arr.dtype}) is not supported", "convert it to 8- or 16-bit"
+        )
     return arr
 
 
@@ -267,7 +267,7 @@ def _map_bytes(info: ImageInfo):
     """The file's bytes as a private memory map (PNG fast path: a 10 MB ``read`` into a fresh buffer
     costs ~5 ms of page faults here; a map faults lazily, 16 cached pages per fault, which measured
     fewer faults than ``MAP_POPULATE``'s one per page); ``bytes`` where mapping fails. Mapped
-    copy-on-write with write access so that ctypes can take its address (:mod:`imgdiff.png_shared`);
+    copy-on-write with write access so that ctypes can take its address (:mod:`imgdiff.png_pair_inflate`);
     nothing writes to it, and the file is never changed."""
     import mmap
 
@@ -289,7 +289,7 @@ def _decode_png(info: ImageInfo, data: bytes) -> np.ndarray:
         try:
             arr = png.decode(data)
         except png.PngDataError as e:
-            raise _fail(info.path, str(e), "re-export or re-download it") from None
+            raise read_error(info.path, str(e), "re-export or re-download it") from None
         if arr is not None:
             return arr
         if _imagecodecs():
@@ -304,12 +304,14 @@ def decode(info: ImageInfo, data: bytes | None = None) -> np.ndarray:
         data = _read_bytes(info)
     if info.format == "PNG":
         if b"IEND" not in data[-1024:]:
-            raise _fail(info.path, "the file is truncated (PNG ends before its IEND chunk)", "re-export it")
+            raise read_error(
+                info.path, "the file is truncated (PNG ends before its IEND chunk)", "re-export it"
+            )
         arr = _decode_png(info, data)
     else:
         arr = _decode_pil(info.path, data)
     if arr.shape[:2] != (info.height, info.width):
-        raise _fail(
+        raise read_error(
             info.path,
             f"header says {info.width}x{info.height} but the data is {arr.shape[1]}x{arr.shape[0]}",
             "re-export it",
@@ -337,7 +339,7 @@ def _check_png_data(info: ImageInfo, data: bytes) -> bool:
             return False
         png.inflate(layout)
     except png.PngDataError as e:
-        raise _fail(info.path, str(e), "re-export or re-download it") from None
+        raise read_error(info.path, str(e), "re-export or re-download it") from None
     return True
 
 
@@ -398,14 +400,6 @@ def read_pair(
         return arr, arr
     arrays = _in_two_threads(decode, infos, data)
     return arrays[0], arrays[1]
-
-
-def read_pair_rows(a: str | os.PathLike, b: str | os.PathLike, **options):
-    """Like :func:`read_pair`, but decodes only the rows a diff needs (and, given a ``window``, only
-    its columns): :func:`imgdiff.pair_rows.read_pair_rows`, which has the options."""
-    from imgdiff.pair_rows import read_pair_rows as read
-
-    return read(a, b, **options)
 
 
 # ---------------------------------------------------------------------------------------------- writing

@@ -1,10 +1,10 @@
 """The rows of two images that a diff needs, read from both files (the CLI's single-pair path).
 
-:func:`read_pair_rows` validates and inflates two PNGs (:mod:`imgdiff.png`, :mod:`imgdiff.png_shared`:
+:func:`read_pair_rows` validates and inflates two PNGs (:mod:`imgdiff.png`, :mod:`imgdiff.png_pair_inflate`:
 no NumPy, GIL released, so it overlaps the CLI's imports), finds the rows whose filtered bytes differ
 and unfilters only the band of rows :mod:`imgdiff.band` asks for, and only B's own rows of it when
 they are few. Other files (formats, sizes, PNG kinds) are decoded whole by :func:`imgdiff.io.decode`.
-Errors are :class:`imgdiff.io.ImageIOError`, as in :func:`imgdiff.io.read_pair`.
+Errors are :class:`imgdiff.io_errors.ImageIOError`, as in :func:`imgdiff.io.read_pair`.
 """
 
 from __future__ import annotations
@@ -12,16 +12,8 @@ from __future__ import annotations
 import os
 from collections import namedtuple
 
-from imgdiff.io import (
-    _PNG_FAST_COLOURS,
-    ImageInfo,
-    _fail,
-    _in_two_threads,
-    _map_bytes,
-    _read_bytes,
-    decode,
-    probe,
-)
+from imgdiff.io import _PNG_FAST_COLOURS, ImageInfo, _in_two_threads, _map_bytes, _read_bytes, decode, probe
+from imgdiff.io_errors import read_error
 from imgdiff.options import DEFAULT_MAX_PIXELS
 
 
@@ -35,11 +27,11 @@ def _inflate_or_decode(info: ImageInfo, data: bytes):
         try:
             layout = png.layout(data, idat_crc=False)  # IDAT CRCs: read_pair_rows, after the inflate
             if layout is not None:
-                from imgdiff.png_shared import inflate_one
+                from imgdiff.png_pair_inflate import inflate_one
 
                 return layout, inflate_one(layout, data) or png.inflate(layout)
         except png.PngDataError as e:
-            raise _fail(info.path, str(e), "re-export or re-download it") from None
+            raise read_error(info.path, str(e), "re-export or re-download it") from None
     return decode(info, data)
 
 
@@ -56,7 +48,7 @@ def _fast_layout(info: ImageInfo, data, checked: int = 0):
         layout = png.layout(data, checked, idat_crc=False)  # IDAT CRCs: read_pair_rows, after the inflate
         return layout
     except png.PngDataError as e:
-        raise _fail(info.path, str(e), "re-export or re-download it") from None
+        raise read_error(info.path, str(e), "re-export or re-download it") from None
 
 
 def _nothing() -> None:
@@ -77,7 +69,7 @@ class _Once:
 def _inflate_shared(infos, data, on_inflate=_nothing):
     """Stage 1 of :func:`read_pair_rows` for two PNGs of one layout whose files share a long prefix:
     ``((layout A, inflated A), (layout B, inflated B), equal leading bytes, common file prefix, b_from)``
-    with the common compressed prefix inflated once (:func:`imgdiff.png_shared.inflate_pair`; B's
+    with the common compressed prefix inflated once (:func:`imgdiff.png_pair_inflate.inflate_pair`; B's
     buffer holds B's bytes from ``b_from`` on, see :func:`_fill_shared_rows`), else None. The IDAT
     CRCs are left to the caller (:func:`imgdiff.png.check_idat_crcs`). ``on_inflate()`` is called
     after the chunk walks, before the inflate (see :func:`read_pair_rows`)."""
@@ -88,14 +80,14 @@ def _inflate_shared(infos, data, on_inflate=_nothing):
     common = png.common_prefix(data[0], data[1])
     if common < png.MIN_SHARED:  # cheap: before any CRC pass or ctypes import
         return None
-    from imgdiff import png_shared
+    from imgdiff import png_pair_inflate
 
     la = _fast_layout(infos[0], data[0])
     lb = _fast_layout(infos[1], data[1], common) if la is not None else None  # shared chunks: A's CRCs
     if lb is None:
         return None
     on_inflate()
-    got = png_shared.inflate_pair(la, data[0], lb, data[1], common)
+    got = png_pair_inflate.inflate_pair(la, data[0], lb, data[1], common)
     if got is None:
         return None
     return (la, got[0]), (lb, got[1]), got[2], common, got[3]
@@ -106,9 +98,9 @@ def _fill_shared_rows(sa, sb, b_from: int, first: int) -> None:
     ``first`` on: the rows before ``b_from`` are A's (the shared prefix), copied over only when needed."""
     if not b_from:
         return
-    from imgdiff import png_shared
+    from imgdiff import png_pair_inflate
 
-    png_shared.fill_shared(sa[1][0], sb[1][0], b_from, first * sb[0].row_bytes)
+    png_pair_inflate.fill_shared(sa[1][0], sb[1][0], b_from, first * sb[0].row_bytes)
 
 
 def _finish(info: ImageInfo, data: bytes, staged, rows=None, above=None):
@@ -176,7 +168,7 @@ def read_pair_rows(
             try:
                 png.check_idat_crcs(s[0], data[i], done)
             except png.PngDataError as e:
-                raise _fail(infos[i].path, str(e), "re-export or re-download it") from None
+                raise read_error(infos[i].path, str(e), "re-export or re-download it") from None
     if isinstance(sa, tuple) and isinstance(sb, tuple):
         la, lb = sa[0], sb[0]
         if (la.width, la.height, la.colour, la.depth) == (lb.width, lb.height, lb.colour, lb.depth):

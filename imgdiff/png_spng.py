@@ -12,7 +12,7 @@ the rows decode as they do inside the image: a band needs no rows above it once 
 is known.
 
 libspng is called through ``ctypes`` on the symbols that imagecodecs' ``_spng`` extension exports
-(like :mod:`imgdiff.png_shared` calls ISA-L's), with the CRC and Adler-32 checks off: the file's
+(like :mod:`imgdiff.png_pair_inflate` calls ISA-L's), with the CRC and Adler-32 checks off: the file's
 own checksums were checked when it was inflated, and the wrapper is built here. When those symbols
 are missing, imagecodecs' public ``png_decode`` (libpng; its ``spng_decode`` rejects 16-bit gray)
 decodes the same wrapper with real checksums (a little slower). None when neither is available (the
@@ -24,7 +24,7 @@ from __future__ import annotations
 import ctypes
 import struct
 
-from imgdiff.png import CHANNELS, Layout, _buffer, _zlib
+from imgdiff.png_format import CHANNELS, Layout, new_buffer, zlib_codec
 
 TYPE_CHECKING = False  # not typing's: importing typing costs the CLI ~2 ms of start-up
 if TYPE_CHECKING:
@@ -73,10 +73,10 @@ def wrap(png: Layout, buf, start: int, stop: int, above: bytes | None, *, checks
     n = (stop - start + 1) * row
     blocks = -(-n // BLOCK)
     size = 8 + 25 + blocks * (12 + 5) + 2 + n + 4 + 12
-    out = _buffer(size)
+    out = new_buffer(size)
     view, rows = memoryview(out), memoryview(buf).cast("B")[start * row : stop * row]
     ihdr = struct.pack(">4sIIBBBBB", b"IHDR", png.width, stop - start + 1, png.depth, png.colour, 0, 0, 0)
-    crc32, adler32 = (_zlib()[0].crc32, _zlib()[0].adler32) if checksums else (None, None)
+    crc32, adler32 = (zlib_codec()[0].crc32, zlib_codec()[0].adler32) if checksums else (None, None)
     view[:33] = _SIGNATURE + struct.pack(">I", 13) + ihdr + struct.pack(">I", crc32(ihdr) if crc32 else 0)
     head = b"\x00" + (bytes(above) if above is not None else bytes(row - 1))  # (row,) the row above
     adler, pos = 1, 33
@@ -123,7 +123,7 @@ def unfilter_rows(png: Layout, buf, start: int, stop: int, above: np.ndarray | N
     lib = _lib()
     if lib is not None:
         count = int(np.prod(shape))
-        out = np.frombuffer(_buffer(count * np.dtype(dtype).itemsize), dtype, count=count).reshape(shape)
+        out = np.frombuffer(new_buffer(count * np.dtype(dtype).itemsize), dtype, count=count).reshape(shape)
         # (1 + rows, W[, C]): the head row, then the rows asked for; a huge-page mapping (few faults)
         wrapped, size = wrap(png, buf, start, stop, raw, checksums=False)
         ctx = lib.spng_ctx_new(SPNG_CTX_IGNORE_ADLER32)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import stat
 
-from imgdiff.io import ImageIOError
+from imgdiff.io_errors import ImageIOError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs the CLI ~2 ms of start-up
 if TYPE_CHECKING:

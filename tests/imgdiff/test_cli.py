@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from imgdiff import io as iio
+from imgdiff import pair_rows
 from imgdiff.cli import build_parser, main, match_folders, parse_args, parse_box
 
 BOX = (10, 5, 17, 9)  # inclusive x0, y0, x1, y1 of the change in B
@@ -68,7 +69,7 @@ def test_json_exit_codes_and_exact_box(tmp_path, capsys, mode):
 @pytest.mark.parametrize("mode", ["exact", "robust"])
 def test_band_and_window_path_equals_the_whole_image_diff(tmp_path, capsys, monkeypatch, mode):
     """A small change in a wide, tall PNG pair: the CLI decodes a band of rows cut to a window of
-    columns (imgdiff.io.read_pair_rows, imgdiff.band.diff_band) and must print diff's answer on
+    columns (imgdiff.pair_rows.read_pair_rows, imgdiff.band.diff_band) and must print diff's answer on
     the whole images, ignore boxes included."""
     from imgdiff import diff
     from tests.imgdiff.cases import photo
@@ -80,8 +81,8 @@ def test_band_and_window_path_equals_the_whole_image_diff(tmp_path, capsys, monk
     pa, pb = tmp_path / "a.png", tmp_path / "b.png"
     cv2.imwrite(str(pa), a[:, :, ::-1])  # OpenCV's PNGs (Sub rows): the fast path
     cv2.imwrite(str(pb), b[:, :, ::-1])
-    real, seen = iio.read_pair_rows, []
-    monkeypatch.setattr(iio, "read_pair_rows", lambda *x, **k: seen.append(real(*x, **k)) or seen[-1])
+    real, seen = pair_rows.read_pair_rows, []
+    monkeypatch.setattr(pair_rows, "read_pair_rows", lambda *x, **k: seen.append(real(*x, **k)) or seen[-1])
     for extra, ignore in [((), []), (("--ignore", "600,0,615,599"), [(600, 0, 615, 599)])]:
         code, out, _ = _run(capsys, pa, pb, "--json", "--mode", mode, *extra)
         want = diff(a, b, mode=mode, ignore=ignore)

@@ -311,3 +311,19 @@ def test_identical_pair_validates_the_shared_data(tmp_path, rgb):
         assert "\n" not in str(info.value) and str(a) in str(info.value), name
         with pytest.raises(iio.ImageIOError):  # the full decoder agrees that the file is bad
             iio.read_image(a)
+
+
+def test_read_errors_live_below_the_readers_and_writers():
+    """io, pair_rows and write share ImageIOError from io_errors, which imports nothing; io never
+    imports pair_rows (pair_rows reads through io) and write never imports io."""
+    from imgdiff import io_errors, write
+    from tests.test_layout import import_graph
+
+    graph = import_graph()
+    assert graph["imgdiff.io_errors"] == set()
+    assert "imgdiff.pair_rows" not in graph["imgdiff.io"]
+    assert "imgdiff.io" not in graph["imgdiff.write"]
+    assert iio.ImageIOError is io_errors.ImageIOError and issubclass(write.OutputClash, iio.ImageIOError)
+    err = io_errors.read_error("a.png", "the file is empty (0 bytes)", "re-export it")
+    assert isinstance(err, iio.ImageIOError)
+    assert str(err) == "cannot read 'a.png': the file is empty (0 bytes); re-export it"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from imgdiff import io as iio
-from imgdiff import png
+from imgdiff import pair_rows, png
 
 
 def _chunk(kind: bytes, body: bytes) -> bytes:
@@ -137,20 +137,20 @@ def test_read_pair_rows_band_and_whole(tmp_path):
     seen, band = _recording((140, 160))
 
     calls = []
-    ra, rb, y0, height, x0, width = iio.read_pair_rows(
+    ra, rb, y0, height, x0, width = pair_rows.read_pair_rows(
         tmp_path / "a.png", tmp_path / "b.png", band=band, on_inflate=lambda: calls.append("band")
     )
     assert seen == [(300, 150, 150)] and (y0, height, x0, width) == (140, 300, 0, 40)
     np.testing.assert_array_equal(ra, a[140:160, :, ::-1])
     np.testing.assert_array_equal(rb, b[140:160, :, ::-1])
-    got = iio.read_pair_rows(
+    got = pair_rows.read_pair_rows(
         tmp_path / "a.png", tmp_path / "b.png", band=band, window=lambda w, c0, c1: (4, 12)
     )
     assert (got.y0, got.height, got.x0, got.width) == (140, 300, 4, 40)
     np.testing.assert_array_equal(got.a, a[140:160, 4:12, ::-1])
     np.testing.assert_array_equal(got.b, b[140:160, 4:12, ::-1])
     cv2.imwrite(str(tmp_path / "g.png"), a[:, :, 0])
-    ra, rb, y0, height, x0, width = iio.read_pair_rows(
+    ra, rb, y0, height, x0, width = pair_rows.read_pair_rows(
         tmp_path / "a.png", tmp_path / "g.png", band=band, on_inflate=lambda: calls.append("whole")
     )
     assert ra.shape == (300, 40, 3) and rb.shape == (300, 40) and (y0, height, x0, width) == (0, 300, 0, 40)
@@ -168,17 +168,17 @@ def test_read_pair_rows_window_gets_the_changed_columns(tmp_path):
     a, b = _noise_pair(tmp_path, 8, (200, 90, 3), change)
     seen, window = _recording((16, 64))
 
-    got = iio.read_pair_rows(
+    got = pair_rows.read_pair_rows(
         tmp_path / "a.png", tmp_path / "b.png", band=lambda h, r0, r1: (80, 120), window=window
     )
     assert seen == [(90, 30, 55)] and (got.y0, got.x0, got.width) == (80, 16, 90)
     np.testing.assert_array_equal(got.a, a[80:120, 16:64, ::-1])
     np.testing.assert_array_equal(got.b, b[80:120, 16:64, ::-1])
-    wide = iio.read_pair_rows(
+    wide = pair_rows.read_pair_rows(
         tmp_path / "a.png", tmp_path / "b.png", band=lambda h, r0, r1: (99, 105), window=window
     )
     assert (wide.x0, wide.a.shape[1]) == (0, 90) and len(seen) == 1
-    same = iio.read_pair_rows(
+    same = pair_rows.read_pair_rows(
         tmp_path / "a.png", tmp_path / "a.png", band=lambda h, r0, r1: (0, 10), window=window
     )
     assert same.a.shape == (10, 90, 3) and len(seen) == 1
@@ -223,9 +223,24 @@ def test_read_pair_rows_thin_span_takes_b_from_a(tmp_path, filters, rows):
     b[rows[0] : rows[1] + 1, 5] ^= 0x21
     (tmp_path / "a.png").write_bytes(_encode(a, filters))
     (tmp_path / "b.png").write_bytes(_encode(b, filters))
-    ra, rb, y0, height, _, _ = iio.read_pair_rows(
+    ra, rb, y0, height, _, _ = pair_rows.read_pair_rows(
         tmp_path / "a.png", tmp_path / "b.png", band=lambda *_: (30, 95)
     )
     assert (y0, height) == (30, 100)
     np.testing.assert_array_equal(ra, a[30:95])
     np.testing.assert_array_equal(rb, b[30:95])
+
+
+def test_png_modules_are_layered():
+    """The format module imports no other imgdiff module, the pair inflate and the libspng unfilter
+    build on it only, and the decoder re-exports the format's names (``png.layout``)."""
+    from imgdiff import png_format
+    from tests.test_layout import import_graph
+
+    graph = import_graph()
+    assert graph["imgdiff.png_format"] == set()
+    assert graph["imgdiff.png_pair_inflate"] == {"imgdiff.png_format"}
+    assert graph["imgdiff.png_spng"] == {"imgdiff.png_format"}
+    assert graph["imgdiff.png"] == {"imgdiff.png_format", "imgdiff.png_pair_inflate", "imgdiff.png_spng"}
+    for name in ("layout", "Layout", "PngDataError", "check_idat_crcs", "common_prefix", "stream", "PAETH"):
+        assert getattr(png, name) is getattr(png_format, name), name

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from imgdiff import io as iio
-from imgdiff import png, png_spng
+from imgdiff import pair_rows, png, png_spng
 from imgdiff.api import diff
 from imgdiff.band import band_rows, diff_band
 from imgdiff.cli import main
@@ -143,7 +143,7 @@ def test_band_path_on_paeth_files_equals_the_full_decode(tmp_path, mode, rows):
     b[rows[0] : rows[1], 40:52] //= 2
     pa, pb = _pillow_pair(tmp_path, a, b)
     assert png.PAETH in _filters(pa.read_bytes())
-    got = iio.read_pair_rows(
+    got = pair_rows.read_pair_rows(
         pa,
         pb,
         band=lambda h, r0, r1: band_rows(h, r0, r1, mode=mode),
@@ -187,7 +187,7 @@ def test_pixels_below_the_changed_rows_are_checked(tmp_path, filters):
         asked.append((r0, r1))
         return max(r0 - 2, 0), min(r1 + 3, h)
 
-    got = iio.read_pair_rows(tmp_path / "a.png", tmp_path / "b.png", band=band)
+    got = pair_rows.read_pair_rows(tmp_path / "a.png", tmp_path / "b.png", band=band)
     last = int(np.flatnonzero((a != b).any(axis=(1, 2)))[-1])
     assert asked[0] == (20, 20) and asked[-1][1] >= last
     np.testing.assert_array_equal(got.a, a[got.y0 : got.y0 + len(got.a)])

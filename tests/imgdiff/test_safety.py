@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from imgdiff import io as iio
-from imgdiff import write
+from imgdiff import pair_rows, write
 from imgdiff.cli import main
 
 CHANGE = (10, 5, 17, 9)  # inclusive x0, y0, x1, y1 of the change in B
@@ -66,16 +66,17 @@ def _snapshot(root) -> dict[str, tuple[bytes | str, int]]:
 
 @pytest.fixture
 def no_reads(monkeypatch):
-    """Record every call of imgdiff.io's readers: a refusal must come before any of them."""
+    """Record every call of imgdiff's readers: a refusal must come before any of them."""
     calls = []
-    for name in ("probe", "read_pair", "read_pair_rows", "identical_pair", "read_image"):
-        real = getattr(iio, name)
+    readers = [(iio, name) for name in ("probe", "read_pair", "identical_pair", "read_image")]
+    for module, name in [*readers, (pair_rows, "read_pair_rows")]:
+        real = getattr(module, name)
 
         def spy(*args, _real=real, _name=name, **kwargs):
             calls.append(_name)
             return _real(*args, **kwargs)
 
-        monkeypatch.setattr(iio, name, spy)
+        monkeypatch.setattr(module, name, spy)
     return calls
 
 

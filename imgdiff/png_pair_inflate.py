@@ -1,4 +1,5 @@
-"""Inflate two PNGs that share a compressed prefix once for the prefix, then each on its own.
+"""Inflate two PNGs that share a compressed prefix once for the prefix, then each on its own
+(:func:`inflate_pair`); one PNG in a single ISA-L call (:func:`inflate_one`).
 
 Two PNGs written by one encoder whose pixels agree on their first rows have byte-identical files up
 to some offset ``D``: same header, same IDAT chunk boundaries, same compressed bytes. Inflating a
@@ -8,12 +9,12 @@ one after the other in the caller's thread with the GIL released (not in two thr
 a third thread imports NumPy meanwhile, and on two cores that import is the longer path, which a
 third runnable thread slows down: measured 7 ms more per 4K pair). Only B's output from ``D`` on is
 written (plus the 32 KB of history its rest reads back): its leading rows are A's. Each file's IDAT
-payloads are first copied into one buffer (:func:`imgdiff.png.stream`; B's from ``D`` on), so that
-each inflate is a single ctypes call: one GIL
-release and re-take instead of one per 8 KB chunk, each of which waited up to the 5 ms switch interval
-while the CLI's import thread held the GIL (a 4K pair's chunk walk and inflate took ~40 ms longer that
-way). On a 4K pair that differs in its middle rows this saves about a quarter of the two inflates' CPU
-time, and :func:`imgdiff.png.changed_span` need not compare the shared rows.
+payloads are first copied into one buffer (:func:`imgdiff.png_format.stream`; B's from ``D`` on), so
+that each inflate is a single ctypes call: one GIL release and re-take instead of one per 8 KB
+chunk, each of which waited up to the 5 ms switch interval while the CLI's import thread held the
+GIL (a 4K pair's chunk walk and inflate took ~40 ms longer that way). On a 4K pair that differs
+in its middle rows this saves about a quarter of the two inflates' CPU time, and
+:func:`imgdiff.png.changed_span` need not compare the shared rows.
 
 Python's ``isal_zlib.decompressobj`` has no ``copy()`` and ``zlib``'s (which has) inflates 2-3x
 slower than ISA-L here, so this calls ISA-L's ``isal_inflate`` (exported by the ``isal`` extension)
@@ -33,13 +34,13 @@ from __future__ import annotations
 
 import ctypes
 
-from imgdiff import png
-from imgdiff.png import Layout, _buffer, common_prefix
-from imgdiff.png import stream as png_stream
+from imgdiff import png_format
+from imgdiff.png_format import Layout, common_prefix, new_buffer
+from imgdiff.png_format import stream as png_stream
 
 STATE_BYTES = 1 << 18
 """Bytes reserved for ``struct inflate_state`` (~100 KB in ISA-L 2.31; room to spare)."""
-MIN_SHARED = png.MIN_SHARED
+MIN_SHARED = png_format.MIN_SHARED
 """Shortest common compressed prefix worth the state copy (bytes)."""
 HISTORY = 1 << 15
 """Deflate's window (RFC 1951): a back-reference reaches at most this many output bytes back, so B's
@@ -132,7 +133,7 @@ def _new_state(lib, out: int, size: int):
 
 def inflate_one(png: Layout, data):
     """What :func:`imgdiff.png.inflate` returns for a good file, decoded by ISA-L in one call from the
-    stream (:func:`imgdiff.png.stream`) straight into the output buffer; None when unavailable or
+    stream (:func:`imgdiff.png_format.stream`) straight into the output buffer; None when unavailable or
     anything is unexpected (the caller then runs :func:`imgdiff.png.inflate`, which names the problem).
     ``data``: the file's bytes (unused; kept for symmetry with :func:`inflate_pair`)."""
     found = _lib()
@@ -140,7 +141,7 @@ def inflate_one(png: Layout, data):
         return None
     lib, adler32 = found
     total = png.height * png.row_bytes
-    buf = _buffer(total)
+    buf = new_buffer(total)
     state = _new_state(lib, _address(buf), total)
     return _finish(lib, adler32, state, png_stream(png), 2, png, buf, (0, 1))
 
@@ -177,7 +178,7 @@ def inflate_pair(pa: Layout, da, pb: Layout, db, common: int | None = None):
         return None
     sa, sb = png_stream(pa), png_stream(pb, d)  # B's stream: only what follows the shared prefix
     row, total = pa.row_bytes, pa.height * pa.row_bytes
-    buf_a, buf_b = _buffer(total), _buffer(total)
+    buf_a, buf_b = new_buffer(total), new_buffer(total)
     out_a, out_b = _address(buf_a), _address(buf_b)
     state_a = _new_state(lib, out_a, total)
     if not _feed(lib, state_a, _address(sa) + 2, d - 2):

@@ -1,4 +1,4 @@
-"""imgdiff.png_shared (inflate a common compressed prefix once) equals two plain inflates, and falls
+"""imgdiff.png_pair_inflate (inflate a common compressed prefix once) equals two plain inflates, and falls
 back (None) on anything it cannot vouch for, so the plain path reports bad files as before."""
 
 import struct
@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from imgdiff import io as iio
-from imgdiff import pair_rows, png, png_shared
+from imgdiff import pair_rows, png, png_pair_inflate
 
 
 @pytest.fixture(autouse=True)
 def _small_prefixes(monkeypatch):
     """Small test images: share prefixes from 256 bytes on (4K images clear the default easily)."""
-    monkeypatch.setattr(png_shared, "MIN_SHARED", 256)
+    monkeypatch.setattr(png_pair_inflate, "MIN_SHARED", 256)
 
 
 def _chunk(kind: bytes, body: bytes) -> bytes:
@@ -55,19 +55,20 @@ def _noise(h: int, w: int, seed: int) -> np.ndarray:
 
 def _check_equal_to_plain(da: bytes, db: bytes):
     la, lb = png.layout(da), png.layout(db)
-    got = png_shared.inflate_pair(la, da, lb, db)
+    got = png_pair_inflate.inflate_pair(la, da, lb, db)
     assert got is not None
     (buf_a, fa), (buf_b, fb), equal, b_from = got
     ra, rb = png.inflate(la), png.inflate(lb)
     assert bytes(buf_a) == bytes(ra[0]) and fa == ra[1]
     assert fb == rb[1]  # every row's filter type, those B's buffer does not hold included
     assert 0 < equal and bytes(ra[0])[:equal] == bytes(rb[0])[:equal]
-    assert b_from % la.row_bytes == 0 and b_from <= max(equal - png_shared.HISTORY, 0) < b_from + la.row_bytes
+    assert b_from % la.row_bytes == 0
+    assert b_from <= max(equal - png_pair_inflate.HISTORY, 0) < b_from + la.row_bytes
     assert b_from <= equal and bytes(buf_b)[b_from:] == bytes(rb[0])[b_from:]
     assert not any(bytes(buf_b)[:b_from])  # the shared rows are left unwritten (A's)
     span = png.changed_span(la, ra, lb, rb)
     assert png.changed_span(la, got[0], lb, got[1], equal) == span
-    assert png_shared.fill_shared(buf_a, buf_b, b_from, 0) == 0
+    assert png_pair_inflate.fill_shared(buf_a, buf_b, b_from, 0) == 0
     assert bytes(buf_b) == bytes(rb[0])  # completed with A's rows, B's buffer is the plain inflate
     return got, span
 
@@ -109,18 +110,18 @@ def test_not_applicable_returns_none():
     b = a.copy()
     b[0, 0, 0] ^= 1  # divergence in the first bytes of the stream: nothing to share
     da, db = _png(a), _png(b)
-    assert png_shared.inflate_pair(png.layout(da), da, png.layout(db), db) is None
+    assert png_pair_inflate.inflate_pair(png.layout(da), da, png.layout(db), db) is None
     dc = _png(np.ascontiguousarray(a[:, :299]))  # another layout
-    assert png_shared.inflate_pair(png.layout(da), da, png.layout(dc), dc) is None
+    assert png_pair_inflate.inflate_pair(png.layout(da), da, png.layout(dc), dc) is None
     same = _png(a)  # identical files: the prefix holds the whole stream
-    assert png_shared.inflate_pair(png.layout(da), da, png.layout(same), same) is None
+    assert png_pair_inflate.inflate_pair(png.layout(da), da, png.layout(same), same) is None
     b2 = a.copy()
     b2[190, 0, 0] ^= 1
     db2 = _png(b2)
-    got = png_shared.inflate_pair(png.layout(da), da, png.layout(db2), db2)
+    got = png_pair_inflate.inflate_pair(png.layout(da), da, png.layout(db2), db2)
     assert got is not None
     ro = memoryview(db2).toreadonly()  # read-only input is fine: the stream is copied before the inflate
-    got_ro = png_shared.inflate_pair(png.layout(da), da, png.layout(ro), ro)
+    got_ro = png_pair_inflate.inflate_pair(png.layout(da), da, png.layout(ro), ro)
     assert got_ro is not None and bytes(got_ro[1][0]) == bytes(got[1][0]) and got_ro[2:] == got[2:]
 
 
@@ -130,7 +131,7 @@ def test_bad_streams_fall_back_to_the_plain_errors(tmp_path):
     b[180, 3, 1] ^= 1
     da = _png(a)
     long_b = _png(b, tail=b"junk")  # data after the zlib stream: not vouched for here
-    assert png_shared.inflate_pair(png.layout(da), da, png.layout(long_b), long_b) is None
+    assert png_pair_inflate.inflate_pair(png.layout(da), da, png.layout(long_b), long_b) is None
     good_b = bytearray(_png(b))
     layout = png.layout(bytes(good_b))
     at = layout.idat_at[-1] + len(layout.idat[-1]) - 2  # corrupt the Adler-32 trailer (CRC fixed up)
@@ -140,12 +141,12 @@ def test_bad_streams_fall_back_to_the_plain_errors(tmp_path):
     kind_body = bytes(good_b[start + 4 : start + 8 + n])
     good_b[start + 8 + n : start + 12 + n] = struct.pack(">I", zlib.crc32(kind_body))
     bad_b = bytes(good_b)
-    assert png_shared.inflate_pair(png.layout(da), da, png.layout(bad_b), bad_b) is None
+    assert png_pair_inflate.inflate_pair(png.layout(da), da, png.layout(bad_b), bad_b) is None
     pa, pb = tmp_path / "a.png", tmp_path / "b.png"
     pa.write_bytes(da)
     pb.write_bytes(bad_b)
     with pytest.raises(iio.ImageIOError, match="corrupt"):
-        iio.read_pair_rows(pa, pb, band=lambda h, r0, r1: (0, h))
+        pair_rows.read_pair_rows(pa, pb, band=lambda h, r0, r1: (0, h))
 
 
 def test_read_pair_rows_uses_the_shared_path(tmp_path, monkeypatch):
@@ -156,10 +157,10 @@ def test_read_pair_rows_uses_the_shared_path(tmp_path, monkeypatch):
     pa.write_bytes(_png(a))
     pb.write_bytes(_png(b))
     calls = []
-    real = png_shared.inflate_pair
-    monkeypatch.setattr(png_shared, "inflate_pair", lambda *x: calls.append(real(*x)) or calls[-1])
+    real = png_pair_inflate.inflate_pair
+    monkeypatch.setattr(png_pair_inflate, "inflate_pair", lambda *x: calls.append(real(*x)) or calls[-1])
     started = []
-    ra, rb, y0, h, _, _ = iio.read_pair_rows(
+    ra, rb, y0, h, _, _ = pair_rows.read_pair_rows(
         pa, pb, band=lambda h, r0, r1: (r0, r1 + 1), on_inflate=lambda: started.append(len(calls))
     )
     assert calls and calls[0] is not None
@@ -172,7 +173,7 @@ def test_read_pair_rows_uses_the_shared_path(tmp_path, monkeypatch):
 @pytest.mark.parametrize("filt", [1, 2])
 @pytest.mark.parametrize("band", ["wide from above B's tail", "thin", "wide inside B's tail"])
 def test_read_pair_rows_fills_the_shared_rows_b_needs(tmp_path, filt, band):
-    """B's buffer holds only B's tail (png_shared leaves the shared rows to A's): a wide span whose band
+    """B's buffer holds only B's tail (png_pair_inflate leaves the shared rows to A's): a wide span whose band
     starts above it, or a chain of Up rows reaching back into it, still gets B's exact rows."""
     a = _noise(200, 300, 8)
     b = a.copy()
@@ -188,7 +189,7 @@ def test_read_pair_rows_fills_the_shared_rows_b_needs(tmp_path, filt, band):
         "thin": (0, 200),
         "wide inside B's tail": (tail + 20, 200),
     }
-    ra, rb, y0, h, _, _ = iio.read_pair_rows(pa, pb, band=lambda h, r0, r1: rows[band])
+    ra, rb, y0, h, _, _ = pair_rows.read_pair_rows(pa, pb, band=lambda h, r0, r1: rows[band])
     assert (y0, h) == (rows[band][0], 200)
     np.testing.assert_array_equal(ra, a[y0:])
     np.testing.assert_array_equal(rb, b[y0:])
@@ -206,7 +207,7 @@ def test_b_with_avg_rows_after_the_shared_prefix(tmp_path):
     got = pair_rows._inflate_shared(*_staged_inputs(pa, pb))
     assert got is not None and max(got[1][1][1]) == 3  # the shared path ran; B has Avg rows
     for rows in [(100, 200), (165, 180)]:  # a thin span, a wide one
-        ra, rb, y0, *_ = iio.read_pair_rows(pa, pb, band=lambda h, r0, r1, rows=rows: rows)
+        ra, rb, y0, *_ = pair_rows.read_pair_rows(pa, pb, band=lambda h, r0, r1, rows=rows: rows)
         np.testing.assert_array_equal(ra, a[y0 : rows[1]])
         np.testing.assert_array_equal(rb, b[y0 : rows[1]])
 
@@ -252,24 +253,26 @@ def test_first_unequal_scans_both_ways(monkeypatch):
 def test_inflate_one_equals_plain_inflate(idat, filt):
     data = _png(_noise(50, 70, idat + filt), idat=idat, filt=filt)
     layout = png.layout(data)
-    got, ref = png_shared.inflate_one(layout, data), png.inflate(layout)  # idat=5: trailer across chunks
+    got = png_pair_inflate.inflate_one(layout, data)  # idat=5: the trailer spans chunks
+    ref = png.inflate(layout)
     assert got is not None and bytes(got[0]) == bytes(ref[0]) and got[1] == ref[1]
-    assert png_shared.inflate_one(layout, bytearray(data)) is not None  # a writable buffer works too
+    assert png_pair_inflate.inflate_one(layout, bytearray(data)) is not None  # a writable buffer works too
 
 
 def test_inflate_one_leaves_odd_and_bad_streams_to_the_plain_inflate():
     img = _noise(50, 70, 1)
     junk = _png(img, tail=b"junk")  # bytes after the zlib stream: the plain inflate ignores them
-    assert png_shared.inflate_one(png.layout(junk), junk) is None
+    assert png_pair_inflate.inflate_one(png.layout(junk), junk) is None
     assert bytes(png.inflate(png.layout(junk))[0]) == bytes(png.inflate(png.layout(_png(img)))[0])
     for bad in (_png(img, rows=49), _png(img, rows=51)):  # more / less data than the header declares
         layout = png.layout(bad)
-        assert png_shared.inflate_one(layout, bad) is None
+        assert png_pair_inflate.inflate_one(layout, bad) is None
         with pytest.raises(png.PngDataError):
             png.inflate(layout)
     good = _png(img)
     ro = memoryview(good).toreadonly()  # the stream is copied: read-only input is fine
-    assert bytes(png_shared.inflate_one(png.layout(ro), ro)[0]) == bytes(png.inflate(png.layout(good))[0])
+    want = bytes(png.inflate(png.layout(good))[0])
+    assert bytes(png_pair_inflate.inflate_one(png.layout(ro), ro)[0]) == want
 
 
 def test_layout_skips_only_the_crcs_of_checked_chunks():
