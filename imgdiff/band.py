@@ -1,6 +1,6 @@
 """Diff of two images that differ only in a band of rows, from that band alone (the CLI's fast path).
 
-When the decoder can tell that only rows ``r0..r1`` may differ (:func:`imgdiff.io.read_pair_rows`),
+When the decoder can tell that only rows ``r0..r1`` may differ (:func:`imgdiff.pair_rows.read_pair_rows`),
 :func:`band_rows` says which rows ``[y0, y1)`` :func:`diff_band` must see to give exactly
 :func:`imgdiff.diff`'s answer on the whole images, and :func:`diff_band` returns that answer with
 image coordinates. Why a band suffices (the rows outside it are equal in both images):
