@@ -32,6 +32,7 @@ are not sharded.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from mm.data.format import read_notes
 from mm.errors import UserError
 from mm.train import common, loop
 from rl.advantages import group_advantages, group_reward_std, rloo_advantages
+from rl.importance import weighted_advantages
 from rl.kl import kl_estimate
 from rl.losses import aggregate_loss, policy_loss
 from rl.rewards import RewardConfig, batch_scores, mention_credits
@@ -117,19 +119,26 @@ def grpo_loss(
     ref_logps: torch.Tensor | None = None,
     temperature: float = 1.0,
     horizon: int | None = None,
+    is_weights: torch.Tensor | None = None,
+    scorer: Callable[..., Any] = batch_token_logps,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy loss (+ ``beta`` * KL) of one rollout batch, and detached metrics.
 
     ``batch``: a rollout batch (:meth:`rl.trainers.rollout.Rollout.batch`; NoteVLM or text-only LM);
-    ``advantages`` ``(B,)``; ``old_logps`` / ``ref_logps`` ``(B, W)`` from :func:`batch_token_logps`
-    on the same batch (``old_logps=None``: the current ones detached, a single update per rollout).
+    ``advantages`` ``(B,)`` or ``(B, W)``; ``old_logps`` / ``ref_logps`` ``(B, W)`` from ``scorer`` on the
+    same batch (``old_logps=None``: the current ones detached, a single update per rollout).
+    ``is_weights`` ``(B, W)``: truncated importance weights of a rollout sampled off the trainer's
+    distribution (:mod:`rl.importance`), applied to each token's clipped loss. ``scorer``:
+    ``(model, batch, temperature=, with_entropy=) -> (logps, mask, entropy)`` (default
+    :func:`batch_token_logps`; ``rl grpo --prompts`` passes the adapter's).
     """
-    logps, mask, entropy = batch_token_logps(
-        model, batch, temperature=temperature, with_entropy=True
-    )  # (B, W)
+    logps, mask, entropy = scorer(model, batch, temperature=temperature, with_entropy=True)  # (B, W)
     old = logps.detach() if old_logps is None else old_logps
+    adv = advantages.to(logps.dtype)
+    if is_weights is not None:
+        adv = weighted_advantages(adv, is_weights)  # (B, W): w_t * loss_t == loss_t(w_t * A)
     loss, metrics = policy_loss(
-        logps, old, advantages.to(logps.dtype), mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+        logps, old, adv, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
         dual_clip=cfg.dual_clip, level=cfg.level, agg=cfg.agg, horizon=horizon,
     )  # fmt: skip
     m = mask.to(logps.dtype)
