@@ -31,6 +31,7 @@ are not sharded.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -46,7 +47,7 @@ from rl.advantages import group_advantages, group_reward_std, rloo_advantages
 from rl.importance import weighted_advantages
 from rl.kl import kl_estimate
 from rl.losses import aggregate_loss, policy_loss
-from rl.rewards import RewardConfig, batch_scores, mention_credits
+from rl.rewards import RewardConfig, batch_scores, mention_credits, resolve_vocab
 from rl.sampling import fill_groups, informative_groups, overlong_penalty
 from rl.trainers.common import (
     Reference,
@@ -315,6 +316,10 @@ def train(
     notes = notes[: cfg.data.notes] if cfg.data.notes else notes
     if not notes:
         raise UserError(f"data.folder={folder}: no {cfg.data.split!r} notes with object annotations")
+    if "caption" in cfg.data.tasks:  # the caption reward needs a vocabulary that names every object
+        where = f"data.folder={folder} ({cfg.data.split})"
+        vocab = resolve_vocab(cfg.reward.vocab, [n.categories for n in notes], where=where)
+        cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, vocab=vocab))
     model, processor = load_policy(cfg.init, cfg.lora, device)
     ref = Reference(model=model, needed=cfg.algo.beta > 0)
     prompts = PromptSet(processor=processor, notes=notes, root=folder, cfg=cfg.data)
