@@ -229,8 +229,8 @@ def _dtype(name: str) -> Any:
 
 
 def prepare(cfg: GRPOFilesConfig) -> tuple[list[Any], Any]:
-    """Check what can be checked before a model is loaded: the model folder, the prompt file, its images
-    and the reward (import, signature, each record's ground truth). Returns (records, reward)."""
+    """Check what can be checked before a model is loaded: the model folder, the engine, the prompt file,
+    its images and the reward (import, signature, each record's ground truth). Returns (records, reward)."""
     if not cfg.model.path:
         raise UserError("no model: pass --model DIR (a NoteVLM or transformers image-text-to-text folder)")
     if not Path(cfg.model.path).is_dir():
@@ -239,6 +239,10 @@ def prepare(cfg: GRPOFilesConfig) -> tuple[list[Any], Any]:
         )
     if not cfg.data.prompts:
         raise UserError("no prompts: pass --prompts P.jsonl (one JSON object a line: image, question)")
+    if cfg.rollout.engine == "vllm":
+        from rl.rollout.vllm import import_vllm
+
+        import_vllm()  # not installed / no GPU: one line before a model is loaded
     reward = build_reward(cfg.reward)
     records = read_prompts(cfg.data.prompts, cfg.data.image_folder or None)
     if isinstance(reward, BuiltinReward):
