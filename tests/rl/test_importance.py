@@ -155,3 +155,39 @@ def test_local_engine_records_the_sampling_distribution(tmp_path, family):
     for got, ref in zip(comps.logps, want):
         assert all(math.isfinite(v) and v <= 0 for v in got)
         assert torch.allclose(torch.tensor(got), torch.tensor(ref), atol=2e-5), (got, ref)
+
+
+def _has_vllm() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _has_vllm(), reason="needs vLLM (the `vllm` extra) and a CUDA GPU")
+def test_vllm_engine_logps_against_the_trainer(tmp_path):
+    """vLLM samples G completions per prompt with its sampling log-probs; the trainer's log-probs of the
+    same tokens differ only by kernel noise, so the truncated weights are close to 1 and within the cap."""
+    from mm.model.adapter import Sample, load_adapter
+    from rl.importance import truncated_is_weights
+    from rl.rollout import SamplingSpec, build_engine
+    from rl.trainers.grpo_files import adapter_token_logps, rollout_logps_window
+    from tests.mm.adapter_helpers import build_family, random_image
+
+    folder = build_family("qwen2_vl", tmp_path / "qwen2_vl")
+    adapter = load_adapter(folder, device="cuda")
+    spec = SamplingSpec(group_size=3, max_new_tokens=6, temperature=1.0)
+    engine = build_engine("vllm", adapter, spec, model_dir=str(folder), gpu_memory_utilization=0.2)
+    samples = [Sample(images=[random_image(32, 32, seed=i)], text="Describe the image.") for i in range(2)]
+    comps = engine.generate(samples)
+    assert len(comps.token_ids) == 6 and comps.logps is not None
+    rows = [s for s in samples for _ in range(3)]
+    batch = adapter.answer_batch(rows, comps.token_ids)
+    with torch.no_grad():
+        logps, mask, _ = adapter_token_logps(adapter.model, batch, adapter=adapter)
+    mu = rollout_logps_window(comps.logps, logps.shape[1], logps.device)
+    w = truncated_is_weights(logps, mu, mask, cap=3.0)
+    assert bool((w > 0).all()) and bool((w <= 3.0).all())
+    assert float((logps - mu)[mask.bool()].abs().max()) < 0.1
+    engine.sync()  # the trainer's weights load into vLLM without error
