@@ -44,7 +44,7 @@ from mm.data.format import read_notes
 from mm.errors import UserError
 from mm.train import common, loop
 from rl.advantages import group_advantages, group_reward_std, rloo_advantages
-from rl.importance import weighted_advantages
+from rl.importance import is_metrics, truncated_is_weights, weighted_advantages
 from rl.kl import kl_estimate
 from rl.losses import aggregate_loss, policy_loss
 from rl.rewards import RewardConfig, batch_scores, mention_credits, resolve_vocab
@@ -61,7 +61,7 @@ from rl.trainers.common import (
 from rl.trainers.grpo_config import PROMPT_KINDS, AlgoConfig, DataConfig, GRPOConfig, RolloutConfig
 from rl.trainers.grpo_data import Prompt, PromptSet
 from rl.trainers.monitor import failure_warnings
-from rl.trainers.rollout import generate_rollout, merge_rollouts
+from rl.trainers.rollout import decode_loop_supported, generate_rollout, merge_rollouts
 
 __all__ = [
     "PROMPT_KINDS", "AlgoConfig", "DataConfig", "GRPOConfig", "GRPOTrainer", "Prompt", "PromptSet",
@@ -176,6 +176,10 @@ class GRPOTrainer(loop.StepTrainer):
             device,
         )
         self.updates_per_step = cfg.algo.num_iterations
+        ro = cfg.rollout
+        self.off_policy_sampling = not (ro.top_p == 1.0 and ro.top_k == 0 and decode_loop_supported(model))
+        """The sampler's distribution is not the trainer's softmax(logits / T): record its log-probs and
+        weight the loss by truncated importance sampling (:mod:`rl.importance`)."""
 
     def _sample(self, step: int, k: int) -> tuple[list[tuple[Any, int, list[Prompt]]], torch.Tensor, dict]:
         cfg, ro, tok = self.cfg, self.cfg.rollout, self.tok
@@ -187,6 +191,7 @@ class GRPOTrainer(loop.StepTrainer):
         roll = generate_rollout(
             self.model, batch, group_size=G, max_new_tokens=ro.max_new_tokens, eos_id=tok.eos_token_id,
             pad_id=tok.pad_token_id, temperature=ro.temperature, top_p=ro.top_p, sampler=ro.sampler,
+            top_k=ro.top_k, record_logps=self.off_policy_sampling,
         )  # fmt: skip
         row_prompts = [self.prompts.prompts[i] for i in idx for _ in range(G)]
         texts = [tok.decode(r, skip_special_tokens=True).strip() for r in roll.response_ids()]
@@ -239,9 +244,12 @@ class GRPOTrainer(loop.StepTrainer):
             adv = adv[:, None] + algo.mention_credit * credit  # (B*G, R) per-token advantages
         batch = to_device(roll.batch(), self.device)
         with torch.no_grad():
-            old = None
-            if algo.num_iterations > 1:
-                old = batch_token_logps(self.model, batch, temperature=ro.temperature)[0]
+            old = weights = None
+            if algo.num_iterations > 1 or roll.rollout_logps is not None:
+                old, mask, _ = batch_token_logps(self.model, batch, temperature=ro.temperature)
+            if roll.rollout_logps is not None:  # (B*G, R) == (B*G, W): responses start at column P
+                mu = roll.rollout_logps.to(old.device)
+                weights = truncated_is_weights(old, mu, mask, cap=ro.tis_cap, level=ro.tis_level)
             ref_logps = None
             if self.ref.kind != "none":
                 ref_logps = self.ref.token_logps(batch, temperature=ro.temperature)
@@ -261,9 +269,10 @@ class GRPOTrainer(loop.StepTrainer):
             "truncated_frac": float(roll.truncated.float().mean()),
             "sample_batches": len(seen),
             **({"mention_credit_abs": float(credit.abs().sum(-1).mean())} if credit is not None else {}),
+            **(is_metrics(weights, mask, cap=ro.tis_cap) if weights is not None else {}),
             **comps,
         }
-        out = {"rows": batch, "adv": adv, "old": old, "ref": ref_logps}
+        out = {"rows": batch, "adv": adv, "old": old, "ref": ref_logps, "weights": weights}
         return {**out, "metrics": metrics, "rollout": rollout_metrics}
 
     def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -271,6 +280,7 @@ class GRPOTrainer(loop.StepTrainer):
         loss, m = grpo_loss(
             self.model, batch["rows"], batch["adv"], self.cfg.algo, old_logps=batch["old"],
             ref_logps=batch["ref"], temperature=ro.temperature, horizon=ro.max_new_tokens,
+            is_weights=batch["weights"],
         )  # fmt: skip
         keys = (
             "clip_frac_low",

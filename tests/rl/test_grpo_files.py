@@ -200,3 +200,68 @@ def test_vllm_engine_without_vllm_is_one_line(tmp_path, files, capsys):
     assert _run(root, models["llava"], tmp_path / "run", "hallucination", "rollout.engine=vllm") == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "rollout.engine=vllm needs vLLM" in err and "notelens[vllm]" in err
+
+
+def test_dapo_gspo_options_on_files(tmp_path, files, monkeypatch):
+    """Dynamic sampling, GSPO sequence ratios, two inner updates and sequence-level TIS on Qwen2-VL."""
+    root, models = files
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dapo_rewards.py").write_text(REWARD_MODULE)
+    out = tmp_path / "run"
+    sets = ("algo.dynamic_sampling=true", "algo.level=sequence", "algo.agg=seq-mean-token-mean",
+            "algo.num_iterations=2", "rollout.top_p=0.7", "rollout.tis_level=sequence")  # fmt: skip
+    assert _run(root, models["qwen2_vl"], out, "dapo_rewards:length_bonus", *sets) == 0
+    recs = _records(out)
+    assert len(recs) == 2 and all(r["sample_batches"] >= 1 and r["zero_std_frac"] < 1 for r in recs)
+    assert all(0 < r["is_weight_min"] <= r["is_weight_max"] <= 3.0 for r in recs)
+
+
+def _coco_notes(root):
+    """A note folder whose objects carry COCO names (``mm data coco`` output)."""
+    from mm.data.format import Note, ObjectAnnotation, write_notes
+
+    d = root / "coco"
+    (d / "images").mkdir(parents=True)
+    random_image(16, 16).save(d / "images" / "c0.png")
+    cats = ["cat", "couch"]
+    note = Note(id="c0", images=["images/c0.png"], text="A cat on a couch.", split="train", source="coco",
+                objects=[[ObjectAnnotation(category=c, bbox=(0, 0, 4, 4)) for c in cats]])  # fmt: skip
+    write_notes([note], d)
+    return d
+
+
+@pytest.mark.parametrize("vocab, rc", [("world", 2), ("auto", 0)])
+def test_world_form_on_coco_names(tmp_path, files, capsys, vocab, rc):
+    """``rl grpo --config`` on notes with COCO names: world vocabulary -> one line naming the fix; auto ->
+    the COCO vocabulary follows the data and the run goes through."""
+    from pathlib import Path
+
+    from tests.helpers.eval_model import make_model_dir
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "rl" / "grpo_tiny.yaml"
+    data, model = _coco_notes(tmp_path), make_model_dir(tmp_path)
+    sets = [f"init.model={model}", "data.prompts_per_step=1", "rollout.group_size=2",
+            "rollout.max_new_tokens=3", "train.steps=1", "train.device=cpu", f"reward.vocab={vocab}"]  # fmt: skip
+    args = [
+        "grpo",
+        "--config",
+        str(config),
+        "--out",
+        str(tmp_path / "run"),
+        "--data",
+        str(data),
+        "--no-progress",
+    ]
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(args + [x for s in sets for x in ("--set", s)]) == rc
+    if rc:
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        assert (
+            "outside the world vocabulary: ['cat', 'couch']; they are coco names: set reward.vocab=coco"
+            in err
+        )
+    else:
+        assert json.loads((tmp_path / "run" / "result.json").read_text())["step"] == 1

@@ -191,3 +191,29 @@ def test_vllm_engine_logps_against_the_trainer(tmp_path):
     assert bool((w > 0).all()) and bool((w <= 3.0).all())
     assert float((logps - mu)[mask.bool()].abs().max()) < 0.1
     engine.sync()  # the trainer's weights load into vLLM without error
+
+
+@pytest.mark.parametrize("sets, corrected", [((), False), (("rollout.top_p=0.8",), True)])
+def test_world_grpo_corrects_only_off_the_trainers_distribution(tmp_path, sets, corrected):
+    """``rl grpo`` on notes: full support -> no weights (plain GRPO, unchanged); top-p -> TIS weights."""
+    import json
+    import warnings
+    from pathlib import Path
+
+    from rl.cli import main
+    from tests.helpers.eval_model import make_data_dir, make_model_dir
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "rl" / "grpo_tiny.yaml"
+    model, data = make_model_dir(tmp_path), make_data_dir(tmp_path, split="train")
+    base = [f"init.model={model}", "data.prompts_per_step=2", "rollout.group_size=3",
+            "rollout.max_new_tokens=5", "train.steps=1", "train.device=cpu",
+            "algo.num_iterations=2"]  # fmt: skip
+    out = tmp_path / "run"
+    args = ["grpo", "--config", str(config), "--out", str(out), "--data", str(data), "--no-progress"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(args + [x for s in (*base, *sets) for x in ("--set", s)]) == 0
+    (rec,) = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert ("is_weight_mean" in rec) == corrected
+    if corrected:  # top-p renormalises the kept mass: pi_old / pi_sampling = kept mass <= 1
+        assert 0 < rec["is_weight_min"] <= rec["is_weight_max"] <= 1.0 + 1e-5
