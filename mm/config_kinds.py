@@ -52,11 +52,12 @@ ALSO_DOCUMENTED: tuple[str, ...] = ("mm.multi_image:MultiImageConfig",)
 """Config dataclasses built in code rather than from a file; their fields are documented all the same."""
 
 NAME_HINTS: tuple[tuple[str, str], ...] = (
-    ("pipeline", "pipeline"), ("grpo_files", "grpo_files"), ("grpo", "grpo"), ("dapo", "grpo"), ("dpo", "dpo"), ("pretrain", "pretrain"),
-    ("compare", "compare"), ("align", "train"), ("sft", "train"), ("world", "world"), ("notevlm", "notevlm"),
-    ("pairs", "pairs"), ("pope", "pope"),
+    ("pipeline", "pipeline"), ("grpo_files", "grpo_files"), ("grpo", "grpo"), ("dapo", "grpo"),
+    ("dpo", "dpo"), ("pretrain", "pretrain"), ("compare", "compare"), ("align", "train"), ("sft", "train"),
+    ("world", "world"), ("notevlm", "notevlm"), ("pairs", "pairs"), ("pope", "pope"),
 )  # fmt: skip
-"""(word in the file name, kind), tried in order: "grpo" before "dpo", which it contains."""
+"""(word in the file name, kind), tried in order: "grpo_files" before "grpo" before "dpo" (each contains the
+next)."""
 
 
 def _import(target: str) -> type:

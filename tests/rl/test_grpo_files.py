@@ -241,7 +241,8 @@ def test_world_form_on_coco_names(tmp_path, files, capsys, vocab, rc):
     config = Path(__file__).resolve().parents[2] / "configs" / "rl" / "grpo_tiny.yaml"
     data, model = _coco_notes(tmp_path), make_model_dir(tmp_path)
     sets = [f"init.model={model}", "data.prompts_per_step=1", "rollout.group_size=2",
-            "rollout.max_new_tokens=3", "train.steps=1", "train.device=cpu", f"reward.vocab={vocab}"]  # fmt: skip
+            "rollout.max_new_tokens=3", "train.steps=1", "train.device=cpu",
+            f"reward.vocab={vocab}"]  # fmt: skip
     args = [
         "grpo",
         "--config",
