@@ -109,6 +109,8 @@ class FilesGRPOTrainer(loop.StepTrainer):
         )  # fmt: skip
         self.model = adapter.model
         self.updates_per_step = cfg.algo.num_iterations
+        self.stale = False
+        """The weights changed since the engine last synced (vLLM holds its own copy)."""
 
     def scorer(self, model: Any, batch: dict[str, Any], **kw: Any) -> Any:
         return adapter_token_logps(model, batch, adapter=self.adapter, **kw)
@@ -120,6 +122,9 @@ class FilesGRPOTrainer(loop.StepTrainer):
             step=step * cfg.algo.max_sample_batches + k,
         )  # fmt: skip
         samples = [self.prompts.sample(i) for i in idx]
+        if self.stale:  # once per rollout, not after every inner update
+            self.engine.sync()
+            self.stale = False
         comps: Completions = self.engine.generate(samples)
         tok = self.adapter.tokenizer
         texts = [t.strip() for t in tok.batch_decode(comps.token_ids, skip_special_tokens=True)]
@@ -221,7 +226,7 @@ class FilesGRPOTrainer(loop.StepTrainer):
         return loss, {**batch["metrics"], **{k: float(m[k]) for k in keys}, "entropy": float(m["entropy"])}
 
     def after_update(self) -> None:
-        self.engine.sync()
+        self.stale = True
 
 
 def _dtype(name: str) -> Any:

@@ -152,6 +152,16 @@ def test_bad_reward_spec_is_one_line_and_writes_nothing(tmp_path, files, capsys,
     assert not out.exists()
 
 
+def test_reward_returning_a_non_number_is_one_line(tmp_path, files, capsys, monkeypatch):
+    root, models = files
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "text_rewards.py").write_text("def words(prompt, completion, record):\n    return 'good'\n")
+    capsys.readouterr()
+    assert _run(root, models["llava"], tmp_path / "run", "text_rewards:words") == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' loading progress bar
+    assert last == "rl grpo: error: reward words returned 'good' (str); it must return a float"
+
+
 @pytest.mark.parametrize(
     "record, vocab, message",
     [
