@@ -11,7 +11,12 @@ One step (GRPO, Shao et al. 2024, "DeepSeekMath", Algorithm 1, outcome supervisi
 3. advantages per group (``group``/``batch``/``none`` std scaling, Dr. GRPO; or RLOO);
 4. ``num_iterations`` updates of the clipped surrogate (:func:`rl.losses.policy_loss`: clip-higher,
    dual clip, token or sequence (GSPO) ratios, loss aggregation) plus ``beta`` times the KL estimate to
-   the reference (:func:`rl.kl.kl_estimate`, k3 by default, as GRPO eq. 4).
+   the reference (:func:`rl.kl.kl_estimate`, k3 by default, as GRPO eq. 4). When the sampler's
+   distribution is not the trainer's ``softmax(logits / T)`` (``top_p < 1``, ``top_k > 0``, or a
+   generation-config processor), each token's loss is weighted by the truncated importance weight
+   ``min(pi_old / pi_sampling, rollout.tis_cap)`` (:mod:`rl.importance`); otherwise nothing changes.
+
+The same step on any model folder and a prompt file is :mod:`rl.trainers.grpo_files`.
 
 Why a compact loop and not TRL's ``GRPOTrainer``: TRL 1.16 builds prompts through
 ``processor.apply_chat_template`` + ``processor(images=..., text=...)`` and passes flat per-image
