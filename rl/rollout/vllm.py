@@ -11,6 +11,7 @@ each optimizer step (LoRA merged on the fly, as TRL's colocate mode).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -54,9 +55,14 @@ class VLLMEngine(RolloutEngine):
         vllm = import_vllm()
         self.vllm = vllm
         dtype = str(adapter.dtype).removeprefix("torch.")
+        # the worker runs in this process (as TRL's colocate mode), so sync() can reach its model
+        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
+                           ("MASTER_ADDR", "localhost"), ("MASTER_PORT", "29531")):  # fmt: skip
+            os.environ.setdefault(key, value)
         self.llm = vllm.LLM(
             model=str(model_dir), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len, seed=seed, logprobs_mode="processed_logprobs",
+            distributed_executor_backend="external_launcher",
         )  # fmt: skip
 
     def params(self) -> Any:
