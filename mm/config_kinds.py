@@ -37,6 +37,9 @@ KINDS: dict[str, Kind] = {
     "pope": Kind("mm.eval.pope:PopeBuildConfig", "mm eval pope-build (its flags)"),
     "dpo": Kind("rl.trainers.dpo:DPOConfig", "rl dpo --config FILE"),
     "grpo": Kind("rl.trainers.grpo:GRPOConfig", "rl grpo --config FILE"),
+    "grpo_files": Kind(
+        "rl.trainers.grpo_files_config:GRPOFilesConfig", "rl grpo --model DIR --prompts P.jsonl --config FILE"
+    ),
     "pairs": Kind("rl.pairs.cli:PairsConfig", "rl pairs (its flags)"),
     "pipeline": Kind("rl.pipeline:PipelineConfig", "rl pipeline --config FILE"),
 }
@@ -49,11 +52,12 @@ ALSO_DOCUMENTED: tuple[str, ...] = ("mm.multi_image:MultiImageConfig",)
 """Config dataclasses built in code rather than from a file; their fields are documented all the same."""
 
 NAME_HINTS: tuple[tuple[str, str], ...] = (
-    ("pipeline", "pipeline"), ("grpo", "grpo"), ("dapo", "grpo"), ("dpo", "dpo"), ("pretrain", "pretrain"),
-    ("compare", "compare"), ("align", "train"), ("sft", "train"), ("world", "world"), ("notevlm", "notevlm"),
-    ("pairs", "pairs"), ("pope", "pope"),
+    ("pipeline", "pipeline"), ("grpo_files", "grpo_files"), ("grpo", "grpo"), ("dapo", "grpo"),
+    ("dpo", "dpo"), ("pretrain", "pretrain"), ("compare", "compare"), ("align", "train"), ("sft", "train"),
+    ("world", "world"), ("notevlm", "notevlm"), ("pairs", "pairs"), ("pope", "pope"),
 )  # fmt: skip
-"""(word in the file name, kind), tried in order: "grpo" before "dpo", which it contains."""
+"""(word in the file name, kind), tried in order: "grpo_files" before "grpo" before "dpo" (each contains the
+next)."""
 
 
 def _import(target: str) -> type:

@@ -31,11 +31,13 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+from mm.errors import UserError
 from mm.eval.chair import Vocabulary
 from mm.eval.pope import PARSERS, parse_answer
 
-VOCABS: tuple[str, ...] = ("world", "coco")
-"""Vocabulary names a :class:`RewardConfig` may select."""
+VOCABS: tuple[str, ...] = ("world", "coco", "auto")
+"""Vocabulary names a :class:`RewardConfig` may select (``auto``: :func:`resolve_vocab` picks one from the
+ground-truth object names before scoring)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +55,8 @@ class RewardConfig:
     yesno_parser: str = "vlmevalkit"
     """POPE answer parser for yes/no answers (``original``, ``lmms``, ``vlmevalkit``)."""
     vocab: str = "world"
-    """Object vocabulary: ``world`` (synthetic world synonyms) or ``coco`` (original CHAIR table)."""
+    """Object vocabulary: ``world`` (synthetic world synonyms), ``coco`` (original CHAIR table) or ``auto``
+    (the one that names every ground-truth object: world, else coco; resolved by the trainer)."""
 
     def __post_init__(self) -> None:
         for name in ("coverage_weight", "hallucination_weight"):
@@ -80,9 +83,45 @@ class Reward:
 @cache
 def vocabulary(name: str) -> Vocabulary:
     """The named vocabulary (built once per process)."""
+    if name == "auto":
+        raise ValueError("vocabulary 'auto' must be resolved first: rl.rewards.resolve_vocab(name, objects)")
     if name not in VOCABS:
         raise ValueError(f"unknown vocabulary {name!r}; expected one of {', '.join(VOCABS)}")
     return Vocabulary.world() if name == "world" else Vocabulary.coco()
+
+
+def resolve_vocab(name: str, object_lists: Iterable[Iterable[str]], *, where: str = "the data") -> str:
+    """The vocabulary to score ``object_lists`` (ground truth per prompt) with: ``name`` checked, or for
+    ``auto`` the first of ``world``, ``coco`` that knows every object. A name no candidate knows is a
+    :class:`mm.errors.UserError` that lists the unknown names and how to fix them."""
+    if name not in VOCABS:
+        raise UserError(f"reward.vocab must be one of {', '.join(VOCABS)}, got {name!r}")
+    names = sorted({o for objs in object_lists for o in objs})
+    candidates = ("world", "coco") if name == "auto" else (name,)
+    unknown: dict[str, list[str]] = {}
+    for cand in candidates:
+        vocab = vocabulary(cand)
+        unknown[cand] = [o for o in names if vocab.canonicalize(o) is None]
+        if not unknown[cand]:
+            return cand
+    if name == "auto":
+        missing = sorted(set(unknown["world"]) & set(unknown["coco"]))
+        raise UserError(
+            f"{where} names objects that neither the world nor the COCO vocabulary knows: "
+            f"{missing[:8]}{' ...' if len(missing) > 8 else ''}; use canonical category names of one "
+            "vocabulary"
+        )
+    others = [c for c in ("world", "coco") if c != name]
+    hint = next(
+        (f"they are {c} names: set reward.vocab={c} (or auto)" for c in others
+         if all(vocabulary(c).canonicalize(o) is not None for o in names)),
+        "use canonical category names of one vocabulary (reward.vocab=world or coco)",
+    )  # fmt: skip
+    bad = unknown[name]
+    raise UserError(
+        f"{where} names objects outside the {name} vocabulary: {bad[:8]}{' ...' if len(bad) > 8 else ''}; "
+        f"{hint}"
+    )
 
 
 def _ground_truth(objects: Iterable[str], vocab: Vocabulary) -> set[str]:

@@ -20,7 +20,7 @@ EXPECTED_KIND = {
     "mm/sft_lora_tiny": "train", "mm/pretrain": "pretrain", "mm/pretrain_tiny": "pretrain",
     "mm/compare_tiny": "compare", "mm/world": "world", "mm/world_default": "world",
     "mm/notevlm_tiny": "notevlm", "mm/notevlm_small": "notevlm", "rl/dpo": "dpo", "rl/dpo_tiny": "dpo",
-    "rl/grpo": "grpo", "rl/grpo_tiny": "grpo", "rl/pipeline": "pipeline",
+    "rl/grpo": "grpo", "rl/grpo_tiny": "grpo", "rl/grpo_files": "grpo_files", "rl/pipeline": "pipeline",
 }  # fmt: skip
 
 
@@ -76,7 +76,7 @@ def test_show_pipeline_and_world_docs(capsys):
 
 def test_kind_from_keys_alias_and_given_kind(tmp_path, capsys):
     cfg = tmp_path / "config.yaml"  # a run folder's config: no kind in its name
-    cfg.write_text("train: {steps: 3}\nrollout: {group_size: 2}\n")
+    cfg.write_text("init: {model: m}\ntrain: {steps: 3}\nrollout: {group_size: 2}\n")  # init: only grpo's
     rc, out, _ = _show(capsys, str(cfg))
     assert rc == 0 and "kind grpo (guessed from the top-level keys" in out and "train.steps: 3\n" in out
     rc, out, _ = _show(capsys, str(cfg), "--kind", "grpo")

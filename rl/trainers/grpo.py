@@ -11,7 +11,12 @@ One step (GRPO, Shao et al. 2024, "DeepSeekMath", Algorithm 1, outcome supervisi
 3. advantages per group (``group``/``batch``/``none`` std scaling, Dr. GRPO; or RLOO);
 4. ``num_iterations`` updates of the clipped surrogate (:func:`rl.losses.policy_loss`: clip-higher,
    dual clip, token or sequence (GSPO) ratios, loss aggregation) plus ``beta`` times the KL estimate to
-   the reference (:func:`rl.kl.kl_estimate`, k3 by default, as GRPO eq. 4).
+   the reference (:func:`rl.kl.kl_estimate`, k3 by default, as GRPO eq. 4). When the sampler's
+   distribution is not the trainer's ``softmax(logits / T)`` (``top_p < 1``, ``top_k > 0``, or a
+   generation-config processor), each token's loss is weighted by the truncated importance weight
+   ``min(pi_old / pi_sampling, rollout.tis_cap)`` (:mod:`rl.importance`); otherwise nothing changes.
+
+The same step on any model folder and a prompt file is :mod:`rl.trainers.grpo_files`.
 
 Why a compact loop and not TRL's ``GRPOTrainer``: TRL 1.16 builds prompts through
 ``processor.apply_chat_template`` + ``processor(images=..., text=...)`` and passes flat per-image
@@ -31,7 +36,9 @@ are not sharded.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +49,10 @@ from mm.data.format import read_notes
 from mm.errors import UserError
 from mm.train import common, loop
 from rl.advantages import group_advantages, group_reward_std, rloo_advantages
+from rl.importance import is_metrics, truncated_is_weights, weighted_advantages
 from rl.kl import kl_estimate
 from rl.losses import aggregate_loss, policy_loss
-from rl.rewards import RewardConfig, batch_scores, mention_credits
+from rl.rewards import RewardConfig, batch_scores, mention_credits, resolve_vocab
 from rl.sampling import fill_groups, informative_groups, overlong_penalty
 from rl.trainers.common import (
     Reference,
@@ -58,7 +66,7 @@ from rl.trainers.common import (
 from rl.trainers.grpo_config import PROMPT_KINDS, AlgoConfig, DataConfig, GRPOConfig, RolloutConfig
 from rl.trainers.grpo_data import Prompt, PromptSet
 from rl.trainers.monitor import failure_warnings
-from rl.trainers.rollout import generate_rollout, merge_rollouts
+from rl.trainers.rollout import decode_loop_supported, generate_rollout, merge_rollouts
 
 __all__ = [
     "PROMPT_KINDS", "AlgoConfig", "DataConfig", "GRPOConfig", "GRPOTrainer", "Prompt", "PromptSet",
@@ -117,19 +125,26 @@ def grpo_loss(
     ref_logps: torch.Tensor | None = None,
     temperature: float = 1.0,
     horizon: int | None = None,
+    is_weights: torch.Tensor | None = None,
+    scorer: Callable[..., Any] = batch_token_logps,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy loss (+ ``beta`` * KL) of one rollout batch, and detached metrics.
 
     ``batch``: a rollout batch (:meth:`rl.trainers.rollout.Rollout.batch`; NoteVLM or text-only LM);
-    ``advantages`` ``(B,)``; ``old_logps`` / ``ref_logps`` ``(B, W)`` from :func:`batch_token_logps`
-    on the same batch (``old_logps=None``: the current ones detached, a single update per rollout).
+    ``advantages`` ``(B,)`` or ``(B, W)``; ``old_logps`` / ``ref_logps`` ``(B, W)`` from ``scorer`` on the
+    same batch (``old_logps=None``: the current ones detached, a single update per rollout).
+    ``is_weights`` ``(B, W)``: truncated importance weights of a rollout sampled off the trainer's
+    distribution (:mod:`rl.importance`), applied to each token's clipped loss. ``scorer``:
+    ``(model, batch, temperature=, with_entropy=) -> (logps, mask, entropy)`` (default
+    :func:`batch_token_logps`; ``rl grpo --prompts`` passes the adapter's).
     """
-    logps, mask, entropy = batch_token_logps(
-        model, batch, temperature=temperature, with_entropy=True
-    )  # (B, W)
+    logps, mask, entropy = scorer(model, batch, temperature=temperature, with_entropy=True)  # (B, W)
     old = logps.detach() if old_logps is None else old_logps
+    adv = advantages.to(logps.dtype)
+    if is_weights is not None:
+        adv = weighted_advantages(adv, is_weights)  # (B, W): w_t * loss_t == loss_t(w_t * A)
     loss, metrics = policy_loss(
-        logps, old, advantages.to(logps.dtype), mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+        logps, old, adv, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
         dual_clip=cfg.dual_clip, level=cfg.level, agg=cfg.agg, horizon=horizon,
     )  # fmt: skip
     m = mask.to(logps.dtype)
@@ -166,6 +181,10 @@ class GRPOTrainer(loop.StepTrainer):
             device,
         )
         self.updates_per_step = cfg.algo.num_iterations
+        ro = cfg.rollout
+        self.off_policy_sampling = not (ro.top_p == 1.0 and ro.top_k == 0 and decode_loop_supported(model))
+        """The sampler's distribution is not the trainer's softmax(logits / T): record its log-probs and
+        weight the loss by truncated importance sampling (:mod:`rl.importance`)."""
 
     def _sample(self, step: int, k: int) -> tuple[list[tuple[Any, int, list[Prompt]]], torch.Tensor, dict]:
         cfg, ro, tok = self.cfg, self.cfg.rollout, self.tok
@@ -177,6 +196,7 @@ class GRPOTrainer(loop.StepTrainer):
         roll = generate_rollout(
             self.model, batch, group_size=G, max_new_tokens=ro.max_new_tokens, eos_id=tok.eos_token_id,
             pad_id=tok.pad_token_id, temperature=ro.temperature, top_p=ro.top_p, sampler=ro.sampler,
+            top_k=ro.top_k, record_logps=self.off_policy_sampling,
         )  # fmt: skip
         row_prompts = [self.prompts.prompts[i] for i in idx for _ in range(G)]
         texts = [tok.decode(r, skip_special_tokens=True).strip() for r in roll.response_ids()]
@@ -229,9 +249,12 @@ class GRPOTrainer(loop.StepTrainer):
             adv = adv[:, None] + algo.mention_credit * credit  # (B*G, R) per-token advantages
         batch = to_device(roll.batch(), self.device)
         with torch.no_grad():
-            old = None
-            if algo.num_iterations > 1:
-                old = batch_token_logps(self.model, batch, temperature=ro.temperature)[0]
+            old = weights = None
+            if algo.num_iterations > 1 or roll.rollout_logps is not None:
+                old, mask, _ = batch_token_logps(self.model, batch, temperature=ro.temperature)
+            if roll.rollout_logps is not None:  # (B*G, R) == (B*G, W): responses start at column P
+                mu = roll.rollout_logps.to(old.device)
+                weights = truncated_is_weights(old, mu, mask, cap=ro.tis_cap, level=ro.tis_level)
             ref_logps = None
             if self.ref.kind != "none":
                 ref_logps = self.ref.token_logps(batch, temperature=ro.temperature)
@@ -251,9 +274,10 @@ class GRPOTrainer(loop.StepTrainer):
             "truncated_frac": float(roll.truncated.float().mean()),
             "sample_batches": len(seen),
             **({"mention_credit_abs": float(credit.abs().sum(-1).mean())} if credit is not None else {}),
+            **(is_metrics(weights, mask, cap=ro.tis_cap) if weights is not None else {}),
             **comps,
         }
-        out = {"rows": batch, "adv": adv, "old": old, "ref": ref_logps}
+        out = {"rows": batch, "adv": adv, "old": old, "ref": ref_logps, "weights": weights}
         return {**out, "metrics": metrics, "rollout": rollout_metrics}
 
     def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -261,6 +285,7 @@ class GRPOTrainer(loop.StepTrainer):
         loss, m = grpo_loss(
             self.model, batch["rows"], batch["adv"], self.cfg.algo, old_logps=batch["old"],
             ref_logps=batch["ref"], temperature=ro.temperature, horizon=ro.max_new_tokens,
+            is_weights=batch["weights"],
         )  # fmt: skip
         keys = (
             "clip_frac_low",
@@ -306,6 +331,10 @@ def train(
     notes = notes[: cfg.data.notes] if cfg.data.notes else notes
     if not notes:
         raise UserError(f"data.folder={folder}: no {cfg.data.split!r} notes with object annotations")
+    if "caption" in cfg.data.tasks:  # the caption reward needs a vocabulary that names every object
+        where = f"data.folder={folder} ({cfg.data.split})"
+        vocab = resolve_vocab(cfg.reward.vocab, [n.categories for n in notes], where=where)
+        cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, vocab=vocab))
     model, processor = load_policy(cfg.init, cfg.lora, device)
     ref = Reference(model=model, needed=cfg.algo.beta > 0)
     prompts = PromptSet(processor=processor, notes=notes, root=folder, cfg=cfg.data)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rl.advantages import ADVANTAGE_SCALES
+from rl.importance import IS_LEVELS
 from rl.kl import KL_KINDS
 from rl.losses import AGG_MODES
 from rl.rewards import RewardConfig
@@ -57,7 +58,14 @@ class RolloutConfig:
     temperature: float = 1.0
     """Sampling temperature (the log-probs use the same)."""
     top_p: float = 1.0
-    """Nucleus sampling mass (1 = off)."""
+    """Nucleus sampling mass (1 = off); < 1 samples off the trainer's distribution (TIS corrects it)."""
+    top_k: int = 0
+    """Keep the k most likely tokens (0 = off); > 0 samples off the trainer's distribution (TIS corrects)."""
+    tis_cap: float = 3.0
+    """Truncated importance sampling cap C (rl.importance): when the sampling distribution is not the
+    trainer's, each token's loss is weighted by min(pi_old / pi_sampling, C)."""
+    tis_level: str = "token"
+    """Importance weight per token (TRL token_truncate) or per sequence (sequence_truncate)."""
     sampler: str = "inverse_cdf"
     """How a token is drawn (``rl.trainers.rollout.SAMPLERS``): ``inverse_cdf`` (fast, the same
     distribution) or ``multinomial`` (exactly HF ``generate``'s tokens for the same seed)."""
@@ -69,8 +77,11 @@ class RolloutConfig:
             raise ValueError(
                 f"rollout.group_size must be >= 2 (a group needs a baseline), got {self.group_size}"
             )
-        if self.max_new_tokens < 1 or self.temperature <= 0 or not 0 < self.top_p <= 1:
-            raise ValueError("need rollout.max_new_tokens >= 1, temperature > 0 and 0 < top_p <= 1")
+        if self.max_new_tokens < 1 or self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError("need rollout.max_new_tokens >= 1, temperature > 0, 0 < top_p <= 1, top_k >= 0")
+        if self.tis_cap <= 0 or self.tis_level not in IS_LEVELS:
+            raise ValueError(f"need rollout.tis_cap > 0 and tis_level in {IS_LEVELS}; got {self.tis_cap}, "
+                             f"{self.tis_level!r}")  # fmt: skip
 
 
 @dataclass(kw_only=True)

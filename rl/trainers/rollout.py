@@ -46,6 +46,9 @@ class Rollout:
     """``(B*G,)`` bool: no ``<eos>`` within ``max_new_tokens``."""
     images: dict[str, torch.Tensor]
     """``pixel_values`` ``(B*G, N, 3, S, S)`` and ``image_mask`` ``(B*G, N)`` (empty for a text LM)."""
+    rollout_logps: torch.Tensor | None = None
+    """``(B*G, R)`` log-probs of the response tokens under the distribution they were sampled from (after
+    temperature, top-k, top-p; 0 after ``<eos>``), when recorded (``generate_rollout(record_logps=True)``)."""
 
     def response_ids(self) -> list[list[int]]:
         """Each row's raw response ids (masked tokens only)."""
@@ -124,6 +127,13 @@ def _cache_kwarg(model: Any) -> str:
     return "past_key_values" if "past_key_values" in params and "cache" not in params else "cache"
 
 
+def _top_k_filter(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+    """HF ``TopKLogitsWarper`` (``min_tokens_to_keep=1``): ``(B, V) -> (B, V)``, all but the top k at -inf."""
+    k = min(top_k, scores.shape[-1])
+    kth = torch.topk(scores, k)[0][..., -1, None]  # (B, 1)
+    return scores.masked_fill(scores < kth, -float("inf"))
+
+
 def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     """HF ``TopPLogitsWarper`` (``min_tokens_to_keep=1``), op for op: ``(B, V) -> (B, V)``."""
     sorted_logits, sorted_indices = torch.sort(scores, descending=False)  # (B, V)
@@ -164,6 +174,8 @@ def sample_tokens(
     top_p: float = 1.0,
     do_sample: bool = True,
     sampler: str = "inverse_cdf",
+    top_k: int = 0,
+    record: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``(B*G, P + R)`` prompt-major sequences; with ``sampler="multinomial"`` (or ``do_sample=False``)
     token for token what ``model.generate`` returns, with ``"inverse_cdf"`` (default) the same
@@ -184,6 +196,9 @@ def sample_tokens(
     prompts have no padding; for SDPA the per-step 4-D bool mask is built once). So for the same seed
     and ``sampler="multinomial"`` the tokens are identical. Finished rows get ``pad_id``; the loop stops
     when every row has emitted ``eos_id`` or after ``max_new_tokens``, so ``R`` is the longest response.
+    ``top_k > 0`` keeps the k most likely tokens (HF ``TopKLogitsWarper``, after temperature, before
+    top-p). With ``record`` (a list), each step appends the ``(B*G,)`` log-probs of the drawn tokens under
+    the distribution they were drawn from (0 for greedy).
     Call under ``torch.no_grad`` / ``inference_mode``; the model's mode is the caller's.
     """
     if sampler not in SAMPLERS:
@@ -232,6 +247,8 @@ def sample_tokens(
         if do_sample:
             if temperature != 1.0:
                 scores = scores / temperature
+            if top_k > 0:
+                scores = _top_k_filter(scores, top_k)
             if top_p < 1.0:
                 scores = _top_p_filter(scores, top_p)
             probs = torch.softmax(scores, dim=-1)  # (N, V)
@@ -239,8 +256,12 @@ def sample_tokens(
                 nxt = torch.multinomial(probs, num_samples=1).squeeze(1)  # (N,)
             else:
                 nxt = draw_inverse_cdf(probs)  # (N,)
+            if record is not None:
+                record.append(torch.log_softmax(scores, dim=-1).gather(-1, nxt[:, None]).squeeze(-1))
         else:
             nxt = torch.argmax(scores, dim=-1)  # (N,)
+            if record is not None:
+                record.append(torch.zeros(N, device=device))
         nxt = torch.where(unfinished, nxt, pad_id)
         out[:, P + steps] = nxt
         steps += 1
@@ -268,6 +289,8 @@ def generate_rollout(
     temperature: float = 1.0,
     top_p: float = 1.0,
     sampler: str = "inverse_cdf",
+    top_k: int = 0,
+    record_logps: bool = False,
 ) -> Rollout:
     """Sample ``group_size`` responses per left-padded prompt of ``prompts`` (one batched decode).
 
@@ -275,9 +298,11 @@ def generate_rollout(
     ``image_mask`` for a NoteVLM. The model is put in eval mode for sampling and restored after.
     Sampling is :func:`sample_tokens` (``sampler``: see :data:`SAMPLERS`; ``"multinomial"`` gives the
     same tokens as HF ``generate`` for the same seed), or ``generate`` itself when the model's generation
-    config asks for other logits processors.
+    config asks for other logits processors. ``record_logps``: keep the sampling distribution's log-probs
+    of the response tokens (:attr:`Rollout.rollout_logps`; ``rl.rollout.recorder`` on the ``generate``
+    path).
     """
-    if group_size < 1 or max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1:
+    if group_size < 1 or max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1 or top_k < 0:
         raise ValueError(
             f"need group_size >= 1, max_new_tokens >= 1, temperature > 0, 0 < top_p <= 1; got {group_size}, "
             f"{max_new_tokens}, {temperature}, {top_p}"
@@ -289,25 +314,43 @@ def generate_rollout(
     was_training = model.training
     model.eval()
     sampling = dict(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+    steps: list[torch.Tensor] = []
+    recorder = None
+    P = ids.shape[1]
     try:
         with torch.inference_mode():
             if decode_loop_supported(model):
                 out = sample_tokens(
                     model, prompts, group_size=group_size, eos_id=eos_id, pad_id=pad_id, sampler=sampler,
-                    **sampling,
+                    top_k=top_k, record=steps if record_logps else None, **sampling,
                 )  # fmt: skip  # (B*G, P + R), prompt-major
             else:
+                extra: dict[str, Any] = dict(do_sample=True, top_k=top_k, **sampling)
+                if record_logps:
+                    from rl.rollout.recorder import sampling_processors
+
+                    extra, recorder = sampling_processors(
+                        model, temperature=temperature, top_k=top_k, top_p=top_p
+                    )
+                    extra["max_new_tokens"] = max_new_tokens
                 out = model.generate(
-                    input_ids=ids, attention_mask=attn, **images, do_sample=True, top_k=0,
-                    num_return_sequences=group_size, pad_token_id=pad_id, eos_token_id=eos_id, **sampling,
+                    input_ids=ids, attention_mask=attn, **images, num_return_sequences=group_size,
+                    pad_token_id=pad_id, eos_token_id=eos_id, **extra,
                 )  # fmt: skip
+            logps = None
+            if recorder is not None:
+                logps = recorder.finish(out[:, P:])  # (B*G, R)
+            elif record_logps:
+                logps = torch.stack(steps, dim=1)  # (B*G, R)
         out = out.clone()  # a normal tensor: inference tensors cannot be saved for backward
+        logps = None if logps is None else logps.clone()
     finally:
         model.train(was_training)
-    P = ids.shape[1]
     response = out[:, P:]  # (B*G, R)
     resp_mask, truncated = response_mask_from_ids(response, eos_id)  # (B*G, R)
     response = response.masked_fill(resp_mask == 0, pad_id)
+    if logps is not None:
+        logps = logps.masked_fill(resp_mask == 0, 0.0)
     prompt_attn = attn.repeat_interleave(group_size, dim=0)  # (B*G, P)
     zeros = torch.zeros_like(prompt_attn)
     return Rollout(
@@ -319,6 +362,7 @@ def generate_rollout(
         lengths=resp_mask.sum(-1),
         truncated=truncated,
         images={k: v.repeat_interleave(group_size, dim=0) for k, v in images.items()},
+        rollout_logps=logps,
     )
 
 
@@ -339,7 +383,8 @@ def merge_rollouts(parts: list[tuple[Rollout, list[int]]], *, pad_id: int) -> Ro
         )
     P = max(r.prompt_length for r, _ in parts)
     R = max(r.input_ids.shape[1] - r.prompt_length for r, _ in parts)
-    ids, attn, resp, lengths, trunc = [], [], [], [], []
+    ids, attn, resp, lengths, trunc, rlogps = [], [], [], [], [], []
+    recorded = all(r.rollout_logps is not None for r, _ in parts)
     pix, imask = [], []
     N = max((r.images["pixel_values"].shape[1] for r, _ in parts if r.images), default=0)
     for r, rows in parts:
@@ -356,6 +401,8 @@ def merge_rollouts(parts: list[tuple[Rollout, list[int]]], *, pad_id: int) -> Ro
         resp.append(pad(r.response_mask, 0))
         lengths.append(r.lengths[idx])
         trunc.append(r.truncated[idx])
+        if recorded:
+            rlogps.append(torch.nn.functional.pad(r.rollout_logps[idx], (0, right), value=0.0))
         if r.images:
             pv, im = r.images["pixel_values"][idx], r.images["image_mask"][idx]  # (b, n, 3, S, S), (b, n)
             extra = N - pv.shape[1]
@@ -370,4 +417,5 @@ def merge_rollouts(parts: list[tuple[Rollout, list[int]]], *, pad_id: int) -> Ro
         lengths=torch.cat(lengths),
         truncated=torch.cat(trunc),
         images={"pixel_values": torch.cat(pix), "image_mask": torch.cat(imask)} if pix else {},
+        rollout_logps=torch.cat(rlogps) if recorded else None,
     )

@@ -215,9 +215,11 @@ def test_shipped_configs_load(path):
     from mm.config import load_config
     from rl.trainers.dpo import DPOConfig
     from rl.trainers.grpo import GRPOConfig
+    from rl.trainers.grpo_files_config import GRPOFilesConfig
 
     if path.name.startswith(("dpo", "grpo")):
-        cfg = load_config(DPOConfig if path.name.startswith("dpo") else GRPOConfig, path)
+        cls = GRPOFilesConfig if path.name.startswith("grpo_files") else GRPOConfig
+        cfg = load_config(DPOConfig if path.name.startswith("dpo") else cls, path)
         assert cfg.train.steps >= 1
 
 
