@@ -31,13 +31,16 @@ NOTE_TOKENS = (IMAGE_TOKEN, IM_START_TOKEN, IM_END_TOKEN)
 _META_KEYS = ("transformers_version", "architectures", "_name_or_path", "auto_map", "dtype", "torch_dtype")
 
 
+_FOLDER_HINT = (
+    "give a local AutoModelForCausalLM folder "
+    "(save_pretrained, or `huggingface-cli download ID --local-dir DIR`)"
+)
+
+
 def _folder(path: str | Path, where: str) -> Path:
     d = Path(path)
     if not (d / "config.json").is_file():
-        raise UserError(
-            f"{where}={d} has no config.json; give a local AutoModelForCausalLM folder "
-            "(save_pretrained, or `huggingface-cli download ID --local-dir DIR`)"
-        )
+        raise UserError(f"{where}={d} has no config.json; {_FOLDER_HINT}")
     return d
 
 
@@ -50,14 +53,20 @@ def check_text_section(text: dict[str, Any], where: str = "model.text") -> None:
     if pretrained is not None:
         if not isinstance(pretrained, str):
             raise ValueError(f"{where}.pretrained must be a folder path, got {pretrained!r}")
-        model_type = json.loads((_folder(pretrained, f"{where}.pretrained") / "config.json").read_text())
-        model_type = model_type.get("model_type")
+        config_file = Path(pretrained) / "config.json"
+        if not config_file.is_file():
+            raise ValueError(f"{where}.pretrained={pretrained} has no config.json; {_FOLDER_HINT}")
+        model_type = json.loads(config_file.read_text()).get("model_type")
     else:
         model_type = text.get("model_type")
+    if model_type is None:
+        raise ValueError(
+            f"{where} has neither pretrained nor model_type (keys given: {sorted(text)}; a misspelt key?): "
+            f"set {where}.pretrained: DIR, or {where}.model_type (qwen2, llama, ...) and that config's fields"
+        )
     if model_type not in CONFIG_MAPPING:
         raise ValueError(
-            f"{where}: model_type {model_type!r} is not a transformers model type (keys given: "
-            f"{sorted(text)}); set {where}.model_type (e.g. qwen2, llama) or {where}.pretrained: DIR"
+            f"{where}: model_type {model_type!r} is not a transformers model type (e.g. qwen2, llama)"
         )
     defaults = CONFIG_MAPPING[model_type]()
     unknown = sorted(k for k in text if k not in ("pretrained", "model_type") and not hasattr(defaults, k))
