@@ -9,13 +9,16 @@ from the dims below; the patch tokens of the last block after ``ln_post``, class
 ``hf_clip`` (transformers ``CLIPVisionModel``; ``last_hidden_state`` without the CLS token) and
 ``hf_siglip`` (transformers ``SiglipVisionModel``; no CLS token, pooling head disabled).
 Towers start from random init; ``pretrained`` loads weights from a local path only (nothing is
-downloaded). open_clip and transformers are imported inside the builders, so ``import mm.vision``
-stays light. Pixel values are expected already normalised for the tower.
+downloaded). :func:`resolve_pretrained` reads what a pretrained source says about itself (its
+architecture, input size and normalisation) into the config, so a saved model rebuilds the tower
+without the source. open_clip and transformers are imported inside the builders, so ``import mm.vision``
+stays light. Pixel values are expected already normalised for the tower (``image_mean`` / ``image_std``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +31,12 @@ from torch import nn
 from mm.errors import UserError
 
 VISION_KINDS = ("open_clip", "hf_clip", "hf_siglip")
+RESIZE_MODES = ("stretch", "pad", "crop")
+DEFAULT_MEAN_STD = (0.5, 0.5, 0.5)
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+# Bookkeeping keys of a transformers config dict that are not architecture.
+_HF_META_KEYS = ("transformers_version", "architectures", "_name_or_path", "dtype", "torch_dtype", "auto_map")
 
 
 @dataclass
@@ -56,10 +65,34 @@ class VisionConfig:
     pretrained: str | None = None
     """Local weights: a .safetensors/.pt/.bin state dict (open_clip: full CLIP or visual-only keys;
     hf_*: vision-model keys) or, for hf_*, a save_pretrained folder. None = random init."""
+    resize: str = "stretch"
+    """How NoteProcessor fits an image to the square input: "stretch" (aspect ignored), "pad" (letterbox:
+    aspect kept, the borders filled with the mean colour) or "crop" (aspect kept, centre crop)."""
+    image_mean: list[float] | None = None
+    """Per-channel mean of the input normalisation; None = the pretrained source's own (open_clip arch
+    or transformers tower), else 0.5."""
+    image_std: list[float] | None = None
+    """Per-channel std of the input normalisation; None = the pretrained source's own, else 0.5."""
+    arch_config: dict[str, Any] | None = None
+    """The resolved architecture of a pretrained tower, written by `resolve_pretrained` (open_clip:
+    embed_dim, quick_gelu, vision_cfg; hf_*: the transformers vision config) so that a saved model
+    rebuilds the tower without the source; leave unset."""
 
     def __post_init__(self) -> None:
         if self.kind not in VISION_KINDS:
             raise ValueError(f"unknown vision kind {self.kind!r}; known kinds: {', '.join(VISION_KINDS)}")
+        if self.resize not in RESIZE_MODES:
+            raise ValueError(f"vision.resize must be one of {RESIZE_MODES}, got {self.resize!r}")
+        for name in ("image_mean", "image_std"):
+            value = getattr(self, name)
+            if value is not None:
+                if len(value) != 3:
+                    raise ValueError(f"vision.{name} needs 3 values (R, G, B), got {value!r}")
+                setattr(self, name, [float(v) for v in value])
+        if self.image_std is not None and min(self.image_std) <= 0:
+            raise ValueError(f"vision.image_std must be > 0, got {self.image_std}")
+        if self.arch_config is not None:
+            return  # architecture already resolved from a pretrained source
         if self.arch is not None and self.kind != "open_clip":
             raise ValueError(f"arch={self.arch!r} is only for kind 'open_clip'; got kind {self.kind!r}")
         if self.arch is None:
@@ -170,14 +203,27 @@ def _infer_grid(encoder: Any, num_patches: int, image_size: tuple[int, int]) -> 
     raise UserError(f"cannot infer the patch grid of {num_patches} patches for {image_size} images")
 
 
-def _build_open_clip(cfg: VisionConfig):
-    import open_clip  # lazy: heavy, and not needed by `import mm`
-    from open_clip.model import CLIPVisionCfg, _build_vision_tower
+def _import_open_clip() -> Any:
+    # lazy: heavy and only open_clip towers need it; inside `try` so that transformers' import check of a
+    # saved model's code does not demand open_clip for transformers towers
+    try:
+        import open_clip
+    except ImportError as e:
+        raise UserError(
+            "this vision tower is an open_clip model and open_clip is not installed; "
+            "pip install open_clip_torch"
+        ) from e
+    return open_clip
 
+
+def _open_clip_arch(cfg: VisionConfig) -> dict[str, Any]:
+    """The tower's architecture: {"embed_dim", "quick_gelu", "vision_cfg" (CLIPVisionCfg fields)}."""
+    if cfg.arch_config is not None:
+        return cfg.arch_config
     if cfg.arch is not None:
-        model_cfg = open_clip.get_model_config(cfg.arch)
+        model_cfg = _import_open_clip().get_model_config(cfg.arch)
         if model_cfg is None:
-            known = ", ".join(open_clip.list_models()[:12])
+            known = ", ".join(_import_open_clip().list_models()[:12])
             raise UserError(
                 f"unknown open_clip arch {cfg.arch!r}; see open_clip.list_models() (e.g. {known}, ...)"
             )
@@ -202,12 +248,20 @@ def _build_open_clip(cfg: VisionConfig):
             f"open_clip arch {cfg.arch!r} uses a timm backbone, which this toolkit does not wrap; "
             "pick a ViT or RN arch (e.g. ViT-B-32, RN50) or custom dims"
         )
+    return {"embed_dim": embed_dim, "quick_gelu": quick_gelu, "vision_cfg": vision_cfg}
+
+
+def _build_open_clip(cfg: VisionConfig):
+    oc_model = _import_open_clip().model
+    CLIPVisionCfg, _build_vision_tower = oc_model.CLIPVisionCfg, oc_model._build_vision_tower
+    arch = _open_clip_arch(cfg)
+    vision_cfg = arch["vision_cfg"]
     try:
         vision_cfg_obj = CLIPVisionCfg(**vision_cfg)
     except TypeError as e:
         valid = sorted(f.name for f in dataclasses.fields(CLIPVisionCfg))
         raise UserError(f"bad open_clip vision field ({e}); valid CLIPVisionCfg fields: {valid}") from e
-    encoder = _build_vision_tower(embed_dim, vision_cfg_obj, quick_gelu=quick_gelu)
+    encoder = _build_vision_tower(arch["embed_dim"], vision_cfg_obj, quick_gelu=arch["quick_gelu"])
     _drop_open_clip_heads(encoder)
     if cfg.pretrained is not None:
         sd = _load_state_dict(cfg.pretrained)
@@ -255,6 +309,12 @@ def _build_hf(cfg: VisionConfig):
     if cfg.pretrained is not None and Path(cfg.pretrained).is_dir():
         encoder = Model.from_pretrained(cfg.pretrained, local_files_only=True)
         _drop_hf_heads(encoder, cfg.kind)
+    elif cfg.arch_config is not None:  # a saved model: the architecture resolved from its source
+        arch = {k: v for k, v in cfg.arch_config.items() if k not in _HF_META_KEYS}
+        encoder = Model(Config(**arch))
+        _drop_hf_heads(encoder, cfg.kind)
+        if cfg.pretrained is not None:
+            _strict_load(encoder, _load_state_dict(cfg.pretrained), cfg.pretrained, (), _hf_heads(cfg.kind))
     else:
         hf_cfg = Config(
             hidden_size=cfg.width,
@@ -272,12 +332,16 @@ def _build_hf(cfg: VisionConfig):
         encoder = Model(hf_cfg)
         _drop_hf_heads(encoder, cfg.kind)
         if cfg.pretrained is not None:
-            heads = tuple(f"{p}{h}" for p in ("", "vision_model.") for h in ("post_layernorm", "head"))
-            dropped = heads if cfg.kind == "hf_clip" else tuple(h for h in heads if h.endswith("head"))
-            _strict_load(encoder, _load_state_dict(cfg.pretrained), cfg.pretrained, (), dropped)
+            _strict_load(encoder, _load_state_dict(cfg.pretrained), cfg.pretrained, (), _hf_heads(cfg.kind))
     size = encoder.config.image_size
     drop_cls = cfg.kind == "hf_clip"
     return encoder, (_encode_hf_clip if drop_cls else _encode_hf_siglip), (size, size)
+
+
+def _hf_heads(kind: str) -> tuple[str, ...]:
+    """State-dict key prefixes of the heads `_drop_hf_heads` removes (skipped when loading)."""
+    heads = tuple(f"{p}{h}" for p in ("", "vision_model.") for h in ("post_layernorm", "head"))
+    return heads if kind == "hf_clip" else tuple(h for h in heads if h.endswith("head"))
 
 
 def _drop_hf_heads(encoder, kind: str) -> None:
@@ -305,3 +369,61 @@ def build_vision_tower(cfg: VisionConfig) -> VisionTower:
     else:
         encoder, encode, size = _build_hf(cfg)
     return VisionTower(encoder=encoder, encode=encode, image_size=size, cfg=cfg)
+
+
+# --- what a pretrained source says about itself ---
+
+
+def resolve_pretrained(cfg: VisionConfig) -> VisionConfig:
+    """``cfg`` with the pretrained source's architecture, input size and normalisation filled in.
+
+    open_clip with ``arch``: the architecture's fields (``arch_config``), its ``preprocess_cfg``
+    mean/std (open_clip's OpenAI defaults when it has none). hf_* folder: its transformers config
+    (``arch_config``, ``image_size``) and the mean/std of its ``preprocessor_config.json`` (the family's
+    defaults when absent); hf_* state dict: the family's mean/std. Explicit ``image_mean`` /
+    ``image_std`` win. No ``pretrained``, an already resolved config or a custom-dims open_clip tower:
+    returned unchanged (0.5 normalisation). Reads configs only, never weights.
+    """
+    if cfg.pretrained is None or cfg.arch_config is not None:
+        return cfg
+    updates: dict[str, Any] = {}
+    if cfg.kind == "open_clip":
+        if cfg.arch is None:
+            return cfg
+        arch = _open_clip_arch(cfg)
+        size = arch["vision_cfg"].get("image_size", 224)
+        pre = _import_open_clip().get_model_config(cfg.arch).get("preprocess_cfg", {})
+        mean, std = pre.get("mean", OPENAI_CLIP_MEAN), pre.get("std", OPENAI_CLIP_STD)
+        updates = {"arch_config": arch, "image_size": size if isinstance(size, int) else None}
+    else:
+        mean, std = (OPENAI_CLIP_MEAN, OPENAI_CLIP_STD) if cfg.kind == "hf_clip" else (DEFAULT_MEAN_STD,) * 2
+        folder = Path(cfg.pretrained)
+        if folder.is_dir():
+            arch = _hf_folder_config(cfg.kind, folder)
+            pre_file = folder / "preprocessor_config.json"
+            if pre_file.is_file():
+                pre = json.loads(pre_file.read_text())
+                mean, std = pre.get("image_mean", mean), pre.get("image_std", std)
+            updates = {"arch_config": arch, "image_size": int(arch["image_size"])}
+    updates["image_mean"] = cfg.image_mean if cfg.image_mean is not None else list(mean)
+    updates["image_std"] = cfg.image_std if cfg.image_std is not None else list(std)
+    return dataclasses.replace(cfg, **updates)
+
+
+def _hf_folder_config(kind: str, folder: Path) -> dict[str, Any]:
+    """The transformers vision config of a CLIP/SigLIP (vision or full) model folder, as a dict."""
+    if kind == "hf_clip":
+        from transformers import CLIPVisionConfig as Config
+    else:
+        from transformers import SiglipVisionConfig as Config
+    if not (folder / "config.json").is_file():
+        raise UserError(f"vision.pretrained={folder} has no config.json; give a save_pretrained folder")
+    config = Config.from_pretrained(str(folder), local_files_only=True)
+    return {k: v for k, v in config.to_dict().items() if k not in _HF_META_KEYS}
+
+
+def normalisation(cfg: VisionConfig) -> tuple[list[float], list[float]]:
+    """(mean, std) the processor applies to [0, 1] pixels for this tower (0.5 / 0.5 when unset)."""
+    mean = cfg.image_mean if cfg.image_mean is not None else list(DEFAULT_MEAN_STD)
+    std = cfg.image_std if cfg.image_std is not None else list(DEFAULT_MEAN_STD)
+    return list(mean), list(std)

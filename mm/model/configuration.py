@@ -13,6 +13,9 @@ from typing import Any, ClassVar
 from transformers import AutoConfig, PreTrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
+from mm.config import from_dict, to_dict
+from mm.vision import VisionConfig, resolve_pretrained
+
 # A tiny Qwen2 for tests and the demo; real runs set `text_config` explicitly.
 TINY_TEXT_CONFIG: dict[str, Any] = {
     "model_type": "qwen2",
@@ -60,6 +63,9 @@ class NoteVLMConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs: Any) -> None:
         self.vision_config = dict(self.vision_config or {})
+        if self.vision_config.get("pretrained") and self.vision_config.get("arch_config") is None:
+            vision = from_dict(VisionConfig, self.vision_config, "vision_config")
+            self.vision_config = to_dict(resolve_pretrained(vision))
         self.fusion_kwargs = dict(self.fusion_kwargs or {})
         super().__post_init__(**kwargs)
         if self.text_config.tie_word_embeddings:
@@ -76,3 +82,11 @@ class NoteVLMConfig(PreTrainedConfig):
                 f"NoteVLMConfig.image_token_id={self.image_token_id} is outside the LM vocabulary "
                 f"[0, {vocab}); set it to the tokenizer's `<image>` id or grow text_config.vocab_size"
             )
+
+    def to_dict(self) -> dict[str, Any]:
+        """As transformers', without the vision tower's source path: a saved model holds its weights and
+        rebuilds the tower from the resolved architecture (``vision_config.arch_config`` or the dims)."""
+        out = super().to_dict()
+        if out.get("vision_config", {}).get("pretrained") is not None:
+            out["vision_config"] = {**out["vision_config"], "pretrained": None}
+        return out

@@ -13,6 +13,7 @@ generation (transformers drops `pixel_values` from later steps); decode steps on
 from __future__ import annotations
 
 import copy
+import importlib
 from typing import Any
 
 import torch
@@ -81,6 +82,18 @@ class NoteVLMPreTrainedModel(PreTrainedModel):
             target = getattr(module, b)
             if target is not None:
                 init.copy_(target, getattr(source, b).to(target.device, target.dtype))
+
+    def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> None:
+        """transformers' save, plus NoteVLM's own code and ``auto_map`` (`mm.model.remote_code`), so the
+        folder loads with ``trust_remote_code=True`` where notelens is not installed."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if not kwargs.get("is_main_process", True):
+            return
+        try:  # by name: the copy of this file in a saved folder runs without notelens and skips this step
+            remote_code = importlib.import_module("mm.model.remote_code")
+        except ModuleNotFoundError:
+            return
+        remote_code.write_remote_code(save_directory)
 
     def _vision_fusion_modules(self) -> dict[int, tuple[str, str]]:
         """id(module) -> (part, name inside the part) for every module of the vision tower and fusion."""

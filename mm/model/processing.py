@@ -30,6 +30,7 @@ IMAGE_TOKEN = "<image>"
 IM_START_TOKEN = "<im_start>"
 IM_END_TOKEN = "<im_end>"
 PROCESSOR_FILE = "note_processor.json"
+RESIZE_MODES = ("stretch", "pad", "crop")
 
 
 class NoteProcessor:
@@ -37,11 +38,14 @@ class NoteProcessor:
 
     Args (keyword-only):
         tokenizer: a `PreTrainedTokenizerFast` with `<pad> <bos> <eos> <image> <im_start> <im_end>`.
-        image_size: images are resized to (image_size, image_size).
+        image_size: images are fitted to (image_size, image_size), as ``resize`` says.
         tokens_per_image: K, must equal the model's `fusion_budget`.
         max_length: longest token sequence; longer samples are cut from the end (never inside images).
         max_images: most images per note (the model's `max_images`).
         image_mean / image_std: per-channel normalisation applied to [0, 1] pixels.
+        resize: "stretch" (aspect ignored), "pad" (letterbox: longer side to image_size, aspect kept,
+            borders filled with the mean colour, i.e. 0 after normalisation) or "crop" (shorter side to
+            image_size, centre crop). Square images come out the same in all three.
     """
 
     def __init__(
@@ -54,7 +58,10 @@ class NoteProcessor:
         max_images: int = 4,
         image_mean: Sequence[float] = (0.5, 0.5, 0.5),
         image_std: Sequence[float] = (0.5, 0.5, 0.5),
+        resize: str = "stretch",
     ) -> None:
+        if resize not in RESIZE_MODES:
+            raise ValueError(f"NoteProcessor: resize must be one of {RESIZE_MODES}, got {resize!r}")
         if tokens_per_image < 1 or image_size < 1 or max_length < 1 or max_images < 1:
             raise ValueError(
                 "NoteProcessor: image_size, tokens_per_image, max_length and max_images must be >= 1, got "
@@ -67,6 +74,7 @@ class NoteProcessor:
         self.max_images = int(max_images)
         self.image_mean = tuple(float(x) for x in image_mean)
         self.image_std = tuple(float(x) for x in image_std)
+        self.resize = resize
         self.image_token_id = self._special_id(IMAGE_TOKEN)
         self.im_start_id = self._special_id(IM_START_TOKEN)
         self.im_end_id = self._special_id(IM_END_TOKEN)
@@ -86,11 +94,17 @@ class NoteProcessor:
     # --- images ---
     def load_image(self, image: Any) -> torch.Tensor:
         """One image (PIL image, path, HxWx3 uint8 array or (3, H, W) float tensor in [0, 1]) -> (3, S, S)."""
+        S = self.image_size
         if isinstance(image, (str, Path)):
             with Image.open(image) as im:
                 image = im.convert("RGB")
         if isinstance(image, Image.Image):
-            image = image.convert("RGB").resize((self.image_size, self.image_size), Image.BILINEAR)
+            image = image.convert("RGB")
+            w, h = image.size
+            if self.resize == "stretch" or w == h:
+                image = image.resize((S, S), Image.BILINEAR)
+            else:
+                image = image.resize(_fit_size(h, w, S, self.resize)[::-1], Image.BILINEAR)
             image = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)
         elif isinstance(image, np.ndarray):
             if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
@@ -102,9 +116,11 @@ class NoteProcessor:
                     f"image tensors must be (3, H, W) floats in [0, 1], got {tuple(image.shape)}"
                 )
             image = image.float()
-            if image.shape[1:] != (self.image_size, self.image_size):
+            h, w = image.shape[1:]
+            size = (S, S) if self.resize == "stretch" or h == w else _fit_size(h, w, S, self.resize)
+            if tuple(image.shape[1:]) != size:
                 image = torch.nn.functional.interpolate(
-                    image[None], size=(self.image_size, self.image_size), mode="bilinear", align_corners=False
+                    image[None], size=size, mode="bilinear", align_corners=False
                 )[0]
         else:
             raise TypeError(
@@ -112,6 +128,7 @@ class NoteProcessor:
             )
         mean = torch.tensor(self.image_mean).view(3, 1, 1)
         std = torch.tensor(self.image_std).view(3, 1, 1)
+        image = _pad_or_crop(image, S, mean)  # (3, S, S); no-op when already square
         return (image - mean) / std  # (3, S, S)
 
     # --- text ---
@@ -279,6 +296,7 @@ class NoteProcessor:
             "max_images": self.max_images,
             "image_mean": list(self.image_mean),
             "image_std": list(self.image_std),
+            "resize": self.resize,
         }
 
     def save_pretrained(self, directory: str | Path) -> None:
@@ -301,3 +319,27 @@ class NoteProcessor:
             )
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(d))
         return cls(tokenizer=tokenizer, **json.loads(path.read_text()))
+
+
+def _fit_size(h: int, w: int, side: int, mode: str) -> tuple[int, int]:
+    """(H', W') keeping the aspect ratio: the longer side = ``side`` for "pad", the shorter for "crop"."""
+    scale = side / (max(h, w) if mode == "pad" else min(h, w))
+    return max(1, round(h * scale)), max(1, round(w * scale))
+
+
+def _pad_or_crop(image: torch.Tensor, side: int, fill: torch.Tensor) -> torch.Tensor:
+    """(3, H, W) -> (3, side, side): centre crop of a longer side, centred letterbox (``fill`` (3, 1, 1)
+    colour) of a shorter one."""
+    _, h, w = image.shape
+    top, left = (h - side) // 2, (w - side) // 2
+    if h > side:
+        image = image[:, top : top + side]
+    if w > side:
+        image = image[:, :, left : left + side]
+    if image.shape[1:] == (side, side):
+        return image
+    canvas = fill.to(image.dtype).expand(3, side, side).clone()  # (3, side, side)
+    h, w = image.shape[1:]
+    top, left = (side - h) // 2, (side - w) // 2
+    canvas[:, top : top + h, left : left + w] = image
+    return canvas

@@ -17,12 +17,20 @@ import numpy as np
 import torch
 
 from mm.errors import UserError
-from mm.model.processing import IGNORE_INDEX
+from mm.model.processing import IGNORE_INDEX, _fit_size
 from mm.train.tasks import Sample
 
 
-def load_note_images(notes: Sequence[Any], root: str | Path, size: int) -> list[torch.Tensor]:
-    """Each note's images as one uint8 tensor (n_images, 3, size, size), RGB, resized when needed."""
+def load_note_images(
+    notes: Sequence[Any],
+    root: str | Path,
+    size: int,
+    *,
+    resize: str = "stretch",
+    fill: Sequence[float] = (0.5, 0.5, 0.5),
+) -> list[torch.Tensor]:
+    """Each note's images as one uint8 tensor (n_images, 3, size, size), RGB, fitted to the square as
+    NoteProcessor's ``resize`` does ("pad" borders: ``fill`` [0, 1] colour, e.g. ``processor.image_mean``)."""
     import cv2
 
     out = []
@@ -33,11 +41,30 @@ def load_note_images(notes: Sequence[Any], root: str | Path, size: int) -> list[
             arr = cv2.imread(str(path), cv2.IMREAD_COLOR)
             if arr is None:
                 raise UserError(f"note {note.id}: cannot read image {path}; check the note folder")
-            if arr.shape[:2] != (size, size):
+            h, w = arr.shape[:2]
+            if resize != "stretch" and h != w:
+                fh, fw = _fit_size(h, w, size, resize)
+                arr = _pad_or_crop_uint8(
+                    cv2.resize(arr, (fw, fh), interpolation=cv2.INTER_AREA), size, fill[::-1]
+                )  # BGR
+            elif arr.shape[:2] != (size, size):
                 arr = cv2.resize(arr, (size, size), interpolation=cv2.INTER_AREA)
             imgs.append(torch.from_numpy(np.ascontiguousarray(arr[:, :, ::-1])).permute(2, 0, 1))
         out.append(torch.stack(imgs))  # (n, 3, S, S) uint8
     return out
+
+
+def _pad_or_crop_uint8(arr: np.ndarray, side: int, fill: Sequence[float]) -> np.ndarray:
+    """(H, W, 3) uint8 -> (side, side, 3): centre crop of a longer side, centred letterbox of a shorter."""
+    h, w = arr.shape[:2]
+    top, left = max(0, (h - side) // 2), max(0, (w - side) // 2)
+    arr = arr[top : top + side, left : left + side]
+    h, w = arr.shape[:2]
+    canvas = np.empty((side, side, 3), np.uint8)
+    canvas[:] = np.round(np.asarray(fill) * 255.0).astype(np.uint8)
+    top, left = (side - h) // 2, (side - w) // 2
+    canvas[top : top + h, left : left + w] = arr
+    return canvas
 
 
 def to_unit(images: torch.Tensor) -> list[torch.Tensor]:

@@ -13,10 +13,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from mm import contrastive
+from mm.errors import UserError
 from mm.fusion import build_fusion_from_config
 from mm.train.pretrain.config import LossConfig, PretrainModelConfig
 from mm.train.text_encoder import TextEncoder
-from mm.vision import build_vision_tower
+from mm.vision import VisionConfig, build_vision_tower, normalisation, resolve_pretrained
 
 
 class NoteTextModel(nn.Module):
@@ -27,7 +28,7 @@ class NoteTextModel(nn.Module):
     ) -> None:
         super().__init__()
         self.cfg = cfg
-        self.vision = build_vision_tower(cfg.vision)
+        self.vision = build_vision_tower(_stretched_half_normalised(cfg.vision))
         self.fusion = build_fusion_from_config(
             cfg.fusion, d_vision=self.vision.dim, d_model=cfg.d_model, grid=self.vision.grid
         )
@@ -108,6 +109,20 @@ class NoteTextModel(nn.Module):
         out["note"], out["images"] = self._pool(per_image, batch["image_mask"])
         out["text"] = self.encode_text(batch["input_ids"], batch["attention_mask"])
         return out
+
+
+def _stretched_half_normalised(vision: VisionConfig) -> VisionConfig:
+    """``vision`` if the tower takes what `mm pretrain` feeds it (images stretched to the square, pixels
+    scaled to [-1, 1], i.e. mean = std = 0.5), else a UserError saying how to accept that."""
+    mean, std = normalisation(resolve_pretrained(vision))
+    if vision.resize != "stretch" or mean != [0.5] * 3 or std != [0.5] * 3:
+        raise UserError(
+            f"mm pretrain stretches images and scales pixels to [-1, 1] (mean = std = 0.5), but the vision "
+            f"tower asks for resize={vision.resize!r}, mean={mean}, std={std} (its pretrained source's); "
+            "set model.vision.resize: stretch, image_mean: [0.5, 0.5, 0.5] and image_std: [0.5, 0.5, 0.5] "
+            "to pretrain it that way (mm train then uses the same numbers)"
+        )
+    return vision
 
 
 def tag_loss(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from mm.fusion import FusionConfig
 from mm.model.configuration import TINY_TEXT_CONFIG
+from mm.model.pretrained_lm import check_text_section
 from mm.train.config import BatchRunConfig, OptimConfig
 from mm.train.tasks import ANSWER_STYLES, CAPTION_PROMPT, IMAGE_CAPTION_PROMPT, TASK_KINDS
 from mm.vision import VisionConfig
@@ -23,7 +24,9 @@ class ModelConfig:
     fusion: FusionConfig = field(default_factory=FusionConfig)
     """Fusion kind and budget K (mm.fusion.FusionConfig); replaced by the checkpoint's when init.pretrain."""
     text: dict = field(default_factory=lambda: dict(TINY_TEXT_CONFIG))
-    """Causal LM config (transformers fields, model_type qwen2/llama); vocab_size comes from the tokenizer."""
+    """Causal LM: transformers config fields (model_type qwen2/llama; vocab_size comes from the tokenizer),
+    or ``pretrained: DIR``, a local AutoModelForCausalLM folder whose config, weights, tokenizer and chat
+    template are used (mm.model.pretrained_lm). Keys that are not fields of the LM's config are errors."""
     max_images: int = 4
     """Image slots per note."""
     max_length: int = 256
@@ -32,6 +35,14 @@ class ModelConfig:
     """Tokenizer folder (save_pretrained); None = the project tokenizer (mm.data.tokenizer.load_tokenizer)."""
     image_index_embeddings: bool = False
     """Add a learned per-image index embedding to each image's fusion tokens (NoteVLMConfig field)."""
+
+    def __post_init__(self) -> None:
+        check_text_section(self.text)
+        if self.text.get("pretrained") is not None and self.tokenizer is not None:
+            raise ValueError(
+                "model.text.pretrained brings its own tokenizer; drop model.tokenizer or "
+                "model.text.pretrained (one of the two)"
+            )
 
 
 @dataclass

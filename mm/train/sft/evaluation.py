@@ -71,7 +71,9 @@ def load_eval_data(notes: list[Any], root: Path, processor: Any, cfg: TrainConfi
         raise UserError(
             f"no notes in split {cfg.data.eval_split!r}; generate more notes or change data.eval_split"
         )
-    images = load_note_images(notes, root, processor.image_size)
+    images = load_note_images(
+        notes, root, processor.image_size, resize=processor.resize, fill=processor.image_mean
+    )
     caps = SampleSet(
         processor=processor,
         images=images,

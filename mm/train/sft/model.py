@@ -9,10 +9,10 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
-from mm.config import to_dict
+from mm.config import from_dict, to_dict
 from mm.data.tokenizer import load_tokenizer as project_tokenizer
 from mm.errors import UserError
-from mm.model import NoteProcessor, NoteVLMConfig, NoteVLMForConditionalGeneration
+from mm.model import NoteProcessor, NoteVLMConfig, NoteVLMForConditionalGeneration, pretrained_lm
 from mm.model.peft_presets import (
     LoraPreset,
     apply_lora,
@@ -23,7 +23,7 @@ from mm.model.peft_presets import (
 from mm.train import init_from_pretrain
 from mm.train.common import unwrap
 from mm.train.sft.config import TrainConfig
-from mm.vision import VisionConfig
+from mm.vision import VisionConfig, normalisation
 
 
 def load_tokenizer(path: str | None) -> Any:
@@ -38,7 +38,12 @@ def load_tokenizer(path: str | None) -> Any:
 
 
 def build_model_and_processor(cfg: TrainConfig) -> tuple[Any, Any, dict[str, Any]]:
-    """The NoteVLM, its NoteProcessor and a note of where the weights came from (seed set by the caller)."""
+    """The NoteVLM, its NoteProcessor and a note of where the weights came from (seed set by the caller).
+
+    ``model.text.pretrained`` takes the LM (config, weights, tokenizer, chat template) from a folder;
+    ``model.vision.pretrained`` the tower's weights, and its architecture, input size and normalisation
+    (`mm.vision.resolve_pretrained`), which the processor then applies.
+    """
     if cfg.init.model:
         d = Path(cfg.init.model)
         if not (d / "config.json").is_file():
@@ -47,7 +52,14 @@ def build_model_and_processor(cfg: TrainConfig) -> tuple[Any, Any, dict[str, Any
             )
         model = NoteVLMForConditionalGeneration.from_pretrained(str(d))
         return model, NoteProcessor.from_pretrained(d), {"init": "model", "from": str(d)}
-    tok = load_tokenizer(cfg.model.tokenizer)
+    lm_folder = cfg.model.text.get("pretrained")
+    if lm_folder is not None:
+        tok = pretrained_lm.load_lm_tokenizer(lm_folder)
+        text = pretrained_lm.lm_text_config(lm_folder, tok)
+        pretrained_lm.check_agreement(cfg.model.text, text, lm_folder)
+    else:
+        tok = load_tokenizer(cfg.model.tokenizer)
+        text = {**cfg.model.text, "vocab_size": len(tok)}
     vision, fusion = to_dict(cfg.model.vision), cfg.model.fusion
     parts = {
         "vision_config": vision,
@@ -59,13 +71,16 @@ def build_model_and_processor(cfg: TrainConfig) -> tuple[Any, Any, dict[str, Any
     if cfg.init.pretrain:
         pre = init_from_pretrain.pretrain_parts(cfg.init.pretrain)
         parts = {k: pre[k] for k in parts}
-        hidden = int(cfg.model.text.get("hidden_size", 0))
+        hidden = int(text.get("hidden_size", 0))
         if hidden != pre["d_model"]:
-            raise UserError(
-                f"model.text.hidden_size={hidden} but the pretrained fusion outputs {pre['d_model']}; "
-                f"set model.text.hidden_size={pre['d_model']}"
+            fix = (
+                "pick an LM of that width"
+                if lm_folder is not None
+                else f"set model.text.hidden_size={pre['d_model']}"
             )
-    text = {**cfg.model.text, "vocab_size": len(tok)}
+            raise UserError(
+                f"model.text.hidden_size={hidden} but the pretrained fusion outputs {pre['d_model']}; {fix}"
+            )
     config = NoteVLMConfig(
         **parts,
         text_config=text,
@@ -80,13 +95,24 @@ def build_model_and_processor(cfg: TrainConfig) -> tuple[Any, Any, dict[str, Any
     if cfg.init.pretrain:
         loaded = init_from_pretrain.load_pretrained_parts(model, cfg.init.pretrain)
         origin = {"init": "pretrain", "from": str(pre["checkpoint"]), "tensors": loaded}
-    image_size = config.vision_config.get("image_size") or VisionConfig().image_size
+    if lm_folder is not None:
+        origin["text"] = {"from": str(lm_folder), **pretrained_lm.copy_lm_weights(model, lm_folder)}
+    if cfg.model.vision.pretrained is not None and not cfg.init.pretrain:
+        origin["vision"] = {"from": str(cfg.model.vision.pretrained)}
+    vision_cfg = from_dict(VisionConfig, dict(config.vision_config), "vision_config")
+    mean, std = normalisation(vision_cfg)
+    h, w = model.vision_tower.image_size
+    if h != w:
+        raise UserError(f"NoteProcessor makes square images; the vision tower takes {h}x{w}")
     processor = NoteProcessor(
         tokenizer=tok,
-        image_size=int(image_size),
+        image_size=int(h),
         tokens_per_image=config.fusion_budget,
         max_length=cfg.model.max_length,
         max_images=cfg.model.max_images,
+        image_mean=mean,
+        image_std=std,
+        resize=vision_cfg.resize,
     )
     return model, processor, origin
 

@@ -122,7 +122,9 @@ def train(
         answer_style=cfg.tasks.answer_style, pope_questions_per_note=cfg.tasks.pope_questions_per_note,
         seed=cfg.train.seed,
     )  # fmt: skip
-    images = load_note_images(train_notes, root, processor.image_size)
+    images = load_note_images(
+        train_notes, root, processor.image_size, resize=processor.resize, fill=processor.image_mean
+    )
     train_data = SampleSet(processor=processor, images=images, samples=samples)
     eval_data = load_eval_data(eval_notes, Path(root), processor, cfg)
     if trainable["total"] == 0:
