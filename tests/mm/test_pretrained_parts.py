@@ -131,7 +131,7 @@ def test_typed_text_key_and_bad_sources(parts, capsys):
         load_config(TrainConfig, yaml, ["model.text.hidden_sise=64"])
     with pytest.raises(ConfigError, match="has no config.json"):
         load_config(TrainConfig, None, [f"model.text.pretrained={parts['tmp'] / 'missing'}"])
-    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['resise'\]"):
+    with pytest.raises(ConfigError, match=r"unknown key 'model.vision.resise'"):
         load_config(TrainConfig, None, ["model.vision.resise=pad"])
     with pytest.raises(ConfigError, match="resize must be one of"):
         load_config(TrainConfig, None, ["model.vision.resize=squash"])
