@@ -36,6 +36,7 @@ KINDS: dict[str, Kind] = {
     "compare": Kind("mm.train.compare:CompareConfig", "mm compare-fusion --config FILE"),
     "pope": Kind("mm.eval.pope:PopeBuildConfig", "mm eval pope-build (its flags)"),
     "dpo": Kind("rl.trainers.dpo:DPOConfig", "rl dpo --config FILE"),
+    "dpo_files": Kind("rl.trainers.dpo_config:FilesDPOConfig", "rl dpo --model DIR --pairs FILE"),
     "grpo": Kind("rl.trainers.grpo:GRPOConfig", "rl grpo --config FILE"),
     "pairs": Kind("rl.pairs.cli:PairsConfig", "rl pairs (its flags)"),
     "pipeline": Kind("rl.pipeline:PipelineConfig", "rl pipeline --config FILE"),
@@ -49,7 +50,8 @@ ALSO_DOCUMENTED: tuple[str, ...] = ("mm.multi_image:MultiImageConfig",)
 """Config dataclasses built in code rather than from a file; their fields are documented all the same."""
 
 NAME_HINTS: tuple[tuple[str, str], ...] = (
-    ("pipeline", "pipeline"), ("grpo", "grpo"), ("dapo", "grpo"), ("dpo", "dpo"), ("pretrain", "pretrain"),
+    ("pipeline", "pipeline"), ("grpo", "grpo"), ("dapo", "grpo"), ("dpo_files", "dpo_files"), ("dpo", "dpo"),
+    ("pretrain", "pretrain"),
     ("compare", "compare"), ("align", "train"), ("sft", "train"), ("world", "world"), ("notevlm", "notevlm"),
     ("pairs", "pairs"), ("pope", "pope"),
 )  # fmt: skip
