@@ -387,3 +387,23 @@ def test_help_documents_the_pair_record(capsys):
     )  # fmt: skip
     for needle in needles:
         assert needle in text, needle
+
+
+# ---------------------------------------------------------------- the benchmark against TRL
+
+
+def test_dpo_vs_trl_benchmark_smoke(tmp_path):
+    """benchmarks/dpo_vs_trl.py: both sides train the same model on the same pairs (2 steps each)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "dpo_vs_trl.py"
+    spec = importlib.util.spec_from_file_location("dpo_vs_trl", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model = bench.build_model(tmp_path / "llava", hidden=32, layers=1)
+    pairs = bench.write_pairs(tmp_path, 4)
+    assert len(pairs.read_text().splitlines()) == 4 and (tmp_path / "3.png").is_file()
+    ours = bench.ours(model, pairs, batch=2, steps=2, lr=1e-3)
+    theirs = bench.trl(model, pairs, tmp_path / "trl", batch=2, steps=2, lr=1e-3)
+    assert len(ours) == len(theirs) == 2 and min(ours + theirs) > 0
+    assert bench.median_after_warmup([5.0, 1.0, 3.0]) == 2.0
