@@ -151,6 +151,31 @@ def test_merged_folders_load_in_plain_transformers(files, runs, tmp_path):
         torch.testing.assert_close(got[family], expected[family], atol=1e-5, rtol=1e-5)
 
 
+def test_resume_gives_the_same_weights(files, tmp_path):
+    """A run killed after step 1 and resumed from its checkpoint ends where an uninterrupted run ends."""
+    from mm.config import load_config
+    from mm.model.adapter import load_adapter
+    from rl.pairs.importers import read_pair_file
+    from rl.trainers import dpo_files
+    from rl.trainers.dpo_config import FilesDPOConfig
+
+    sets = [f"model.path={files['models']['qwen2_vl']}", "train.steps=2", "data.batch_size=2",
+            "train.checkpoint_every=1", "lora.r=2", "optim.lr=1e-2", "train.device=cpu"]  # fmt: skip
+    cfg = load_config(FilesDPOConfig, None, sets)
+    pairs, _ = read_pair_file(files["pairs"], files["images"])
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    dpo_files.train(cfg, pairs, out_dir=straight, show_progress=False)
+    assert dpo_files.train(cfg, pairs, out_dir=resumed, show_progress=False, stop_after=1)["step"] == 1
+    assert not (resumed / "model").exists()
+    assert dpo_files.train(cfg, pairs, out_dir=resumed, show_progress=False)["step"] == 2
+    a = load_adapter(straight / "model").model.state_dict()
+    b = load_adapter(resumed / "model").model.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5, msg=k)
+    assert [r["step"] for r in _records(resumed)] == [1, 2]
+
+
 # ---------------------------------------------------------------- NoteVLM: files form == world form
 
 SAME_RUN = (
