@@ -16,6 +16,11 @@ forward, as TRL's ``concatenated_forward``) and calls :func:`rl.losses.dpo_loss`
 (:func:`dpo_step`) also takes a text-only causal LM batch (no ``pixel_values``), which is how
 ``benchmarks/rl_bench.py`` times it against ``DPOTrainer``.
 
+Scoring: the trainer takes the policy's and the reference's per-token log-probs through the model adapter
+(:class:`rl.trainers.dpo_score.AdapterScorer` over :class:`mm.model.adapter.VLMAdapter`), the same
+path ``rl dpo --model DIR --pairs FILE`` (:mod:`rl.trainers.dpo_files`) takes for any transformers VLM;
+on NoteVLM rows it equals the direct model call (:func:`dpo_step`), which the text-only benchmark uses.
+
 Reference: adapter-disabled model under LoRA, a frozen copy otherwise (DPO always needs one).
 Data parallel (torchrun / accelerate launch): each rank takes its contiguous shard of every step's pairs
 (:func:`mm.train.common.shard`); the loss is the shard's mean, so the ranks' averaged gradient
@@ -155,7 +160,7 @@ class DPOTrainer(loop.StepTrainer):
         self.question_loss = dataclasses.replace(loss, conditional_weight=0.0)
         self.bco = {"bco_mean": 0.0, "bco_count": 0}
 
-    def _rows(self, batcher: PairBatcher, size: int, seed: int, step: int) -> tuple[dict[str, Any], int]:
+    def _rows(self, batcher: Any, size: int, seed: int, step: int) -> tuple[dict[str, Any], int]:
         idx = common.batch_indices(len(batcher), size, seed=seed, step=step)
         shard = common.shard(idx, rank=self.rank, world_size=self.world)
         return to_device(batcher.batch(shard), self.device), len(idx)

@@ -41,7 +41,7 @@ rlaif-v / rlhf-v (auto: told apart by the first record's keys). A bad record sto
 FILE:LINE before anything is written. --config (optional) is a FilesDPOConfig YAML; without it the
 defaults apply (LoRA r=8, sigmoid DPO beta=0.1, 8 pairs per step, 100 steps): `mm config show --kind
 dpo_files` prints them all, ready to copy into a file.
-OUT/model is the merged model (LoRA in OUT/model/adapter/); transformers families load it with
+OUT/model is the merged model (the LoRA beside it in OUT/adapter/); transformers families load it with
 AutoModelForImageTextToText.from_pretrained.
 """
 

@@ -8,14 +8,15 @@ of a step go through one forward pass, as TRL's ``concatenated_forward``.
 
 Reference: the adapters switched off under LoRA (the default), a frozen copy with full fine-tuning.
 Full fine-tuning trains everything but the vision tower. OUT/model is a complete model folder (LoRA
-merged; the LoRA itself in OUT/model/adapter/) that ``AutoModelForImageTextToText.from_pretrained``
-loads without notelens for transformers families.
+merged) that ``AutoModelForImageTextToText.from_pretrained`` loads without notelens for transformers
+families; the LoRA itself is beside it in OUT/adapter/ (as the world form writes them).
 Deviation from the world form: mDPO's conditional rows corrupt the original images before the processor
 (the world form corrupts the resized ones).
 """
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,16 @@ def prepare_model(cfg: FilesDPOConfig, device: torch.device) -> Any:
     return adapter
 
 
+def save_model(adapter: Any, out: Path) -> None:
+    """OUT/model (LoRA merged, with the processor) and, when LoRA was trained, OUT/adapter beside it."""
+    for old in (out / "model", out / "adapter"):  # a rerun after a finished run replaces both
+        if old.exists():
+            shutil.rmtree(old)
+    adapter.merge_and_save(out / "model")  # writes the LoRA to OUT/model/adapter, then merges
+    if (out / "model" / "adapter").is_dir():
+        (out / "model" / "adapter").rename(out / "adapter")
+
+
 def train(
     cfg: FilesDPOConfig,
     pairs: list[FilePair],
@@ -122,7 +133,7 @@ def train(
     stop_after: int | None = None,
 ) -> dict[str, Any]:
     """Train on ``pairs`` (:func:`rl.pairs.importers.read_pair_file`); writes OUT/metrics.jsonl,
-    OUT/curves.png, OUT/checkpoints/ and OUT/model (+ OUT/model/adapter/ under LoRA). Returns a summary."""
+    OUT/curves.png, OUT/checkpoints/, OUT/model and, under LoRA, OUT/adapter. Returns a summary."""
     out, device = start_run(cfg.train, out_dir, global_batch=cfg.data.batch_size)
     rank, world = common.init_distributed()
     adapter = prepare_model(cfg, device)
@@ -144,7 +155,7 @@ def train(
         stop_after=stop_after,
     )  # fmt: skip
     if rank == 0 and not result.stopped:
-        adapter.merge_and_save(out / "model")
+        save_model(adapter, out)
     return {
         "step": result.step,
         "family": adapter.family,

@@ -118,7 +118,8 @@ def test_runs_end_to_end_and_learns(runs, family):
     assert result["images_per_pair"] == {"1": 2, "2": 1}
     assert result["reference"] == ("copy" if family == "idefics3" else "adapter")
     assert (out / "model" / "config.json").is_file()
-    assert (out / "model" / "adapter" / "adapter_config.json").is_file() == (family != "idefics3")
+    assert (out / "adapter" / "adapter_config.json").is_file() == (family != "idefics3")
+    assert not (out / "model" / "adapter").exists()
     assert (out / "curves.png").is_file() and (out / "config.yaml").is_file()
 
 
