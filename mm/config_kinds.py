@@ -36,6 +36,7 @@ KINDS: dict[str, Kind] = {
     "compare": Kind("mm.train.compare:CompareConfig", "mm compare-fusion --config FILE"),
     "pope": Kind("mm.eval.pope:PopeBuildConfig", "mm eval pope-build (its flags)"),
     "dpo": Kind("rl.trainers.dpo:DPOConfig", "rl dpo --config FILE"),
+    "dpo_files": Kind("rl.trainers.dpo_config:FilesDPOConfig", "rl dpo --model DIR --pairs FILE"),
     "grpo": Kind("rl.trainers.grpo:GRPOConfig", "rl grpo --config FILE"),
     "grpo_files": Kind(
         "rl.trainers.grpo_files_config:GRPOFilesConfig", "rl grpo --model DIR --prompts P.jsonl --config FILE"
@@ -53,8 +54,9 @@ ALSO_DOCUMENTED: tuple[str, ...] = ("mm.multi_image:MultiImageConfig",)
 
 NAME_HINTS: tuple[tuple[str, str], ...] = (
     ("pipeline", "pipeline"), ("grpo_files", "grpo_files"), ("grpo", "grpo"), ("dapo", "grpo"),
-    ("dpo", "dpo"), ("pretrain", "pretrain"), ("compare", "compare"), ("align", "train"), ("sft", "train"),
-    ("world", "world"), ("notevlm", "notevlm"), ("pairs", "pairs"), ("pope", "pope"),
+    ("dpo_files", "dpo_files"), ("dpo", "dpo"), ("pretrain", "pretrain"), ("compare", "compare"),
+    ("align", "train"), ("sft", "train"), ("world", "world"), ("notevlm", "notevlm"), ("pairs", "pairs"),
+    ("pope", "pope"),
 )  # fmt: skip
 """(word in the file name, kind), tried in order: "grpo_files" before "grpo" before "dpo" (each contains the
 next)."""

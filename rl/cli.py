@@ -6,7 +6,7 @@ from mm.dispatch import dispatch
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "dpo": ("rl.trainers.dpo_cli", "DPO-family post-training of a NoteVLM from its SFT checkpoint"),
+    "dpo": ("rl.trainers.dpo_cli", "DPO post-training: a NoteVLM on the world, or any VLM on your pairs"),
     "grpo": ("rl.trainers.grpo_cli", "GRPO/DAPO post-training of a NoteVLM with hallucination rewards"),
     "pairs": ("rl.pairs.cli", "build preference pairs (object injection, on-policy, image-corrupted)"),
     "pipeline": ("rl.pipeline", "the main job: data -> pretrain -> align -> SFT -> eval -> DPO/GRPO -> eval"),

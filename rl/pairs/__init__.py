@@ -3,6 +3,7 @@
 
 - :mod:`rl.pairs.record`: the pair record, its kinds, and the scored caption pair builders share.
 - :mod:`rl.pairs.files`: JSONL on disk (:func:`write_pairs` atomic, :func:`read_pairs` naming ``file:line``).
+- :mod:`rl.pairs.importers`: your own pair files (native, RLAIF-V, RLHF-V records) for ``rl dpo --model``.
 - :mod:`rl.pairs.injection`: an absent object added to or swapped into the true caption (POVID, HA-DPO).
 - :mod:`rl.pairs.onpolicy`: best vs worst of sampled captions by reward (RLAIF-V).
 - :mod:`rl.pairs.correction`: the policy's caption vs the same caption with its hallucinations
@@ -24,6 +25,10 @@ from typing import Any
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "rl.pairs.record": ("PAIR_KINDS", "PreferencePair", "caption_pair"),
     "rl.pairs.files": ("read_pairs", "write_pairs"),
+    "rl.pairs.importers": (
+        "PAIR_FORMATS", "FilePair", "RecordError", "detect_format", "native_pair", "open_images",
+        "read_pair_file", "rlaif_v_pair", "rlhf_v_pair",
+    ),  # fmt: skip
     "rl.pairs.injection": ("ALSO_TEMPLATES", "choose_injected", "inject_object", "injection_pairs"),
     "rl.pairs.onpolicy": ("onpolicy_pairs", "rank_pair", "sample_responses"),
     "rl.pairs.correction": ("correction_pairs", "strip_objects"),

@@ -16,6 +16,11 @@ forward, as TRL's ``concatenated_forward``) and calls :func:`rl.losses.dpo_loss`
 (:func:`dpo_step`) also takes a text-only causal LM batch (no ``pixel_values``), which is how
 ``benchmarks/rl_bench.py`` times it against ``DPOTrainer``.
 
+Scoring: the trainer takes the policy's and the reference's per-token log-probs through the model adapter
+(:class:`rl.trainers.dpo_score.AdapterScorer` over :class:`mm.model.adapter.VLMAdapter`), the same
+path ``rl dpo --model DIR --pairs FILE`` (:mod:`rl.trainers.dpo_files`) takes for any transformers VLM;
+on NoteVLM rows it equals the direct model call (:func:`dpo_step`), which the text-only benchmark uses.
+
 Reference: adapter-disabled model under LoRA, a frozen copy otherwise (DPO always needs one).
 Data parallel (torchrun / accelerate launch): each rank takes its contiguous shard of every step's pairs
 (:func:`mm.train.common.shard`); the loss is the shard's mean, so the ranks' averaged gradient
@@ -36,11 +41,11 @@ import torch
 
 from mm.config import to_dict
 from mm.errors import UserError
+from mm.model.adapter import load_adapter
 from mm.train import common, loop
 from rl.losses import bco_running_delta, dpo_loss, mdpo_anchor_loss, mdpo_conditional_loss
 from rl.trainers.common import (
     Reference,
-    batch_token_logps,
     load_policy,
     make_optimizer,
     save_final,
@@ -49,11 +54,12 @@ from rl.trainers.common import (
 )
 from rl.trainers.dpo_config import BUILDS, DataConfig, DPOConfig, LossConfig
 from rl.trainers.dpo_data import PairBatcher, load_pairs, load_question_pairs
+from rl.trainers.dpo_score import AdapterScorer, ModelScorer, Scorer
 from rl.trainers.monitor import failure_warnings
 
 __all__ = [
     "BUILDS", "DPOConfig", "DPOTrainer", "DataConfig", "LossConfig", "PairBatcher", "dpo_step", "load_pairs",
-    "load_question_pairs", "train",
+    "load_question_pairs", "scored_dpo_step", "train",
 ]  # fmt: skip
 
 DPO_PLOT_KEYS = ["loss", "reward_margin", "reward_accuracy", "grad_norm", "kl", "entropy"]
@@ -72,13 +78,27 @@ def dpo_step(
     *,
     bco_delta: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Loss (scalar, with grad) and detached metrics of one batch of pairs (see :class:`PairBatcher`).
+    """:func:`scored_dpo_step` on a bare model (NoteVLM batches, or text-only causal LM batches without
+    ``pixel_values``)."""
+    return scored_dpo_step(ModelScorer(model, ref), batch, cfg, bco_delta=bco_delta)
 
-    Works for NoteVLM batches and for text-only causal LM batches (no ``pixel_values``).
+
+def scored_dpo_step(
+    scorer: Scorer,
+    batch: dict[str, Any],
+    cfg: LossConfig,
+    *,
+    bco_delta: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Loss (scalar, with grad) and detached metrics of one batch of pairs.
+
+    ``batch``: rows ``[0, b)`` chosen, ``[b, 2b)`` rejected and, with mDPO's conditional term,
+    ``[2b, 3b)`` the chosen answer with corrupted images; ``num_pairs`` = b (see :class:`PairBatcher`
+    and :class:`rl.trainers.dpo_files.FilePairBatcher`). ``scorer``: :mod:`rl.trainers.dpo_score`.
     """
     b = int(batch["num_pairs"])
-    logps, mask, entropy = batch_token_logps(model, batch, with_entropy=True)  # (R, W)
-    ref_logps = ref.token_logps(batch)  # (R, W)
+    logps, mask, entropy = scorer.policy(batch)  # (R, W)
+    ref_logps = scorer.reference(batch)  # (R, W)
     seq, ref_seq = logps.sum(-1), ref_logps.sum(-1)  # (R,)
     lengths = mask.sum(-1)  # (R,)
     losses, chosen_r, rejected_r = dpo_loss(
@@ -125,38 +145,40 @@ def dpo_step(
 
 
 class DPOTrainer(loop.StepTrainer):
-    """The pairs of each step (this rank's shard) through :func:`dpo_step`, plus the yes/no question batch."""
+    """The pairs of each step (this rank's shard) through :func:`scored_dpo_step`, plus the yes/no
+    question batch when there is one. Any batcher with ``len()`` and ``batch(indices)`` serves."""
 
     def __init__(
-        self, cfg: DPOConfig, model: Any, ref: Reference, pairs: PairBatcher, questions: PairBatcher | None,
-        *, device: torch.device, rank: int, world: int,
+        self, *, model: Any, scorer: Scorer, loss: LossConfig, pairs: Any, batch_size: int, seed: int,
+        questions: Any = None, question_batch_size: int = 0, device: torch.device, rank: int, world: int,
     ) -> None:  # fmt: skip
-        self.cfg, self.model, self.ref, self.pairs, self.questions = cfg, model, ref, pairs, questions
+        self.model, self.scorer, self.loss_cfg = model, scorer, loss
+        self.pairs, self.questions = pairs, questions
+        self.batch_size, self.question_batch_size, self.seed = batch_size, question_batch_size, seed
         self.device, self.rank, self.world = device, rank, world
         # the question pairs have no corrupted-image rows: no mDPO conditional term on them
-        self.question_loss = dataclasses.replace(cfg.loss, conditional_weight=0.0)
+        self.question_loss = dataclasses.replace(loss, conditional_weight=0.0)
         self.bco = {"bco_mean": 0.0, "bco_count": 0}
 
-    def _rows(self, batcher: PairBatcher, size: int, seed: int, step: int) -> tuple[dict[str, Any], int]:
+    def _rows(self, batcher: Any, size: int, seed: int, step: int) -> tuple[dict[str, Any], int]:
         idx = common.batch_indices(len(batcher), size, seed=seed, step=step)
         shard = common.shard(idx, rank=self.rank, world_size=self.world)
         return to_device(batcher.batch(shard), self.device), len(idx)
 
     def batch(self, step: int) -> dict[str, Any]:
-        seed, data = self.cfg.train.seed, self.cfg.data
-        out = {"pairs": self._rows(self.pairs, data.batch_size, seed, step)}
+        out = {"pairs": self._rows(self.pairs, self.batch_size, self.seed, step)}
         if self.questions is not None:
-            out["questions"] = self._rows(self.questions, data.question_batch_size, seed + 1, step)
+            out["questions"] = self._rows(self.questions, self.question_batch_size, self.seed + 1, step)
         return out
 
     def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
         rows, size = batch["pairs"]
-        loss, metrics = dpo_step(self.model, self.ref, rows, self.cfg.loss, bco_delta=self.bco["bco_mean"])
+        loss, metrics = scored_dpo_step(self.scorer, rows, self.loss_cfg, bco_delta=self.bco["bco_mean"])
         if "questions" in batch:
-            qloss, qm = dpo_step(self.model, self.ref, batch["questions"][0], self.question_loss)
+            qloss, qm = scored_dpo_step(self.scorer, batch["questions"][0], self.question_loss)
             loss = loss + qloss
             metrics.update({f"question/{k}": qm[k] for k in QUESTION_METRICS})
-        if self.cfg.loss.loss_type == "bco_pair":  # the running mean of the global batch's rewards
+        if self.loss_cfg.loss_type == "bco_pair":  # the running mean of the global batch's rewards
             chosen = common.all_reduce_sum(metrics["reward_chosen"]) / self.world
             rejected = common.all_reduce_sum(metrics["reward_rejected"]) / self.world
             self.bco["bco_mean"], self.bco["bco_count"] = bco_running_delta(
@@ -188,7 +210,8 @@ def train(
         )
     model, processor = load_policy(cfg.init, cfg.lora, device)
     pairs = load_pairs(cfg.data, cfg.train.seed, policy=(model, processor))
-    ref = Reference(model=model, needed=True)
+    adapter = load_adapter(model, processor, device=device)  # a PeftModel is kept as it is
+    ref = Reference(model=adapter.model, needed=True)
     conditional = cfg.loss.corruption if cfg.loss.conditional_weight > 0 else None
     batcher = PairBatcher(
         processor=processor, pairs=pairs, root=cfg.data.folder, conditional=conditional, seed=cfg.train.seed
@@ -198,7 +221,11 @@ def train(
         qpairs = load_question_pairs(cfg.data, cfg.train.seed)
         questions = PairBatcher(processor=processor, pairs=qpairs, root=cfg.data.folder, seed=cfg.train.seed)
     opt, sched = make_optimizer(model, cfg.optim, cfg.train.steps)
-    trainer = DPOTrainer(cfg, model, ref, batcher, questions, device=device, rank=rank, world=world)
+    trainer = DPOTrainer(
+        model=adapter.model, scorer=AdapterScorer(adapter, ref), loss=cfg.loss, pairs=batcher,
+        batch_size=cfg.data.batch_size, seed=cfg.train.seed, questions=questions,
+        question_batch_size=cfg.data.question_batch_size, device=device, rank=rank, world=world,
+    )  # fmt: skip
     result = loop.run(
         trainer, optimizer=opt, scheduler=sched, run=cfg.train, out=out, config=to_dict(cfg),
         desc="dpo" + ("-lora" if cfg.lora.enabled else ""), plot_keys=DPO_PLOT_KEYS, monitor=failure_warnings,

@@ -136,3 +136,76 @@ class DPOConfig:
     """Optimizer and schedule."""
     train: RunConfig = field(default_factory=RunConfig)
     """Steps, seed, cadence."""
+
+
+# ---------------------------------------------------------------- your model and pair files
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """The model to post-train: any folder :func:`mm.model.adapter.load_adapter` takes."""
+
+    path: str = ""
+    """Model folder (``--model``): a NoteVLM folder or a transformers image-text-to-text folder with its
+    processor (e.g. one downloaded with ``huggingface-cli download llava-hf/llava-1.5-7b-hf --local-dir``)."""
+    dtype: str | None = None
+    """Weights' dtype: None = as saved; float32, bfloat16 or float16."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in (None, "float32", "bfloat16", "float16"):
+            raise ValueError(f"model.dtype must be null, float32, bfloat16 or float16, got {self.dtype!r}")
+
+
+@dataclass(kw_only=True)
+class FilesDataConfig:
+    """Preference pairs read from your JSONL file (``docs/byo.md``, "DPO on your files")."""
+
+    pairs: str = ""
+    """Pairs JSONL (``--pairs``): one object per line with image, question, chosen, rejected, optional id."""
+    image_folder: str = ""
+    """Folder the records' image paths are relative to (``--image-folder``; "" = the pairs file's folder)."""
+    pairs_format: str = "auto"
+    """Record layout (``--pairs-format``): native, rlaif-v, rlhf-v, or auto (from the first record's keys)."""
+    batch_size: int = 8
+    """Pairs per optimizer step (all processes together)."""
+    max_answer_tokens: int = 0
+    """Cut each answer to this many tokens (eos included) before scoring; 0 = keep whole answers."""
+
+    def __post_init__(self) -> None:
+        if self.pairs_format not in ("auto", "native", "rlaif-v", "rlhf-v"):
+            raise ValueError(
+                f"data.pairs_format must be auto, native, rlaif-v or rlhf-v, got {self.pairs_format!r}"
+            )
+        if self.batch_size < 1 or self.max_answer_tokens < 0:
+            raise ValueError(
+                f"need data.batch_size >= 1 and data.max_answer_tokens >= 0, got {self.batch_size}, "
+                f"{self.max_answer_tokens}"
+            )
+
+
+@dataclass(kw_only=True)
+class FilesLoraConfig(LoraConfig):
+    """LoRA on the LM's attention and MLP projections (the adapter's family defaults), on by default."""
+
+    enabled: bool = True
+    """Train LoRA adapters (reference = adapters off); false = full fine-tuning of all but the vision
+    tower (reference = a frozen copy: twice the weights in memory)."""
+
+
+@dataclass(kw_only=True)
+class FilesDPOConfig:
+    """Everything ``rl dpo --model DIR --pairs PAIRS.jsonl`` needs (defaults: configs/rl/dpo_files.yaml)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model folder and its dtype."""
+    lora: FilesLoraConfig = field(default_factory=FilesLoraConfig)
+    """LoRA (the default) or full fine-tuning."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """DPO-family loss and mDPO terms (conditional rows corrupt the original images, before the
+    processor)."""
+    data: FilesDataConfig = field(default_factory=FilesDataConfig)
+    """The pairs file."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and schedule."""
+    train: RunConfig = field(default_factory=RunConfig)
+    """Steps, seed, cadence, device."""
