@@ -148,21 +148,13 @@ def _overlap_mask(p: _Pair, backend: str):
             return None
         d, origin = core.refine_blocks(p.a, p.b, flagged)  # (h', w') raw
         return d > p.thr, d, origin
-    from imgdiff.robust import area_tiles, robust_mask_numpy
+    from imgdiff.robust import changed_pixels
 
     found = _robust_area(p, grid, backend)
     if found is None:
         return None
     _, area, stiles = found
-    tiles = area_tiles(area, p.params.block, *stiles.shape) | stiles  # every changed pixel is in one
-    if not tiles.any():
-        return None
-    h, w, _ = p.a.shape
-    ty, tx = np.nonzero(tiles)
-    y0, x0 = int(ty.min()) * TILE, int(tx.min()) * TILE
-    sub = (y0, min(h, (int(ty.max()) + 1) * TILE), x0, min(w, (int(tx.max()) + 1) * TILE))
-    mask, d = robust_mask_numpy(p.a, p.b, sub, area, p.params, p.scale, p.thr)
-    return mask, d, (y0, x0)
+    return changed_pixels(p.a, p.b, area, stiles, grid, p.params, p.scale, p.thr)
 
 
 def _canvas_mask(p: _Pair, backend: str):
@@ -194,43 +186,22 @@ def _tile_stats(p: _Pair, backend: str) -> TileStats:
         from imgdiff.exact_tiles import exact_stats_numpy
 
         return exact_stats_numpy(p.a, p.b, thr=p.thr, boxes=boxes)
-    if backend == "numpy" or (h, w) != (p.height, p.width):
+    if backend == "numpy" or p.mode == "robust" or (h, w) != (p.height, p.width):
         mask, d, origin = _canvas_mask(p, backend)
         return tile_stats_from_mask(mask, d, origin, p.height, p.width)
     if backend == "numba" and p.mode == "exact":
         from imgdiff.kernels_cpu import exact_stats_numba
 
         return exact_stats_numba(p.a, p.b, thr=p.thr, boxes=boxes)
-    grid = None if backend == "numba" else block_max(p.a, p.b, backend=backend)
-    if p.mode == "exact":
-        tiles = grid > p.thr
-        area, area_block, margin, window = tiles, core.BLOCK, float("inf"), 3
-    else:
-        from imgdiff.robust import area_tiles, margin_raw
-
-        found = _robust_area(p, grid, backend)
-        if found is None:
-            return empty_stats(h, w)
-        _, area, stiles = found
-        tiles = area_tiles(area, p.params.block, *stiles.shape) | stiles
-        area_block, margin, window = p.params.block, margin_raw(p.params, p.scale), p.params.window
+    tiles = block_max(p.a, p.b, backend=backend) > p.thr  # exact mode on cuda
     if not tiles.any():
         return empty_stats(h, w)
-    if backend == "numba":
-        from imgdiff.kernels_cpu import tile_stats_numba as fn
-    else:
-        from imgdiff.kernels_cuda import tile_stats_cuda as fn
-    return fn(
-        p.a,
-        p.b,
-        tiles,
-        thr=p.thr,
-        area=area,
-        area_block=area_block,
-        margin=margin,
-        window=window,
+    from imgdiff.kernels_cuda import tile_stats_cuda
+
+    return tile_stats_cuda(
+        p.a, p.b, tiles, thr=p.thr, area=tiles, area_block=core.BLOCK, margin=float("inf"), window=3,
         boxes=boxes,
-    )
+    )  # fmt: skip
 
 
 def diff(
