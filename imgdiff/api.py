@@ -114,7 +114,7 @@ def _drop_ignored(mask: np.ndarray, origin: tuple[int, int], boxes) -> np.ndarra
 
 
 def _robust_area(p: _Pair, grid: np.ndarray, backend: str):
-    """Robust pass 1 + pyramid: ``(crop, area (Hb, Wb) bool, strong tiles (Ht, Wt) bool)`` or None.
+    """Robust pass 1: ``(crop, S (Hb, Wb, C), N (Hb, Wb), strong tiles (Ht, Wt) bool)`` or None.
 
     ``grid`` None (numba: pass 1 skips equal rows itself) means the crop is the whole image."""
     from imgdiff import robust
@@ -135,8 +135,7 @@ def _robust_area(p: _Pair, grid: np.ndarray, backend: str):
         S, N, stiles = robust_sums_cuda(a, b, crop, block=prm.block, window=prm.window, margin=m)
     else:
         S, N, stiles = robust.block_sums_numpy(a, b, crop, prm, m, grid=grid if core.BLOCK == TILE else None)
-    area = robust.flag_area(a, S, N, prm, p.scale)
-    return crop, area, stiles
+    return crop, S, N, stiles
 
 
 def _overlap_mask(p: _Pair, backend: str):
@@ -153,8 +152,8 @@ def _overlap_mask(p: _Pair, backend: str):
     found = _robust_area(p, grid, backend)
     if found is None:
         return None
-    _, area, stiles = found
-    return changed_pixels(p.a, p.b, area, stiles, grid, p.params, p.scale, p.thr)
+    _, S, N, stiles = found
+    return changed_pixels(p.a, p.b, S, N, stiles, grid, p.params, p.scale, p.thr)
 
 
 def _canvas_mask(p: _Pair, backend: str):

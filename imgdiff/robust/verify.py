@@ -11,16 +11,22 @@ sums are ``bincount`` s over the tiles' region labels.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from imgdiff import morph
 from imgdiff.regions import TILE
 from imgdiff.robust.params import RobustParams
+from imgdiff.robust.pyramid import flag_area
 from imgdiff.robust.strong import _chmax, margin_raw
 from imgdiff.robust.sums import area_tiles
 
 PAD = 2
 """Border of the gathered tile patches: the 5x5 range and the 3x3 opening read 2 px around a pixel."""
+MAX_DISP = 1.5
+"""Largest fitted displacement (pixels) that counts as a motion: on a smooth gradient a far larger
+coefficient can mimic any offset, which is a change, not a one-pixel move."""
 _SHIFTS = ((1, 0), (-1, 0), (0, 1), (0, -1))  # (dx, dy) probes that pick each region's fit directions
 
 
@@ -129,10 +135,11 @@ def _near(area, strong, ty, tx, ay, ax, bs: int) -> np.ndarray:
     return close[ay[:, :, None], ax[:, None, :]]
 
 
-def _win_mean3(x: np.ndarray) -> np.ndarray:
-    """3x3 mean over axes 1, 2: (K, n, n) -> (K, n-2, n-2)."""
-    rows = x[:, :, :-2] + x[:, :, 1:-1] + x[:, :, 2:]
-    return (rows[:, :-2] + rows[:, 1:-1] + rows[:, 2:]) / 9.0
+def _win_mean(x: np.ndarray, k: int) -> np.ndarray:
+    """k x k mean over axes 1, 2: (K, n, n) -> (K, n-k+1, n-k+1)."""
+    m = x.shape[1] - k + 1
+    rows = sum(x[:, :, t : t + m] for t in range(k))
+    return sum(rows[:, t : t + m] for t in range(k)) / float(k * k)
 
 
 def _settle(d, dpad, ad, strong, flagged, near, inside, lab, n: int, p: RobustParams, thr: int, lossy: bool):
@@ -143,9 +150,10 @@ def _settle(d, dpad, ad, strong, flagged, near, inside, lab, n: int, p: RobustPa
     other pixels. Lossless pair (``lossy`` False: no delta above ``thr`` outside the candidate regions):
     the strong pixels and every pixel with ``max_c |d| > thr``. Lossy pair: with ``mu`` the mean delta of its changed pixels (flagged or
     strong, and at least 3/4 as far along the mean as it: the change's plateau), ``t = max(thr, noise_factor * noise,
-    |mu| / 2)``: the pixels near the change whose delta along ``mu``, averaged over their 3x3
-    neighbourhood, exceeds ``t``, and the strong pixels whose own delta along ``mu`` does: the
-    half-amplitude edge of the change, not the codec's noise or colour bleeding."""
+    |mu| / 2)``: the strong pixels whose own delta along ``mu`` exceeds ``t``, and, when ``|mu|``
+    exceeds ``noise_factor * noise``, the pixels near the change whose delta along ``mu``, averaged
+    over their 3x3 neighbourhood, does: the half-amplitude edge of the change, not the codec's noise
+    or colour bleeding."""
     noise = _median(ad, inside & ~near & ~strong, lab, n)  # (n,)
     core = (flagged | strong) & inside  # (K, T, T)
     for _ in range(2):  # the mean delta of the change, then of its plateau
@@ -154,11 +162,12 @@ def _settle(d, dpad, ad, strong, flagged, near, inside, lab, n: int, p: RobustPa
         unit = mu / np.maximum(norm, 1e-9)[:, None]
         along = (d * unit[lab][:, None, None, :]).sum(axis=3)  # (K, T, T) delta along the mean
         core = (flagged | strong) & inside & (along > (0.75 * norm)[lab][:, None, None])
-    smooth = _inner(_win_mean3((dpad * unit[lab][:, None, None, :]).sum(axis=3)), PAD - 1)  # (K, T, T)
+    smooth = _inner(_win_mean((dpad * unit[lab][:, None, None, :]).sum(axis=3), 3), PAD - 1)  # (K, T, T)
     t = np.maximum(np.maximum(thr, p.noise_factor * noise), norm / 2)[lab][:, None, None]
     if not lossy:
         return strong | (ad > thr)
-    return (near & (smooth > t)) | (strong & (along > t))
+    real = (norm > p.noise_factor * noise)[lab][:, None, None]  # the change stands out of the noise
+    return (real & near & (smooth > t)) | (strong & (along > t))
 
 
 def _mean(d: np.ndarray, use: np.ndarray, lab: np.ndarray, n: int) -> np.ndarray:
@@ -181,23 +190,35 @@ def _median(x: np.ndarray, use: np.ndarray, lab: np.ndarray, n: int) -> np.ndarr
     return out
 
 
-def changed_pixels(a, b, area: np.ndarray, stiles: np.ndarray, grid: np.ndarray, params: RobustParams,
-                   scale: int, thr: int):  # fmt: skip
+def _candidates(area, stiles, grid, margin: float, bs: int) -> np.ndarray:
+    """(Ht, Wt) bool: tiles with a flagged block, a strong pixel or ``max_c |d| > margin``, and their
+    8-neighbours (a change's edges)."""
+    cand = area_tiles(area, bs, *grid.shape) | stiles | (grid > margin)
+    return morph.dilate(cand.view(np.uint8), 3).astype(bool)
+
+
+def changed_pixels(a, b, S: np.ndarray, N: np.ndarray, stiles: np.ndarray, grid: np.ndarray,
+                   params: RobustParams, scale: int, thr: int):  # fmt: skip
     """The changed pixels of a normalised pair (H, W, C): ``None`` or ``(mask, delta, (y0, x0))`` with
     ``mask`` (h', w') bool and ``delta`` (h', w') the raw max-channel ``|d|`` on the box of the
     candidate tiles starting at (y0, x0).
 
-    ``area`` (Hb, Wb) bool: the pyramid's flagged level-0 blocks; ``stiles`` (Ht, Wt) bool: tiles with a
-    pass-1 strong pixel; ``grid`` (Ht, Wt): the max-pooled raw ``|d|`` per ``TILE`` tile."""
+    ``S``, ``N``: pass 1's block sums; ``stiles`` (Ht, Wt) bool: tiles with a pass-1 strong pixel;
+    ``grid`` (Ht, Wt): the max-pooled raw ``|d|`` per ``TILE`` tile. The pyramid first runs without the
+    codec allowance (``block_noise`` 0); when the pair differs by more than ``thr`` outside every
+    candidate region so found (a lossy re-encode), it runs again with it."""
     p = params
     h, w, _ = a.shape
     margin = margin_raw(p, scale)
     ht, wt = grid.shape
-    cand = area_tiles(area, p.block, ht, wt) | stiles | (grid > margin)  # (Ht, Wt)
+    area = flag_area(a, S, N, replace(p, block_noise=0.0), scale)  # (Hb, Wb) as if lossless
+    cand = _candidates(area, stiles, grid, margin, p.block)
+    lossy = bool((grid[~cand] > thr).any())  # changes outside every candidate region: a lossy codec
+    if lossy and p.block_noise:
+        area = flag_area(a, S, N, p, scale)
+        cand = _candidates(area, stiles, grid, margin, p.block)
     if not cand.any():
         return None
-    cand = morph.dilate(cand.view(np.uint8), 3).astype(bool)  # one tile of context: a change's edges
-    lossy = bool((grid[~cand] > thr).any())  # changes outside every candidate region: a lossy codec
     n, labels = morph.components8(cand.view(np.uint8))
     ty, tx = np.nonzero(cand)
     lab = labels[ty, tx]  # (K,) region of each tile
@@ -215,7 +236,7 @@ def changed_pixels(a, b, area: np.ndarray, stiles: np.ndarray, grid: np.ndarray,
     flagged = area[ay[:, :, None], ax[:, None, :]]  # (K, T, T)
     strong, _, r3 = _strong(PA, PB, d, valid, margin, p.edge_gain)
     ratio, disp, model = _fit(PA, d, inside & (ad > thr), lab, n)
-    explained = ratio < p.fit_ratio  # (n,) per region
+    explained = (ratio < p.fit_ratio) & (disp <= MAX_DISP)  # (n,) per region
     shift = (explained & (disp >= p.shift_px))[lab][:, None, None]  # (K, 1, 1)
     resampled = (explained & (disp < p.shift_px))[lab][:, None, None]
     spread = p.fit_gain * np.sqrt(ratio)[lab][:, None, None] * r3  # (K, T, T) the fit's expected error
