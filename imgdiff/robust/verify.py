@@ -2,7 +2,7 @@
 
 Candidate tiles are those that can hold a change: a flagged pyramid block, a strong pixel of pass 1, or
 a max-channel ``|d|`` above ``margin`` (a moved edge). They are gathered with a 2-px border (indices
-clipped to the image, which for a window max or min equals clipping the window) as (K, 20, 20, C)
+clipped to the image, which for a window max or min equals clipping the window) as (K, T+2P, T+2P, C)
 patches and grouped into regions: 8-connected groups of candidate tiles. Per region a least-squares
 fit explains ``d = B - A`` by a displacement of A (see :func:`_fit`); per pixel the strong test uses a
 margin that grows with the local edge contrast. Everything is vectorised over the K tiles; per-region
@@ -22,11 +22,14 @@ from imgdiff.robust.pyramid import flag_area
 from imgdiff.robust.strong import _chmax, margin_raw
 from imgdiff.robust.sums import area_tiles
 
-PAD = 2
-"""Border of the gathered tile patches: the 5x5 range and the 3x3 opening read 2 px around a pixel."""
+PAD = 4
+"""Border of the gathered tile patches: the 5x5 opening reads 4 px around a pixel."""
 MAX_DISP = 1.5
 """Largest fitted displacement (pixels) that counts as a motion: on a smooth gradient a far larger
 coefficient can mimic any offset, which is a change, not a one-pixel move."""
+WEIGHT_SLACK = 0.25
+"""A motion resamples A: the fit's weights of A and its three translations (1 - c1 - c2 - c3, c1, c2,
+c3) must be interpolation weights, each at least ``-WEIGHT_SLACK`` (else the displacement is infinite)."""
 _SHIFTS = ((1, 0), (-1, 0), (0, 1), (0, -1))  # (dx, dy) probes that pick each region's fit directions
 
 
@@ -47,7 +50,7 @@ def _gather(img: np.ndarray, ty: np.ndarray, tx: np.ndarray) -> np.ndarray:
     """(K, TILE + 2*PAD, TILE + 2*PAD, C) patches of the tiles (ty, tx), border indices clipped."""
     h, w, _ = img.shape
     off = np.arange(-PAD, TILE + PAD)
-    rows = np.clip(ty[:, None] * TILE + off, 0, h - 1)  # (K, 20)
+    rows = np.clip(ty[:, None] * TILE + off, 0, h - 1)  # (K, T+2P)
     cols = np.clip(tx[:, None] * TILE + off, 0, w - 1)
     return img[rows[:, :, None], cols[:, None, :]]
 
@@ -68,17 +71,23 @@ def _strong(PA, PB, d, valid, margin: float, gain: float) -> np.ndarray:
         lo = _inner(_win(ref, 3, np.minimum), PAD - 1).astype(np.int32)
         np.maximum(ex, _chmax(np.maximum(other - hi, lo - other)), out=ex)
         r3 = _chmax(hi - lo) if r3 is None else r3  # (K, T, T) A's 3x3 range
-    r5 = np.maximum(
+    r5 = _inner(np.maximum(
         _chmax(_win(PA, 5, np.maximum).astype(np.int32) - _win(PA, 5, np.minimum)),
         _chmax(_win(PB, 5, np.maximum).astype(np.int32) - _win(PB, 5, np.minimum)),
-    )  # (K, T, T)
+    ), PAD - 2)  # (K, T, T)
     lim = margin + gain * r5  # (K, T, T) the edge-aware margin
     strong = ex > lim
-    big = _chmax(np.abs(PB.astype(np.int32) - PA)) > margin  # (K, 20, 20) incl. the border
-    full = _win(big, 3, np.minimum)  # (K, 18, 18): centres p of full windows, from -1 to T
-    full &= _inner(valid, PAD - 1)  # centred on the image only
-    strong |= _win(full, 3, np.maximum)  # (K, T, T): p lies in a full window
+    big = _chmax(np.abs(PB.astype(np.int32) - PA)) > margin  # (K, T+2P, T+2P) incl. the border
+    strong |= _opened(big, valid, 3)
     return strong, lim, r3
+
+
+def _opened(big: np.ndarray, valid: np.ndarray, k: int) -> np.ndarray:
+    """(K, T, T) bool: pixels in a k x k window, centred on the image, whose pixels all are ``big``
+    (K, T+2P, T+2P); windows clipped to the image (the border copies edge pixels, which equals it)."""
+    r = k // 2
+    full = _win(big, k, np.minimum) & _inner(valid, r)  # (K, T+2P-2r, ...) centres of full windows
+    return _inner(_win(full, k, np.maximum), PAD - 2 * r)
 
 
 def _fit(PA, d, use, lab, n: int):
@@ -118,6 +127,8 @@ def _fit(PA, d, use, lab, n: int):
     left = np.maximum(E0 - (c * r).sum(axis=1), 0.0)
     ratio = np.where(E0 > 0, left / np.maximum(E0, 1e-12), 1.0)
     disp = np.maximum(np.abs(c[:, 0] + c[:, 2]), np.abs(c[:, 1] + c[:, 2]))
+    weights = np.concatenate([1 - c.sum(axis=1, keepdims=True), c], axis=1)  # (n, 4) of A, A_x, A_y, A_xy
+    disp = np.where((weights >= -WEIGHT_SLACK).all(axis=1), disp, np.inf)  # not an interpolation: no motion
     model = np.einsum("ik,iklmn->klmn", c[lab].T, U)  # (K, T, T, C)
     return ratio, disp, model
 
@@ -222,7 +233,7 @@ def changed_pixels(a, b, S: np.ndarray, N: np.ndarray, stiles: np.ndarray, grid:
     n, labels = morph.components8(cand.view(np.uint8))
     ty, tx = np.nonzero(cand)
     lab = labels[ty, tx]  # (K,) region of each tile
-    PA, PB = _gather(a, ty, tx), _gather(b, ty, tx)  # (K, 20, 20, C)
+    PA, PB = _gather(a, ty, tx), _gather(b, ty, tx)  # (K, T+2P, T+2P, C)
     off = np.arange(-PAD, TILE + PAD)
     valid = ((ty[:, None] * TILE + off) < h)[:, :, None] & ((tx[:, None] * TILE + off) < w)[:, None, :]
     valid &= ((ty[:, None] * TILE + off) >= 0)[:, :, None] & ((tx[:, None] * TILE + off) >= 0)[:, None, :]
@@ -241,10 +252,11 @@ def changed_pixels(a, b, S: np.ndarray, N: np.ndarray, stiles: np.ndarray, grid:
     resampled = (explained & (disp < p.shift_px))[lab][:, None, None]
     spread = p.fit_gain * np.sqrt(ratio)[lab][:, None, None] * r3  # (K, T, T) the fit's expected error
     residual = _chmax(np.abs(d - model)) > margin + spread
-    dpad = PB.astype(np.int32) - PA  # (K, 20, 20, C)
+    dpad = PB.astype(np.int32) - PA  # (K, T+2P, T+2P, C)
     near = _near(area, strong, ty, tx, ay, ax, p.block)
     normal = _settle(d, dpad, ad, strong, flagged, near, inside, lab, n, p, thr, lossy)
-    mask = np.where(shift, ad > thr, np.where(resampled, residual, normal)) & inside
+    block = _opened(_chmax(np.abs(PB.astype(np.int32) - PA)) > margin, valid, 5)  # (K, T, T)
+    mask = np.where(shift, ad > thr, np.where(resampled, residual | block, normal)) & inside
     y0, x0 = int(ty.min()) * TILE, int(tx.min()) * TILE
     y1, x1 = min(h, (int(ty.max()) + 1) * TILE), min(w, (int(tx.max()) + 1) * TILE)
     out = np.zeros((-(-(y1 - y0) // TILE) * TILE, -(-(x1 - x0) // TILE) * TILE), bool)
