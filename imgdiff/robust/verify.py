@@ -97,20 +97,24 @@ def _fit(PA, d, use, lab, n: int):
     with ``sx``, ``sy`` the signs whose one-pixel translation of A matches B best; coefficients shared
     by the channels and pixels of the region (linear interpolation, in the small-motion limit).
     Returns ``(ratio (n,), disp (n,), model (K, T, T, C))``: the energy left over ``sum r**2 / sum d**2``,
-    the fitted displacement ``max(|c1 + c3|, |c2 + c3|)`` in pixels, and the fitted ``d``."""
-    a = PA.astype(np.float64)
-    A0 = _inner(a)  # (K, T, T, C)
+    the fitted displacement ``max(|c1 + c3|, |c2 + c3|)`` in pixels, and the fitted ``d``. Only the
+    tiles holding a ``use`` pixel take part (float32 per tile, float64 sums per region)."""
+    model = np.zeros(d.shape, np.float32)
+    sel = np.flatnonzero(use.any(axis=(1, 2)))  # (K',) tiles with changed pixels
+    PA, d, use, lab = PA[sel], d[sel], use[sel], lab[sel]
+    a = PA.astype(np.float32)
+    A0 = _inner(a)  # (K', T, T, C)
 
     def moved(dx: int, dy: int) -> np.ndarray:  # A(p - (dx, dy)) on the tiles
         return a[:, PAD - dy : PAD - dy + TILE, PAD - dx : PAD - dx + TILE]
 
-    wgt = use[..., None].astype(np.float64)  # (K, T, T, 1): the changed pixels of the image
+    wgt = use[..., None].astype(np.float32)  # (K', T, T, 1): the changed pixels of the image
     df = d * wgt
     e = [np.bincount(lab, ((df - (moved(x, y) - A0) * wgt) ** 2).sum(axis=(1, 2, 3)), n) for x, y in _SHIFTS]
     sx = np.where(e[0] <= e[1], 1, -1)[lab]  # (K,) per tile, from its region
     sy = np.where(e[2] <= e[3], 1, -1)[lab]
     k = np.arange(len(lab))
-    U = np.empty((3, *d.shape))  # (3, K, T, T, C)
+    U = np.empty((3, *d.shape), np.float32)  # (3, K', T, T, C)
     for i, (fx, fy) in enumerate(((1, 0), (0, 1), (1, 1))):
         ys = PAD - fy * sy[:, None] + np.arange(TILE)  # (K, T)
         xs = PAD - fx * sx[:, None] + np.arange(TILE)
@@ -129,7 +133,7 @@ def _fit(PA, d, use, lab, n: int):
     disp = np.maximum(np.abs(c[:, 0] + c[:, 2]), np.abs(c[:, 1] + c[:, 2]))
     weights = np.concatenate([1 - c.sum(axis=1, keepdims=True), c], axis=1)  # (n, 4) of A, A_x, A_y, A_xy
     disp = np.where((weights >= -WEIGHT_SLACK).all(axis=1), disp, np.inf)  # not an interpolation: no motion
-    model = np.einsum("ik,iklmn->klmn", c[lab].T, U)  # (K, T, T, C)
+    model[sel] = np.einsum("ik,iklmn->klmn", c[lab].T.astype(np.float32), U)  # (K', T, T, C)
     return ratio, disp, model
 
 
@@ -165,6 +169,8 @@ def _settle(d, dpad, ad, strong, flagged, near, inside, lab, n: int, p: RobustPa
     exceeds ``noise_factor * noise``, the pixels near the change whose delta along ``mu``, averaged
     over their 3x3 neighbourhood, does: the half-amplitude edge of the change, not the codec's noise
     or colour bleeding."""
+    if not lossy:
+        return strong | (ad > thr)
     noise = _median(ad, inside & ~near & ~strong, lab, n)  # (n,)
     core = (flagged | strong) & inside  # (K, T, T)
     for _ in range(2):  # the mean delta of the change, then of its plateau
@@ -175,8 +181,6 @@ def _settle(d, dpad, ad, strong, flagged, near, inside, lab, n: int, p: RobustPa
         core = (flagged | strong) & inside & (along > (0.75 * norm)[lab][:, None, None])
     smooth = _inner(_win_mean((dpad * unit[lab][:, None, None, :]).sum(axis=3), 3), PAD - 1)  # (K, T, T)
     t = np.maximum(np.maximum(thr, p.noise_factor * noise), norm / 2)[lab][:, None, None]
-    if not lossy:
-        return strong | (ad > thr)
     real = (norm > p.noise_factor * noise)[lab][:, None, None]  # the change stands out of the noise
     return (real & near & (smooth > t)) | (strong & (along > t))
 
@@ -252,11 +256,14 @@ def changed_pixels(a, b, S: np.ndarray, N: np.ndarray, stiles: np.ndarray, grid:
     resampled = (explained & (disp < p.shift_px))[lab][:, None, None]
     spread = p.fit_gain * np.sqrt(ratio)[lab][:, None, None] * r3  # (K, T, T) the fit's expected error
     residual = _chmax(np.abs(d - model)) > margin + spread
-    dpad = PB.astype(np.int32) - PA  # (K, T+2P, T+2P, C)
+    dpad = PB.astype(np.int32) - PA  # (K, T+2P, T+2P, C) signed raw deltas with the border
     near = _near(area, strong, ty, tx, ay, ax, p.block)
     normal = _settle(d, dpad, ad, strong, flagged, near, inside, lab, n, p, thr, lossy)
-    block = _opened(_chmax(np.abs(PB.astype(np.int32) - PA)) > margin, valid, 5)  # (K, T, T)
-    mask = np.where(shift, ad > thr, np.where(resampled, residual | block, normal)) & inside
+    mask = np.where(shift, ad > thr, normal)
+    if resampled.any():  # the fit's residual, and coherent 5x5 blocks no re-render makes
+        block = _opened(_chmax(np.abs(dpad)) > margin, valid, 5)  # (K, T, T)
+        mask = np.where(resampled, residual | block, mask)
+    mask &= inside
     y0, x0 = int(ty.min()) * TILE, int(tx.min()) * TILE
     y1, x1 = min(h, (int(ty.max()) + 1) * TILE), min(w, (int(tx.max()) + 1) * TILE)
     out = np.zeros((-(-(y1 - y0) // TILE) * TILE, -(-(x1 - x0) // TILE) * TILE), bool)
