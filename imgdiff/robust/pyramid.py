@@ -68,7 +68,7 @@ def _candidates(S: np.ndarray, N: np.ndarray, min_mean: float, scale: int):
 
 
 def flag_area(a: np.ndarray, S: np.ndarray, N: np.ndarray, params: RobustParams, scale: int) -> np.ndarray:
-    """(Hb, Wb) bool: level-0 blocks inside a flagged block of any pyramid level (see module docstring).
+    """(Hb, Wb) bool: level-0 blocks inside a flagged block of any pyramid level (see :mod:`imgdiff.robust`).
 
     ``a``: the reference (H, W, C) in raw units, read only around candidate blocks for the texture.
     ``S`` (Hb, Wb, C), ``N`` (Hb, Wb): pass 1's sums (any integer dtype).
@@ -126,9 +126,13 @@ def _coherent(S, N, S0, N0, i, j, k, side: int, min_mean: float) -> np.ndarray:
     cols = (j[:, None] * side + off)[:, None, :]  # (K, 1, side)
     m = S[i, j, k] / np.maximum(N[i, j], 1)  # (K,) the cell's mean (raw)
     c = S0[rows, cols, k[:, None, None]] / np.maximum(N0[rows, cols], 1)  # (K, side, side)
-    ok = (c * np.sign(m)[:, None, None] >= np.maximum(min_mean, np.abs(m) / 2)[:, None, None]) & (N0[rows, cols] > 0)
+    ok = (c * np.sign(m)[:, None, None] >= np.maximum(min_mean, np.abs(m) / 2)[:, None, None]) & (
+        N0[rows, cols] > 0
+    )
     pad = np.pad(ok, ((0, 0), (1, 1), (1, 1))).astype(np.int8)  # (K, side+2, side+2)
-    near = sum(pad[:, 1 + dy : 1 + dy + side, 1 + dx : 1 + dx + side] for dy in (-1, 0, 1) for dx in (-1, 0, 1))
+    near = sum(
+        pad[:, 1 + dy : 1 + dy + side, 1 + dx : 1 + dx + side] for dy in (-1, 0, 1) for dx in (-1, 0, 1)
+    )
     ok &= near >= 2  # not alone: a lone block is noise
     out = np.zeros(N0.shape, bool)
     out[np.broadcast_to(rows, ok.shape)[ok], np.broadcast_to(cols, ok.shape)[ok]] = True

@@ -1,12 +1,12 @@
-"""The last step of robust mode: the changed pixels of the candidate tiles (NumPy, shared by every backend).
+"""The last step of robust mode (the rule is in :mod:`imgdiff.robust`): the changed pixels of the
+candidate tiles, in NumPy, shared by every backend (so all three give identical answers).
 
-Candidate tiles are those that can hold a change: a flagged pyramid block, a strong pixel of pass 1, or
-a max-channel ``|d|`` above ``margin`` (a moved edge). They are gathered with a 2-px border (indices
-clipped to the image, which for a window max or min equals clipping the window) as (K, T+2P, T+2P, C)
-patches and grouped into regions: 8-connected groups of candidate tiles. Per region a least-squares
-fit explains ``d = B - A`` by a displacement of A (see :func:`_fit`); per pixel the strong test uses a
-margin that grows with the local edge contrast. Everything is vectorised over the K tiles; per-region
-sums are ``bincount`` s over the tiles' region labels.
+Candidate tiles can hold a change: a flagged pyramid block, a strong pixel of pass 1, or a max-channel
+``|d|`` above ``margin`` (a moved edge), plus their 8-neighbour tiles. They are gathered with a
+``PAD``-px border (indices clipped to the image, which for a window max or min equals clipping the
+window) as (K, T+2P, T+2P, C) patches (T = ``TILE``, P = ``PAD``) and grouped into regions, 8-connected
+groups of candidate tiles. Everything is vectorised over the K tiles; per-region sums are
+``bincount`` s over the tiles' region labels, so the work grows with the candidate area only.
 """
 
 from __future__ import annotations
@@ -59,11 +59,11 @@ def _inner(x: np.ndarray, p: int = PAD) -> np.ndarray:
     return x[:, p : x.shape[1] - p, p : x.shape[2] - p]
 
 
-def _strong(PA, PB, d, valid, margin: float, gain: float) -> np.ndarray:
-    """``(strong, lim)`` (K, T, T): strong pixels, outside the other image's 3x3 range by more than
+def _strong(PA, PB, d, valid, margin: float, gain: float):
+    """``(strong, r3)`` (K, T, T): the strong pixels, outside the other image's 3x3 range by more than
     ``margin + gain * r5`` (``r5``: the larger max-channel 5x5 range of A and B at p), or inside a 3x3
-    window (centred on the image) whose nine pixels all have ``max_c |d| > margin``; ``lim`` the
-    edge-aware margin; ``r3`` A's max-channel 3x3 range."""
+    window (centred on the image) whose nine pixels all have ``max_c |d| > margin``; and ``r3``, A's
+    max-channel 3x3 range."""
     ex = np.zeros(d.shape[:3], np.int32)
     r3 = None
     for ref, other in ((PA, _inner(PB)), (PB, _inner(PA))):
@@ -71,15 +71,17 @@ def _strong(PA, PB, d, valid, margin: float, gain: float) -> np.ndarray:
         lo = _inner(_win(ref, 3, np.minimum), PAD - 1).astype(np.int32)
         np.maximum(ex, _chmax(np.maximum(other - hi, lo - other)), out=ex)
         r3 = _chmax(hi - lo) if r3 is None else r3  # (K, T, T) A's 3x3 range
-    r5 = _inner(np.maximum(
-        _chmax(_win(PA, 5, np.maximum).astype(np.int32) - _win(PA, 5, np.minimum)),
-        _chmax(_win(PB, 5, np.maximum).astype(np.int32) - _win(PB, 5, np.minimum)),
-    ), PAD - 2)  # (K, T, T)
-    lim = margin + gain * r5  # (K, T, T) the edge-aware margin
-    strong = ex > lim
+    r5 = _inner(
+        np.maximum(
+            _chmax(_win(PA, 5, np.maximum).astype(np.int32) - _win(PA, 5, np.minimum)),
+            _chmax(_win(PB, 5, np.maximum).astype(np.int32) - _win(PB, 5, np.minimum)),
+        ),
+        PAD - 2,
+    )  # (K, T, T)
+    strong = ex > margin + gain * r5  # the edge-aware margin
     big = _chmax(np.abs(PB.astype(np.int32) - PA)) > margin  # (K, T+2P, T+2P) incl. the border
     strong |= _opened(big, valid, 3)
-    return strong, lim, r3
+    return strong, r3
 
 
 def _opened(big: np.ndarray, valid: np.ndarray, k: int) -> np.ndarray:
@@ -160,15 +162,15 @@ def _win_mean(x: np.ndarray, k: int) -> np.ndarray:
 def _settle(d, dpad, ad, strong, flagged, near, inside, lab, n: int, p: RobustParams, thr: int, lossy: bool):
     """(K, T, T) bool: the changed pixels of the regions no displacement explains.
 
-    ``flagged``: pixels of flagged blocks; ``near``: pixels within one block of a flagged block or of a
-    block holding a strong pixel (the change). A region's ``noise`` is the median ``max_c |d|`` of its
-    other pixels. Lossless pair (``lossy`` False: no delta above ``thr`` outside the candidate regions):
-    the strong pixels and every pixel with ``max_c |d| > thr``. Lossy pair: with ``mu`` the mean delta of its changed pixels (flagged or
-    strong, and at least 3/4 as far along the mean as it: the change's plateau), ``t = max(thr, noise_factor * noise,
-    |mu| / 2)``: the strong pixels whose own delta along ``mu`` exceeds ``t``, and, when ``|mu|``
-    exceeds ``noise_factor * noise``, the pixels near the change whose delta along ``mu``, averaged
-    over their 3x3 neighbourhood, does: the half-amplitude edge of the change, not the codec's noise
-    or colour bleeding."""
+    Lossless pair (``lossy`` False: no delta above ``thr`` outside the candidate regions): the strong
+    pixels and every pixel with ``max_c |d| > thr``. Lossy pair, per region: ``near``, the pixels within
+    one block of a flagged block or of a block holding a strong pixel (the change); ``noise``, the
+    median ``max_c |d|`` of its other pixels; ``mu``, the mean delta of the change's plateau (its
+    flagged or strong pixels at least 3/4 as far along the mean as it); ``t = max(thr, noise_factor *
+    noise, |mu| / 2)``. Changed: the strong pixels whose delta along ``mu`` exceeds ``t``, and, when
+    ``|mu| > noise_factor * noise``, the pixels near the change whose delta along ``mu``, averaged over
+    their 3x3 neighbourhood, exceeds ``t``: the half-amplitude edge of the change, not the codec's
+    noise or colour bleeding."""
     if not lossy:
         return strong | (ad > thr)
     noise = _median(ad, inside & ~near & ~strong, lab, n)  # (n,)
@@ -225,7 +227,6 @@ def changed_pixels(a, b, S: np.ndarray, N: np.ndarray, stiles: np.ndarray, grid:
     p = params
     h, w, _ = a.shape
     margin = margin_raw(p, scale)
-    ht, wt = grid.shape
     area = flag_area(a, S, N, replace(p, block_noise=0.0), scale)  # (Hb, Wb) as if lossless
     cand = _candidates(area, stiles, grid, margin, p.block)
     lossy = bool((grid[~cand] > thr).any())  # changes outside every candidate region: a lossy codec
@@ -249,7 +250,7 @@ def changed_pixels(a, b, S: np.ndarray, N: np.ndarray, stiles: np.ndarray, grid:
     ay = np.clip(ty[:, None] * f + np.arange(TILE) // p.block, 0, hb - 1)  # (K, T) block rows
     ax = np.clip(tx[:, None] * f + np.arange(TILE) // p.block, 0, wb - 1)
     flagged = area[ay[:, :, None], ax[:, None, :]]  # (K, T, T)
-    strong, _, r3 = _strong(PA, PB, d, valid, margin, p.edge_gain)
+    strong, r3 = _strong(PA, PB, d, valid, margin, p.edge_gain)
     ratio, disp, model = _fit(PA, d, inside & (ad > thr), lab, n)
     explained = (ratio < p.fit_ratio) & (disp <= MAX_DISP)  # (n,) per region
     shift = (explained & (disp >= p.shift_px))[lab][:, None, None]  # (K, 1, 1)

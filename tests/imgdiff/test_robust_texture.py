@@ -94,7 +94,11 @@ def _flag_area_dense(a, S, N, p: robust.RobustParams, scale: int) -> np.ndarray:
             child = S0[sl][:, :, ch] / np.maximum(N0[sl], 1)
             ok = (child * np.sign(m) >= max(p.min_mean * scale, abs(m) / 2)) & (N0[sl] > 0)
             padded = np.pad(ok, 1).astype(int)
-            near = sum(padded[1 + dy : 1 + dy + side, 1 + dx : 1 + dx + side] for dy in (-1, 0, 1) for dx in (-1, 0, 1))
+            near = sum(
+                padded[1 + dy : 1 + dy + side, 1 + dx : 1 + dx + side]
+                for dy in (-1, 0, 1)
+                for dx in (-1, 0, 1)
+            )
             area[sl] |= ok & (near >= 2)
         done |= up
         S, R1, R2, N = S * ~done[:, :, None], R1 * ~done[:, :, None], R2 * ~done[:, :, None], N * ~done
