@@ -67,11 +67,20 @@ def _candidates(S: np.ndarray, N: np.ndarray, min_mean: float, scale: int):
     return aS, np.unravel_index(np.flatnonzero(cand), cand.shape)
 
 
-def flag_area(a: np.ndarray, S: np.ndarray, N: np.ndarray, params: RobustParams, scale: int) -> np.ndarray:
+def texture_memo(a: np.ndarray, hb: int, wb: int, params: RobustParams) -> _Texture:
+    """The lazy per-block texture of the reference ``a`` for :func:`flag_area` on an (hb, wb) block
+    grid; several calls on one pair may share it (it depends on ``a``, ``block``, ``spread``, ``levels``)."""
+    f = 1 << (params.levels - 1)
+    shape = (-(-hb // f) * f, -(-wb // f) * f)
+    return _Texture(a, params.block, -(-params.spread // params.block), shape)
+
+
+def flag_area(a, S, N, params: RobustParams, scale: int, *, tex: _Texture | None = None) -> np.ndarray:
     """(Hb, Wb) bool: level-0 blocks inside a flagged block of any pyramid level (see :mod:`imgdiff.robust`).
 
     ``a``: the reference (H, W, C) in raw units, read only around candidate blocks for the texture.
-    ``S`` (Hb, Wb, C), ``N`` (Hb, Wb): pass 1's sums (any integer dtype).
+    ``S`` (Hb, Wb, C), ``N`` (Hb, Wb): pass 1's sums (any integer dtype). ``tex``: a
+    :func:`texture_memo` shared with other calls on the same pair (else a new one).
     """
     p = params
     f = 1 << (p.levels - 1)
@@ -83,7 +92,7 @@ def flag_area(a: np.ndarray, S: np.ndarray, N: np.ndarray, params: RobustParams,
     S[:hb, :wb] = S_
     N0 = N = np.zeros((ph, pw), dt)  # (ph, pw)
     N[:hb, :wb] = N_
-    tex = _Texture(a, p.block, -(-p.spread // p.block), (ph, pw))
+    tex = texture_memo(a, hb, wb, p) if tex is None else tex
     s0, g, bn = float(p.sigma0), float(p.texture_gain) / scale, float(p.block_noise)
     area = np.zeros((ph, pw), bool)
     done = np.zeros((ph, pw), bool)  # level-0 blocks under a flagged cell (out of the sums above)

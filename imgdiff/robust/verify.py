@@ -18,7 +18,7 @@ import numpy as np
 from imgdiff import morph
 from imgdiff.regions import TILE
 from imgdiff.robust.params import RobustParams
-from imgdiff.robust.pyramid import flag_area
+from imgdiff.robust.pyramid import flag_area, texture_memo
 from imgdiff.robust.strong import _chmax, margin_raw
 from imgdiff.robust.sums import area_tiles
 
@@ -227,11 +227,12 @@ def changed_pixels(a, b, S: np.ndarray, N: np.ndarray, stiles: np.ndarray, grid:
     p = params
     h, w, _ = a.shape
     margin = margin_raw(p, scale)
-    area = flag_area(a, S, N, replace(p, block_noise=0.0), scale)  # (Hb, Wb) as if lossless
+    tex = texture_memo(a, *N.shape, p)  # the reference's texture, shared by both readings
+    area = flag_area(a, S, N, replace(p, block_noise=0.0), scale, tex=tex)  # (Hb, Wb) as if lossless
     cand = _candidates(area, stiles, grid, margin, p.block)
     lossy = bool((grid[~cand] > thr).any())  # changes outside every candidate region: a lossy codec
     if lossy and p.block_noise:
-        area = flag_area(a, S, N, p, scale)
+        area = flag_area(a, S, N, p, scale, tex=tex)
         cand = _candidates(area, stiles, grid, margin, p.block)
     if not cand.any():
         return None
