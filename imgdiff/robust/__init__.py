@@ -29,9 +29,10 @@ sub-pixel re-render (only pixels whose residual exceeds ``margin + fit_gain * sq
 and all its pixels with ``max_c |d| > threshold`` are changed; on a lossy pair, with ``mu`` the mean
 delta of the change's plateau (its flagged or strong pixels at least 3/4 as far along ``mu``) and
 ``noise`` the region's median ``max_c |d|`` away from the change, the strong pixels whose delta along
-``mu`` exceeds ``t = max(threshold, noise_factor * noise, |mu| / 2)`` and, when ``|mu| > noise_factor
+``mu`` exceeds ``t = max(threshold, noise_factor * noise, 0.6 |mu|)`` and, when ``|mu| > noise_factor
 * noise``, the pixels within one block of the change whose delta along ``mu``, averaged over their
-3x3 neighbourhood, exceeds ``t``: the half-amplitude edge of the change, not the codec's noise.
+3x3 neighbourhood, exceeds ``t``: the edge of the change (a codec blurs it and lowers its plateau, so
+the level sits above half), not the codec's noise.
 
 Defaults and meanings: :class:`RobustParams` (``threshold`` 2 levels is the API's). The thresholds
 were set on the real photos astronaut and coffee (``tests/imgdiff/realcases.py``) and the golden

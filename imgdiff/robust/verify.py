@@ -30,6 +30,10 @@ coefficient can mimic any offset, which is a change, not a one-pixel move."""
 WEIGHT_SLACK = 0.25
 """A motion resamples A: the fit's weights of A and its three translations (1 - c1 - c2 - c3, c1, c2,
 c3) must be interpolation weights, each at least ``-WEIGHT_SLACK`` (else the displacement is infinite)."""
+EDGE_LEVEL = 0.6
+"""On a lossy pair a change's edge is where its delta along the mean, 3x3-averaged, passes this fraction
+of the plateau's: a codec blurs the change (JPEG's chroma over about two pixels) and lowers its plateau,
+so the half level lies outside the true edge."""
 _SHIFTS = ((1, 0), (-1, 0), (0, 1), (0, -1))  # (dx, dy) probes that pick each region's fit directions
 
 
@@ -167,9 +171,9 @@ def _settle(d, dpad, ad, strong, flagged, near, inside, lab, n: int, p: RobustPa
     one block of a flagged block or of a block holding a strong pixel (the change); ``noise``, the
     median ``max_c |d|`` of its other pixels; ``mu``, the mean delta of the change's plateau (its
     flagged or strong pixels at least 3/4 as far along the mean as it); ``t = max(thr, noise_factor *
-    noise, |mu| / 2)``. Changed: the strong pixels whose delta along ``mu`` exceeds ``t``, and, when
+    noise, EDGE_LEVEL * |mu|)``. Changed: the strong pixels whose delta along ``mu`` exceeds ``t``, and, when
     ``|mu| > noise_factor * noise``, the pixels near the change whose delta along ``mu``, averaged over
-    their 3x3 neighbourhood, exceeds ``t``: the half-amplitude edge of the change, not the codec's
+    their 3x3 neighbourhood, exceeds ``t``: the edge of the change, not the codec's
     noise or colour bleeding."""
     if not lossy:
         return strong | (ad > thr)
@@ -182,7 +186,7 @@ def _settle(d, dpad, ad, strong, flagged, near, inside, lab, n: int, p: RobustPa
         along = (d * unit[lab][:, None, None, :]).sum(axis=3)  # (K, T, T) delta along the mean
         core = (flagged | strong) & inside & (along > (0.75 * norm)[lab][:, None, None])
     smooth = _inner(_win_mean((dpad * unit[lab][:, None, None, :]).sum(axis=3), 3), PAD - 1)  # (K, T, T)
-    t = np.maximum(np.maximum(thr, p.noise_factor * noise), norm / 2)[lab][:, None, None]
+    t = np.maximum(np.maximum(thr, p.noise_factor * noise), EDGE_LEVEL * norm)[lab][:, None, None]
     real = (norm > p.noise_factor * noise)[lab][:, None, None]  # the change stands out of the noise
     return (real & near & (smooth > t)) | (strong & (along > t))
 
