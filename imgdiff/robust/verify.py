@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from imgdiff import morph
 from imgdiff.regions import TILE
@@ -51,12 +52,25 @@ def _win(x: np.ndarray, k: int, op) -> np.ndarray:
 
 
 def _gather(img: np.ndarray, ty: np.ndarray, tx: np.ndarray) -> np.ndarray:
-    """(K, TILE + 2*PAD, TILE + 2*PAD, C) patches of the tiles (ty, tx), border indices clipped."""
-    h, w, _ = img.shape
-    off = np.arange(-PAD, TILE + PAD)
-    rows = np.clip(ty[:, None] * TILE + off, 0, h - 1)  # (K, T+2P)
-    cols = np.clip(tx[:, None] * TILE + off, 0, w - 1)
-    return img[rows[:, :, None], cols[:, None, :]]
+    """(K, TILE + 2*PAD, TILE + 2*PAD, C) patches of the tiles (ty, tx), border indices clipped: a strided
+    view of the image for the patches inside it, clipped fancy indices for the others."""
+    img = np.ascontiguousarray(img)
+    h, w, c = img.shape
+    n = TILE + 2 * PAD
+    out = np.empty((len(ty), n, n, c), img.dtype)
+    ni, nj = (h - TILE - PAD) // TILE, (w - TILE - PAD) // TILE  # tiles 1..ni, 1..nj: border inside
+    inner = (ty >= 1) & (ty <= ni) & (tx >= 1) & (tx <= nj)
+    if inner.any():
+        s0, s1, s2 = img.strides
+        shape, strides = (ni, nj, n, n, c), (TILE * s0, TILE * s1, s0, s1, s2)
+        view = as_strided(img[TILE - PAD :, TILE - PAD :], shape, strides)  # tile (i, j) at view[i-1, j-1]
+        out[inner] = view[ty[inner] - 1, tx[inner] - 1]
+    if not inner.all():
+        off = np.arange(-PAD, TILE + PAD)
+        rows = np.clip(ty[~inner, None] * TILE + off, 0, h - 1)  # (K'', T+2P)
+        cols = np.clip(tx[~inner, None] * TILE + off, 0, w - 1)
+        out[~inner] = img[rows[:, :, None], cols[:, None, :]]
+    return out
 
 
 def _inner(x: np.ndarray, p: int = PAD) -> np.ndarray:
