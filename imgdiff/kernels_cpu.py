@@ -1,8 +1,8 @@
 """Numba CPU kernels (``backend="numba"``): same inputs and outputs as the NumPy reference paths.
 
 - :func:`block_max_numba`: the coarse max-pooled grid (``core.block_max_numpy``). Each row is compared
-  8 bytes at a time through ``uint64`` views; only differing words are expanded into per-element
-  deltas.
+  8 bytes at a time through ``uint64`` views; a differing row gets its channel-max delta in one
+  vectorised pass, then its blocks' maxima (dense differences, a JPEG pair, cost one such pass).
 - :func:`exact_stats_numba`: exact mode in one pass, a tile row at a time: per image row the
   channel-max delta (contiguous, vectorised), then branch-free 16-px tile sums in int32 and per-column
   any-flags; each tile's exact box is read off the flags once per tile row. Same numbers as
@@ -26,39 +26,33 @@ from imgdiff.regions import TILE, TileStats, empty_stats
 
 
 @numba.njit(cache=True, nogil=True)
-def _block_max_words(a2, b2, a64, b64, c, block, per_word, grid):  # pragma: no cover - compiled
-    h, n = a2.shape
-    nw = a64.shape[1]
+def _block_max_rows(a2, b2, a64, b64, c, block, grid):  # pragma: no cover - compiled
+    """Rows with equal bytes are skipped 8 bytes at a time; a differing row gets its channel-max delta
+    in one vectorised pass (:func:`_row_delta`) and its blocks' maxima."""
+    h = a2.shape[0]
+    w = a2.shape[1] // c
+    skip_rows = a64.shape[1] > 0
+    rowe = np.zeros(a2.shape[1], a2.dtype)
+    rowd = np.zeros(w, a2.dtype)
     for y in range(h):
+        if skip_rows and not _row_differs(a64, b64, y):
+            continue
+        _row_delta(a2[y], b2[y], c, rowe, rowd)
         gy = y // block
-        for k in range(nw):
-            if a64[y, k] != b64[y, k]:
-                for e in range(k * per_word, (k + 1) * per_word):
-                    x, z = np.int64(a2[y, e]), np.int64(b2[y, e])
-                    d = x - z if x > z else z - x
-                    g = (e // c) // block
-                    if d > grid[gy, g]:
-                        grid[gy, g] = d
-        for e in range(nw * per_word, n):  # tail (rows whose bytes are not a multiple of 8)
-            x, z = np.int64(a2[y, e]), np.int64(b2[y, e])
-            if x != z:
-                d = x - z if x > z else z - x
-                g = (e // c) // block
-                if d > grid[gy, g]:
-                    grid[gy, g] = d
+        for g in range(grid.shape[1]):
+            m = grid[gy, g]
+            for x in range(g * block, min(w, g * block + block)):
+                m = max(m, np.uint32(rowd[x]))
+            grid[gy, g] = m
 
 
 def block_max_numba(a: np.ndarray, b: np.ndarray, block: int) -> np.ndarray:
     """(Hb, Wb) uint32 max-pooled per-pixel delta of a normalised pair (H, W, C)."""
     h, w, c = a.shape
     a2, b2 = a.reshape(h, w * c), b.reshape(h, w * c)  # (H, W*C) elements
-    row_bytes = w * c * a.itemsize
-    if row_bytes % 8 == 0:
-        a64, b64 = a2.view(np.uint64), b2.view(np.uint64)  # (H, row_bytes/8)
-    else:
-        a64 = b64 = np.zeros((h, 0), np.uint64)
+    a64, b64 = _word_views(a2, b2)
     grid = np.zeros((-(-h // block), -(-w // block)), dtype=np.uint32)
-    _block_max_words(a2, b2, a64, b64, c, block, 8 // a.itemsize, grid)
+    _block_max_rows(a2, b2, a64, b64, c, block, grid)
     return grid
 
 
