@@ -9,8 +9,10 @@ ignored pixels, and reduce them to per-tile statistics that :mod:`imgdiff.region
 
 Backends: ``numpy`` is the vectorised reference (it builds the crop's change mask, which
 :func:`change_mask` returns; :func:`diff` in exact mode reduces chunks of tile rows straight to tile
-statistics instead, :mod:`imgdiff.exact_tiles`); ``numba`` and ``cuda`` run fused kernels that read
-only the candidate tiles and never build a mask. All three give identical :class:`Result` objects.
+statistics instead, :mod:`imgdiff.exact_tiles`); ``numba`` and ``cuda`` run fused kernels for the
+grid, exact mode and robust pass 1. Robust mode's last step (:func:`imgdiff.robust.changed_pixels`,
+on the candidate tiles only) is NumPy for every backend. All three give identical :class:`Result`
+objects.
 """
 
 from __future__ import annotations
@@ -34,9 +36,8 @@ def resolve_backend(backend: str) -> str:
     when Numba is already imported in this process (a batch run, or a caller that warmed it up),
     else ``numpy``. Importing Numba and loading the cached kernels costs about 1 s, more than the
     NumPy path needs on a single 4K pair (identical / small-change pairs cost about one read of
-    both images thanks to the 8-byte row skipping; the all-pixels-differ JPEG q90 pair 60-190 ms
-    in robust mode on a loaded 2-core machine, see ``benchmarks/imgdiff_bench.py``). ``cuda`` is
-    only used when asked for explicitly.
+    both images thanks to the 8-byte row skipping; see ``benchmarks/imgdiff_bench.py`` for the
+    all-pixels-differ JPEG pairs). ``cuda`` is only used when asked for explicitly.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
@@ -114,14 +115,13 @@ def _drop_ignored(mask: np.ndarray, origin: tuple[int, int], boxes) -> np.ndarra
 
 
 def _robust_area(p: _Pair, grid: np.ndarray, backend: str):
-    """Robust pass 1 + pyramid: ``(crop, area (Hb, Wb) bool, strong tiles (Ht, Wt) bool)`` or None.
-
-    ``grid`` None (numba: pass 1 skips equal rows itself) means the crop is the whole image."""
+    """Robust pass 1 on the crop of tiles ``grid`` (the (Ht, Wt) max-pooled ``|d|``) says can differ:
+    ``(S (Hb, Wb, C), N (Hb, Wb), strong tiles (Ht, Wt) bool)``, or None when the pair is equal."""
     from imgdiff import robust
 
     a, b, prm = p.a, p.b, p.params
     h, w, _ = a.shape
-    crop = (0, h, 0, w) if grid is None else robust.crop_box(grid, core.BLOCK, h, w)
+    crop = robust.crop_box(grid, core.BLOCK, h, w)
     if crop is None:
         return None
     m = robust.margin_raw(prm, p.scale)
@@ -135,8 +135,7 @@ def _robust_area(p: _Pair, grid: np.ndarray, backend: str):
         S, N, stiles = robust_sums_cuda(a, b, crop, block=prm.block, window=prm.window, margin=m)
     else:
         S, N, stiles = robust.block_sums_numpy(a, b, crop, prm, m, grid=grid if core.BLOCK == TILE else None)
-    area = robust.flag_area(a, S, N, prm, p.scale)
-    return crop, area, stiles
+    return S, N, stiles
 
 
 def _overlap_mask(p: _Pair, backend: str):
@@ -148,21 +147,13 @@ def _overlap_mask(p: _Pair, backend: str):
             return None
         d, origin = core.refine_blocks(p.a, p.b, flagged)  # (h', w') raw
         return d > p.thr, d, origin
-    from imgdiff.robust import area_tiles, robust_mask_numpy
+    from imgdiff.robust import changed_pixels
 
     found = _robust_area(p, grid, backend)
     if found is None:
         return None
-    _, area, stiles = found
-    tiles = area_tiles(area, p.params.block, *stiles.shape) | stiles  # every changed pixel is in one
-    if not tiles.any():
-        return None
-    h, w, _ = p.a.shape
-    ty, tx = np.nonzero(tiles)
-    y0, x0 = int(ty.min()) * TILE, int(tx.min()) * TILE
-    sub = (y0, min(h, (int(ty.max()) + 1) * TILE), x0, min(w, (int(tx.max()) + 1) * TILE))
-    mask, d = robust_mask_numpy(p.a, p.b, sub, area, p.params, p.scale, p.thr)
-    return mask, d, (y0, x0)
+    S, N, stiles = found
+    return changed_pixels(p.a, p.b, S, N, stiles, grid, p.params, p.scale, p.thr)
 
 
 def _canvas_mask(p: _Pair, backend: str):
@@ -194,43 +185,22 @@ def _tile_stats(p: _Pair, backend: str) -> TileStats:
         from imgdiff.exact_tiles import exact_stats_numpy
 
         return exact_stats_numpy(p.a, p.b, thr=p.thr, boxes=boxes)
-    if backend == "numpy" or (h, w) != (p.height, p.width):
+    if backend == "numpy" or p.mode == "robust" or (h, w) != (p.height, p.width):
         mask, d, origin = _canvas_mask(p, backend)
         return tile_stats_from_mask(mask, d, origin, p.height, p.width)
     if backend == "numba" and p.mode == "exact":
         from imgdiff.kernels_cpu import exact_stats_numba
 
         return exact_stats_numba(p.a, p.b, thr=p.thr, boxes=boxes)
-    grid = None if backend == "numba" else block_max(p.a, p.b, backend=backend)
-    if p.mode == "exact":
-        tiles = grid > p.thr
-        area, area_block, margin, window = tiles, core.BLOCK, float("inf"), 3
-    else:
-        from imgdiff.robust import area_tiles, margin_raw
-
-        found = _robust_area(p, grid, backend)
-        if found is None:
-            return empty_stats(h, w)
-        _, area, stiles = found
-        tiles = area_tiles(area, p.params.block, *stiles.shape) | stiles
-        area_block, margin, window = p.params.block, margin_raw(p.params, p.scale), p.params.window
+    tiles = block_max(p.a, p.b, backend=backend) > p.thr  # exact mode on cuda
     if not tiles.any():
         return empty_stats(h, w)
-    if backend == "numba":
-        from imgdiff.kernels_cpu import tile_stats_numba as fn
-    else:
-        from imgdiff.kernels_cuda import tile_stats_cuda as fn
-    return fn(
-        p.a,
-        p.b,
-        tiles,
-        thr=p.thr,
-        area=area,
-        area_block=area_block,
-        margin=margin,
-        window=window,
+    from imgdiff.kernels_cuda import tile_stats_cuda
+
+    return tile_stats_cuda(
+        p.a, p.b, tiles, thr=p.thr, area=tiles, area_block=core.BLOCK, margin=float("inf"), window=3,
         boxes=boxes,
-    )
+    )  # fmt: skip
 
 
 def diff(

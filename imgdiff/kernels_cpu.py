@@ -1,20 +1,16 @@
 """Numba CPU kernels (``backend="numba"``): same inputs and outputs as the NumPy reference paths.
 
 - :func:`block_max_numba`: the coarse max-pooled grid (``core.block_max_numpy``). Each row is compared
-  8 bytes at a time through ``uint64`` views; only differing words are expanded into per-element
-  deltas.
-- :func:`tile_stats_numba`: the fused refine pass. It reads only the pixels of the candidate tiles
-  and accumulates, per tile, changed pixels, sum/max of raw deltas and the exact pixel box
-  (:class:`imgdiff.regions.TileStats`); no mask or delta image is materialised. A pixel is changed
-  when ``max_c |d| > thr`` and its ``area`` cell is set, or (robust mode) when ``max_c |d| > margin``
-  and the both-sides range test says strong; pixels in ignore boxes never count.
+  8 bytes at a time through ``uint64`` views; a differing row gets its channel-max delta in one
+  vectorised pass, then its blocks' maxima (dense differences, a JPEG pair, cost one such pass).
 - :func:`exact_stats_numba`: exact mode in one pass, a tile row at a time: per image row the
   channel-max delta (contiguous, vectorised), then branch-free 16-px tile sums in int32 and per-column
   any-flags; each tile's exact box is read off the flags once per tile row. Same numbers as
   :func:`imgdiff.exact_tiles.exact_stats_numpy`.
 - :func:`robust_sums_numba`: robust pass 1 over uint8/uint16 data in one sweep: per-block signed
   sums ``S`` of the weak pixels, weak counts ``N``, and strong-tile flags; the range test runs only
-  where ``max_c |d| > margin``.
+  where ``max_c |d| > margin``. Robust mode's last step, the per-region judgement of the candidate
+  tiles, runs in NumPy for every backend (:mod:`imgdiff.robust.verify`).
 
 This module imports Numba at import time; :mod:`imgdiff.api` imports it only when the numba
 backend is used, so ``import imgdiff`` stays Numba-free. Kernels are compiled with ``cache=True``
@@ -30,39 +26,33 @@ from imgdiff.regions import TILE, TileStats, empty_stats
 
 
 @numba.njit(cache=True, nogil=True)
-def _block_max_words(a2, b2, a64, b64, c, block, per_word, grid):  # pragma: no cover - compiled
-    h, n = a2.shape
-    nw = a64.shape[1]
+def _block_max_rows(a2, b2, a64, b64, c, block, grid):  # pragma: no cover - compiled
+    """Rows with equal bytes are skipped 8 bytes at a time; a differing row gets its channel-max delta
+    in one vectorised pass (:func:`_row_delta`) and its blocks' maxima."""
+    h = a2.shape[0]
+    w = a2.shape[1] // c
+    skip_rows = a64.shape[1] > 0
+    rowe = np.zeros(a2.shape[1], a2.dtype)
+    rowd = np.zeros(w, a2.dtype)
     for y in range(h):
+        if skip_rows and not _row_differs(a64, b64, y):
+            continue
+        _row_delta(a2[y], b2[y], c, rowe, rowd)
         gy = y // block
-        for k in range(nw):
-            if a64[y, k] != b64[y, k]:
-                for e in range(k * per_word, (k + 1) * per_word):
-                    x, z = np.int64(a2[y, e]), np.int64(b2[y, e])
-                    d = x - z if x > z else z - x
-                    g = (e // c) // block
-                    if d > grid[gy, g]:
-                        grid[gy, g] = d
-        for e in range(nw * per_word, n):  # tail (rows whose bytes are not a multiple of 8)
-            x, z = np.int64(a2[y, e]), np.int64(b2[y, e])
-            if x != z:
-                d = x - z if x > z else z - x
-                g = (e // c) // block
-                if d > grid[gy, g]:
-                    grid[gy, g] = d
+        for g in range(grid.shape[1]):
+            m = grid[gy, g]
+            for x in range(g * block, min(w, g * block + block)):
+                m = max(m, np.uint32(rowd[x]))
+            grid[gy, g] = m
 
 
 def block_max_numba(a: np.ndarray, b: np.ndarray, block: int) -> np.ndarray:
     """(Hb, Wb) uint32 max-pooled per-pixel delta of a normalised pair (H, W, C)."""
     h, w, c = a.shape
     a2, b2 = a.reshape(h, w * c), b.reshape(h, w * c)  # (H, W*C) elements
-    row_bytes = w * c * a.itemsize
-    if row_bytes % 8 == 0:
-        a64, b64 = a2.view(np.uint64), b2.view(np.uint64)  # (H, row_bytes/8)
-    else:
-        a64 = b64 = np.zeros((h, 0), np.uint64)
+    a64, b64 = _word_views(a2, b2)
     grid = np.zeros((-(-h // block), -(-w // block)), dtype=np.uint32)
-    _block_max_words(a2, b2, a64, b64, c, block, 8 // a.itemsize, grid)
+    _block_max_rows(a2, b2, a64, b64, c, block, grid)
     return grid
 
 
@@ -109,67 +99,6 @@ def _in_strong_block(a2, b2, c, h, w, y, x, margin):  # pragma: no cover - compi
             if full:
                 return True
     return False
-
-
-@numba.njit(cache=True, nogil=True)
-def _tile_stats(a2, b2, c, tys, txs, thr, area, ab, margin, r, boxes, count, total, peak, box):  # noqa: PLR0913
-    h = a2.shape[0]
-    w = a2.shape[1] // c
-    nb = boxes.shape[0]
-    for t in range(tys.shape[0]):
-        ty, tx = tys[t], txs[t]
-        y0, x0 = ty * TILE, tx * TILE
-        y1, x1 = min(h, y0 + TILE), min(w, x0 + TILE)
-        cnt = 0
-        tot = 0
-        pk = 0
-        bx0, by0, bx1, by1 = x1, y1, -1, -1
-        for y in range(y0, y1):
-            for x in range(x0, x1):
-                ad = np.int64(0)
-                for ch in range(c):
-                    p, q = np.int64(a2[y, x * c + ch]), np.int64(b2[y, x * c + ch])
-                    dd = p - q if p > q else q - p
-                    if dd > ad:
-                        ad = dd
-                if ad == 0:
-                    continue
-                hit = ad > thr and area[y // ab, x // ab]
-                if not hit and ad > margin:
-                    hit = _strong(a2, b2, c, h, w, y, x, r, margin)
-                if not hit:
-                    continue
-                skip = False
-                for k in range(nb):
-                    if boxes[k, 0] <= x <= boxes[k, 2] and boxes[k, 1] <= y <= boxes[k, 3]:
-                        skip = True
-                        break
-                if skip:
-                    continue
-                cnt += 1
-                tot += ad
-                pk = max(pk, ad)
-                bx0, by0, bx1, by1 = min(bx0, x), min(by0, y), max(bx1, x), max(by1, y)
-        if cnt:
-            count[ty, tx], total[ty, tx], peak[ty, tx] = cnt, tot, pk
-            box[ty, tx, 0], box[ty, tx, 1], box[ty, tx, 2], box[ty, tx, 3] = bx0, by0, bx1, by1
-
-
-def tile_stats_numba(a, b, tiles, *, thr, area, area_block, margin, window, boxes) -> TileStats:
-    """:class:`TileStats` of the candidate ``tiles`` (Ht, Wt) bool of a normalised pair (H, W, C).
-
-    ``thr``: raw threshold; ``area`` (bool grid of ``area_block``-px cells) gates the ``> thr`` rule;
-    ``margin`` (raw, ``inf`` = off) and ``window`` drive the strong test; ``boxes`` (K, 4) int64
-    inclusive ignore boxes.
-    """
-    h, w, c = a.shape
-    st = empty_stats(h, w)
-    tys, txs = np.nonzero(tiles)
-    _tile_stats(
-        a.reshape(h, w * c), b.reshape(h, w * c), c, tys, txs, int(thr), area, int(area_block),
-        float(margin), window // 2, boxes, st.count, st.total, st.peak, st.box,
-    )  # fmt: skip
-    return st
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

@@ -9,10 +9,12 @@ Every kernel runs one CUDA thread block of 16x16 threads per image block and red
   with the both-sides range test only where ``max_c |d| > margin``.
 - :func:`tile_stats_cuda`: the fused refine pass, one thread block per candidate 16-px tile (a
   thread per pixel): changed count, raw delta sum and max, and the exact pixel box by shared-memory
-  sum/max/min trees. Same rule as :func:`imgdiff.kernels_cpu.tile_stats_numba`.
+  sum/max/min trees: the exact mode's refine pass (``area`` gates ``max_c |d| > thr``; a finite
+  ``margin`` adds the both-sides strong test).
 
-The pyramid and the per-block texture of robust mode run on the host (NumPy, shared by every backend; they are
-small); the results are bit-identical to the NumPy and Numba backends (integer sums). Tested on the
+The pyramid, the per-block texture and the per-region judgement of robust mode run on the host (NumPy,
+shared by every backend, on the candidate tiles only); pass 1's integer sums are bit-identical to the
+NumPy and Numba backends'. Tested on the
 CPU under ``NUMBA_ENABLE_CUDASIM=1`` (set before Numba is imported); this module is imported only
 when ``backend="cuda"`` is asked for.
 """
@@ -233,7 +235,10 @@ def _tile_stats_kernel(a2, b2, c, tys, txs, thr, area, ab, margin, r, boxes, cou
 
 
 def tile_stats_cuda(a, b, tiles, *, thr, area, area_block, margin, window, boxes) -> TileStats:
-    """:class:`TileStats` of the candidate ``tiles`` on the GPU (same contract as ``tile_stats_numba``)."""
+    """:class:`TileStats` of the candidate ``tiles`` (Ht, Wt) bool on the GPU: a pixel counts when
+    ``max_c |d| > thr`` and its ``area`` cell (of ``area_block`` px) is set, or when ``max_c |d| > margin``
+    (raw, ``inf`` = off) and the ``window`` both-sides range test says strong; ``boxes`` (K, 4) int64
+    inclusive ignore boxes never count."""
     _require_gpu()
     h, w, c = a.shape
     st = empty_stats(h, w)
