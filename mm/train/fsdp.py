@@ -1,0 +1,111 @@
+"""Fully sharded data parallel (torch FSDP2, ``fully_shard``) inside the training skeleton.
+
+When ``train.fsdp: true`` (or ``accelerate launch`` with an FSDP config: ``ACCELERATE_USE_FSDP=true``)
+and more than one process runs, :func:`mm.train.loop.run` shards the model over the ranks instead of
+all-reducing whole gradients itself:
+
+- every transformer block (the classes in the ``_no_split_modules`` of the model and its sub-models,
+  e.g. ``Qwen2DecoderLayer``) becomes its own FSDP unit, the rest of the model the root unit;
+- FSDP replaces the parameters by sharded ``DTensor`` s, so the optimizer built on the plain model is
+  pointed at them by name (:func:`shard_model`, before any optimizer step);
+- FSDP reduce-scatters and averages the gradients, so the skeleton's own all-reduce is skipped;
+- checkpoints, held-out evaluation and the final save need whole weights: every rank takes part in
+  gathering them (:func:`gather_into`) into a plain copy of the model that rank 0 keeps on the CPU
+  (:class:`FullCopy`), and rank 0 saves and evaluates that copy. Optimizer state is saved whole, keyed
+  by parameter name, and resharded on resume.
+
+Cost: rank 0 holds one more copy of the weights in host memory. One process (``WORLD_SIZE`` 1) has
+nothing to shard and trains the plain model.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+FSDP_ENV = "ACCELERATE_USE_FSDP"
+"""Set to ``true`` by ``accelerate launch`` with ``distributed_type: FSDP``."""
+
+
+def fsdp_requested(flag: bool) -> bool:
+    """``train.fsdp`` or accelerate's FSDP launch environment."""
+    return flag or os.environ.get(FSDP_ENV, "false").lower() in ("1", "true")
+
+
+def block_classes(model: nn.Module) -> set[str]:
+    """Class names of the transformer blocks to shard one by one (``_no_split_modules`` of every
+    sub-model that declares them)."""
+    names: set[str] = set()
+    for m in model.modules():
+        names.update(getattr(m, "_no_split_modules", None) or ())
+    return names
+
+
+def shard_model(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """Apply ``fully_shard`` to each block and to ``model`` itself, in place, and point ``optimizer`` at
+    the sharded parameters (its state must still be empty); returns the sharded block names."""
+    from torch.distributed.fsdp import fully_shard
+
+    if optimizer.state:
+        raise RuntimeError("shard the model before the first optimizer step (the optimizer has state)")
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    classes = block_classes(model)
+    blocks = [n for n, m in model.named_modules() if n and type(m).__name__ in classes]
+    for name in blocks:
+        fully_shard(model.get_submodule(name))
+    fully_shard(model)
+    sharded = dict(model.named_parameters())
+    for group in optimizer.param_groups:
+        group["params"] = [sharded[name_of[id(p)]] for p in group["params"]]
+    return blocks
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """True when ``model`` went through :func:`shard_model`."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+class FullCopy:
+    """A plain (unsharded) copy of the model on rank 0's CPU, refreshed from the sharded one on demand."""
+
+    def __init__(self, model: nn.Module, *, keep: bool) -> None:
+        """Copy ``model`` (call before sharding it) when ``keep`` (rank 0); other ranks keep nothing."""
+        self.module = copy.deepcopy(model).to("cpu") if keep else None
+
+    def refresh(self, sharded: nn.Module) -> nn.Module | None:
+        """Gather ``sharded``'s weights into the copy (a collective: every rank calls it); the copy on
+        rank 0, None elsewhere."""
+        gather_into(sharded, self.module)
+        return self.module
+
+
+def gather_into(sharded: nn.Module, target: nn.Module | None) -> None:
+    """All-gather the full weights of ``sharded`` (every rank calls it) and load them into ``target`` on
+    rank 0 (``target`` None on the other ranks)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(sharded, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if target is not None:
+        target.load_state_dict(full)
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer state of a sharded model, whole and keyed by parameter name (a collective; the
+    state on rank 0's CPU, empty elsewhere)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(model, optimizer, options=opts)
+
+
+def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Shard a whole, name-keyed optimizer state (:func:`full_optimizer_state`) into ``optimizer``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
