@@ -120,21 +120,36 @@ def keep_fp32_master_weights(model: torch.nn.Module) -> int:
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
-    """Activation checkpointing through the model's own ``gradient_checkpointing_enable`` (transformers
-    models, PEFT wrappers of them); non-reentrant, so frozen input embeddings need no special care.
+    """Activation checkpointing through the model's own switch (transformers models and PEFT wrappers of
+    them: ``activation_checkpointing_enable``, transformers 5's name for ``gradient_checkpointing_enable``,
+    which older versions have alone); non-reentrant, so frozen input embeddings need no special care.
 
-    A model already checkpointing (``is_gradient_checkpointing``) is left as it is.
+    A model already checkpointing is left as it is.
     """
-    enable = getattr(model, "gradient_checkpointing_enable", None)
-    if enable is None:
+    new = getattr(model, "activation_checkpointing_enable", None)
+    old = getattr(model, "gradient_checkpointing_enable", None)
+    if new is None and old is None:
         raise UserError(
             f"train.gradient_checkpointing=true but {type(model).__name__} has no "
             "gradient_checkpointing_enable (only transformers models do); set train.gradient_checkpointing "
             "to false for this trainer"
         )
-    if getattr(model, "is_gradient_checkpointing", False):
+    if is_checkpointing(model):
         return
-    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    if new is not None:
+        new(kwargs)
+    else:
+        old(gradient_checkpointing_kwargs=kwargs)
+
+
+def is_checkpointing(model: torch.nn.Module) -> bool:
+    """True when ``model`` checkpoints activations (transformers' flag under either name)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        flag = getattr(model, name, None)  # a PEFT wrapper forwards it to the transformers model
+        if flag is not None:
+            return bool(flag)
+    return False
 
 
 @contextlib.contextmanager

@@ -113,8 +113,10 @@ def setup(run: RunConfig, *, global_batch: int | None = None) -> tuple[int, int]
 
     ``global_batch`` (samples per step) must divide by the number of processes.
     """
-    device = devices.resolve_device(run.device)  # the GPU is made current before nccl starts
-    rank, world = common.init_distributed("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
+    if devices.resolve_device(run.device).type == "cuda":  # the GPU is made current before nccl starts
+        rank, world = common.init_distributed("cpu:gloo,cuda:nccl")
+    else:
+        rank, world = common.init_distributed()
     if global_batch is not None and global_batch % world:
         raise UserError(
             f"the global batch of {global_batch} must be divisible by {world} processes; "

@@ -158,9 +158,10 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny):
 
     plain = grads()
     devices.enable_gradient_checkpointing(model)
-    assert model.is_gradient_checkpointing
+    assert devices.is_checkpointing(model)
     checkpointed = grads()
-    model.gradient_checkpointing_disable()
+    model.activation_checkpointing_disable()
+    assert not devices.is_checkpointing(model)
     assert plain.keys() == checkpointed.keys() and any("language_model" in n for n in plain)
     for n in plain:
         torch.testing.assert_close(checkpointed[n], plain[n], atol=1e-5, rtol=0, msg=n)
