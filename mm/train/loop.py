@@ -10,7 +10,8 @@ the global batch) and its loss (``loss(batch) -> (loss, metrics)``). :func:`run`
         batch = trainer.batch(step) moved to the device   # under bf16 autocast for train.precision=bf16
         repeat trainer.updates_per_step times:            # GRPO's inner iterations; 1 elsewhere
             loss = trainer.loss(batch) (autocast); backward
-            average gradients over ranks (DDP)            # each rank's loss is scaled for this; FSDP: its own
+            average gradients over ranks (DDP)            # each rank's loss is scaled for this;
+                                                          # FSDP averages its blocks' own
             clip; optimizer step; trainer.after_update()
         scheduler step
         log (JSONL, rank 0), evaluate (rank 0), checkpoint (rank 0), progress bar
@@ -256,6 +257,8 @@ def run(
     history = common.read_metrics(out / "metrics.jsonl") if monitor is not None else []
     bar = common.progress(run.steps, initial=start, desc=desc, enabled=main and show_progress)
     params = [p for p in model.parameters() if p.requires_grad]
+    whole = [p for p in params if not sharding or not fsdp.is_dtensor(p)]
+    clip = fsdp.clip_grad_norm if sharding else clip_grad_norm
     warned: set[str] = set()
     metrics: dict[str, Any] = {}
     record: dict[str, Any] = {}
@@ -273,9 +276,8 @@ def run(
                 loss, step_metrics = trainer.loss(batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if not sharding:  # FSDP reduce-scatters (and averages) the gradients in backward
-                average_gradients(params)
-            grad_norm = clip_grad_norm(params, grad_clip)
+            average_gradients(whole)  # FSDP reduce-scatters (and averages) the blocks' gradients itself
+            grad_norm = clip(params, grad_clip)
             optimizer.step()
             trainer.after_update()
         scheduler.step()

@@ -318,6 +318,7 @@ def _fsdp_worker(rank: int, init: str, tmp: str) -> None:
         trainer, result = _regression(Path(tmp) / "fsdp", rank=rank, world=2, fsdp_on=True)
         assert fsdp.is_sharded(trainer.model)
         assert isinstance(trainer.model.blocks[0], FSDPModule)  # each block is its own unit
+        assert not isinstance(trainer.model, FSDPModule)  # the rest stays whole
         _regression(Path(tmp) / "resumed", rank=rank, world=2, fsdp_on=True, stop_after=2)
         _, resumed = _regression(Path(tmp) / "resumed", rank=rank, world=2, fsdp_on=True)
         if rank == 0:
@@ -335,6 +336,7 @@ def _fsdp_worker(rank: int, init: str, tmp: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_fsdp_two_gloo_processes_equal_one(tmp_path):
     mp.spawn(_fsdp_worker, args=(f"file://{tmp_path / 'rendezvous'}", str(tmp_path)), nprocs=2, join=True)
     got = torch.load(tmp_path / "result.pt")
@@ -360,3 +362,51 @@ def test_fsdp_env_of_accelerate_turns_it_on(monkeypatch):
     monkeypatch.setenv(fsdp.FSDP_ENV, "true")
     assert fsdp.fsdp_requested(False)
     assert fsdp.block_classes(TinyNet()) == {"Block"}
+
+
+def test_fsdp_of_a_model_without_blocks_is_refused():
+    model = nn.Sequential(nn.Linear(2, 2))
+    opt = torch.optim.AdamW(model.parameters())
+    with pytest.raises(UserError, match="Sequential declares no transformer blocks"):
+        fsdp.shard_model(model, opt)
+
+
+@pytest.mark.slow
+def test_mm_train_under_accelerate_fsdp_config_equals_one_process(tiny, tmp_path):
+    """configs/accelerate/fsdp.yaml launches 2 CPU processes; `mm train` shards the NoteVLM (FSDP2 over
+    gloo) and ends where one process ends: checkpoints, final model, losses."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from mm.cli import main
+
+    *_, path = tiny
+    root = Path(__file__).resolve().parents[2]
+    args = ["train", "--config", str(path), "--data", str(path.parent / "notes"), "--no-progress",
+            "--set", "train.device=cpu", "eval.questions=0"]  # fmt: skip
+    threads = torch.get_num_threads()
+    assert main([*args[:1], "--out", str(tmp_path / "ref"), *args[1:]]) == 0
+    torch.set_num_threads(threads)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / ".hf"))
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(root / "configs" / "accelerate" / "fsdp.yaml"), "--main_process_port", str(port),
+           "-m", "mm", args[0], "--out", str(tmp_path / "fsdp"), *args[1:]]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for step in (1, 2):
+        a = load_file(str(tmp_path / "fsdp" / "checkpoints" / f"step-{step:08d}" / "model.safetensors"))
+        b = load_file(str(tmp_path / "ref" / "checkpoints" / f"step-{step:08d}" / "model.safetensors"))
+        assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5, step
+    a = load_file(str(tmp_path / "fsdp" / "model" / "model.safetensors"))
+    b = load_file(str(tmp_path / "ref" / "model" / "model.safetensors"))
+    assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    recs = common.read_metrics(tmp_path / "fsdp" / "metrics.jsonl")
+    ref = common.read_metrics(tmp_path / "ref" / "metrics.jsonl")
+    assert [r["loss"] for r in recs] == pytest.approx([r["loss"] for r in ref], abs=1e-5)
+    assert recs[-1]["eval/caption_loss"] == pytest.approx(ref[-1]["eval/caption_loss"], abs=1e-4)
