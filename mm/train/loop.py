@@ -201,6 +201,20 @@ def check_resume_config(saved: dict[str, Any], now: dict[str, Any], where: Path)
         )
 
 
+def check_optimizer_layout(saved: dict[str, Any] | None, *, sharded: bool, where: Path) -> None:
+    """Refuse to resume an FSDP checkpoint without FSDP or the reverse: FSDP saves the optimizer state
+    keyed by parameter name, one process or DDP by parameter index."""
+    if not saved or not saved.get("param_groups"):
+        return
+    by_name = any(isinstance(p, str) for g in saved["param_groups"] for p in g["params"])
+    if by_name != sharded:
+        was, now = ("FSDP", "without FSDP") if by_name else ("without FSDP", "under FSDP")
+        raise UserError(
+            f"{where} was written {was} but this run trains {now}; resume with the launch that wrote it "
+            "(accelerate config / train.fsdp and several processes), or choose a new --out folder"
+        )
+
+
 def run(
     trainer: StepTrainer,
     *,
@@ -243,16 +257,17 @@ def run(
     last_ckpt = common.find_last_checkpoint(ckpt_dir) if resume else None
     if last_ckpt is not None:
         check_resume_config(common.read_checkpoint_meta(last_ckpt)["config"], config, last_ckpt)
-        info = common.load_checkpoint(
-            last_ckpt, model=model, optimizer=None if sharding else optimizer, scheduler=scheduler
-        )
+        info = common.load_checkpoint(last_ckpt, model=model, scheduler=scheduler)  # optimizer: below
         trainer.load_state(info["extra"])
         start, saved_optimizer = info["step"], info["optimizer"]
+        check_optimizer_layout(saved_optimizer, sharded=sharding, where=last_ckpt)
     broadcast_weights(model)  # every rank starts from rank 0's weights, as DDP's wrapper ensures
     if sharding:
         fsdp.shard_model(model, optimizer)
         if saved_optimizer is not None:
             fsdp.load_full_optimizer_state(model, optimizer, saved_optimizer)
+    elif saved_optimizer is not None:
+        optimizer.load_state_dict(saved_optimizer)
     logger = common.MetricsLogger(out / "metrics.jsonl", resume_step=start if start else None, enabled=main)
     history = common.read_metrics(out / "metrics.jsonl") if monitor is not None else []
     bar = common.progress(run.steps, initial=start, desc=desc, enabled=main and show_progress)

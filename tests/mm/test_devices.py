@@ -410,3 +410,14 @@ def test_mm_train_under_accelerate_fsdp_config_equals_one_process(tiny, tmp_path
     ref = common.read_metrics(tmp_path / "ref" / "metrics.jsonl")
     assert [r["loss"] for r in recs] == pytest.approx([r["loss"] for r in ref], abs=1e-5)
     assert recs[-1]["eval/caption_loss"] == pytest.approx(ref[-1]["eval/caption_loss"], abs=1e-4)
+
+
+def test_resuming_an_fsdp_checkpoint_without_fsdp_is_refused(tmp_path):
+    by_name = {"state": {}, "param_groups": [{"params": ["blocks.0.lin.weight"], "lr": 0.1}]}
+    by_index = {"state": {}, "param_groups": [{"params": [0, 1], "lr": 0.1}]}
+    with pytest.raises(UserError, match="was written FSDP but this run trains without FSDP"):
+        loop.check_optimizer_layout(by_name, sharded=False, where=tmp_path)
+    with pytest.raises(UserError, match="was written without FSDP but this run trains under FSDP"):
+        loop.check_optimizer_layout(by_index, sharded=True, where=tmp_path)
+    loop.check_optimizer_layout(by_name, sharded=True, where=tmp_path)
+    loop.check_optimizer_layout(by_index, sharded=False, where=tmp_path)
