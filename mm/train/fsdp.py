@@ -1,8 +1,8 @@
 """Fully sharded data parallel (torch FSDP2, ``fully_shard``) inside the training skeleton.
 
 When ``train.fsdp: true`` (or ``accelerate launch`` with an FSDP config: ``ACCELERATE_USE_FSDP=true``)
-and more than one process runs, :func:`mm.train.loop.run` shards the model over the ranks instead of
-all-reducing whole gradients itself:
+and the process group is joined (a multi-process launch), :func:`mm.train.loop.run` shards the model
+over the ranks instead of all-reducing whole gradients itself:
 
 - every transformer block (the classes in the ``_no_split_modules`` of the model and its sub-models,
   e.g. ``Qwen2DecoderLayer``) becomes its own FSDP unit; the parameters outside the blocks (embeddings,
@@ -19,9 +19,10 @@ all-reducing whole gradients itself:
   (:class:`FullCopy`), and rank 0 saves and evaluates that copy. Optimizer state is saved whole, keyed
   by parameter name, and resharded on resume.
 
-Cost: rank 0 holds one more copy of the weights in host memory. One process (``WORLD_SIZE`` 1) has
-nothing to shard and trains the plain model. A model that declares no blocks is refused (nothing would
-be sharded: use DDP).
+Cost: rank 0 holds one more copy of the weights in host memory. One process (``WORLD_SIZE`` 1) joins no
+group and trains the plain model; a script that joins a one-process group itself gets FSDP over one
+rank (how ``benchmarks/gpu_check_train.py`` checks the path on one GPU). A model that declares no
+blocks is refused (nothing would be sharded: use DDP).
 """
 
 from __future__ import annotations

@@ -245,7 +245,7 @@ def run(
     model = trainer.model
     device = devices.resolve_device(run.device)
     devices.check_precision(run.precision, device)
-    sharding = fsdp.fsdp_requested(run.fsdp) and world > 1
+    sharding = fsdp.fsdp_requested(run.fsdp) and dist.is_initialized()  # a launch joined the group
     devices.keep_fp32_master_weights(model)
     full = fsdp.FullCopy(model, keep=main) if sharding else None
     model.to(device)
