@@ -72,7 +72,8 @@ class RunConfig:
     """auto (cuda when a GPU is visible, else cpu), cpu, cuda or cuda:N; under a multi-process launch
     auto and cuda take the GPU of the process's LOCAL_RANK (mm.train.devices.resolve_device)."""
     precision: str = "fp32"
-    """fp32, or bf16: forward and loss under bf16 autocast, float32 master weights (slow on the CPU)."""
+    """fp32, or bf16: forward and loss under bf16 autocast with float32 master weights (trainable weights
+    loaded in bf16/fp16 are cast to float32); slow on the CPU. fp32 trains the weights in their dtype."""
     gradient_checkpointing: bool = False
     """Activation checkpointing through the model's gradient_checkpointing_enable (transformers models)."""
     fsdp: bool = False

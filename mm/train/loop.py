@@ -246,7 +246,8 @@ def run(
     device = devices.resolve_device(run.device)
     devices.check_precision(run.precision, device)
     sharding = fsdp.fsdp_requested(run.fsdp) and dist.is_initialized()  # a launch joined the group
-    devices.keep_fp32_master_weights(model)
+    if run.precision == "bf16":  # mixed precision: float32 master weights (fp32 trains the model as loaded)
+        devices.keep_fp32_master_weights(model)
     full = fsdp.FullCopy(model, keep=main) if sharding else None
     model.to(device)
     if run.gradient_checkpointing:
