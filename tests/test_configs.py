@@ -14,7 +14,11 @@ from mm.config_docs import config_classes, described, field_docs, undocumented
 from mm.config_kinds import KINDS, all_classes, config_class, guess_kind
 
 ROOT = Path(__file__).resolve().parents[1]
-YAMLS = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("configs/**/*.yaml"))
+YAMLS = sorted(
+    p.relative_to(ROOT).as_posix()
+    for p in ROOT.glob("configs/**/*.yaml")
+    if p.parent.name != "accelerate"  # accelerate launch's own files, not a project config kind
+)
 EXPECTED_KIND = {
     "mm/align": "train", "mm/align_tiny": "train", "mm/sft": "train", "mm/sft_tiny": "train",
     "mm/sft_lora_tiny": "train", "mm/pretrain": "pretrain", "mm/pretrain_tiny": "pretrain",

@@ -102,11 +102,13 @@ def save_checkpoint(
     config: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
     keep_last: int = 2,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``ckpt_dir/step-XXXXXXXX`` atomically (fsynced temp folder, then rename); keep ``keep_last``.
 
     Saves model weights, optimizer and scheduler state, RNG states, ``step``, ``config`` and ``extra``.
-    Call on the main process only.
+    ``optimizer_state`` replaces ``optimizer.state_dict()`` (FSDP saves the gathered, name-keyed state:
+    :func:`mm.train.fsdp.full_optimizer_state`). Call on the main process only.
     """
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
@@ -119,8 +121,10 @@ def save_checkpoint(
     tmp.mkdir()
     save_model(_unwrap(model), str(tmp / "model.safetensors"))
     tensors: dict[str, torch.Tensor] = {}
+    if optimizer_state is None and optimizer is not None:
+        optimizer_state = optimizer.state_dict()
     state = {
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "optimizer": optimizer_state,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "rng": rng_state(),
         "extra": extra or {},
@@ -182,7 +186,8 @@ def load_checkpoint(
     scheduler: Any | None = None,
     restore_rng: bool = True,
 ) -> dict[str, Any]:
-    """Load a checkpoint folder into model / optimizer / scheduler; returns step, config and extra."""
+    """Load a checkpoint folder into model / optimizer / scheduler; returns step, config, extra and the
+    saved optimizer state (``optimizer``: for a caller that loads it itself, e.g. under FSDP)."""
     p = Path(path)
     if not (p / "state.json").is_file():
         raise FileNotFoundError(
@@ -197,7 +202,8 @@ def load_checkpoint(
         scheduler.load_state_dict(state["scheduler"])
     if restore_rng:
         set_rng_state(state["rng"])
-    return {"step": meta["step"], "config": meta["config"], "extra": state["extra"]}
+    info = {"step": meta["step"], "config": meta["config"], "extra": state["extra"]}
+    return {**info, "optimizer": state["optimizer"]}
 
 
 def _fsync_file(path: Path) -> None:

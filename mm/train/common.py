@@ -120,17 +120,18 @@ def shard(indices: Sequence[int], *, rank: int, world_size: int) -> list[int]:
 # ---------------------------------------------------------------- distributed
 
 
-def init_distributed() -> tuple[int, int]:
+def init_distributed(backend: str = "gloo") -> tuple[int, int]:
     """Join the process group when launched by torchrun / accelerate (env ``WORLD_SIZE`` > 1).
 
-    Always gloo: the ``mm`` trainers keep their tensors on the CPU, and nccl only reduces CUDA tensors (it
-    would fail on a GPU machine). Returns ``(rank, world_size)``; ``(0, 1)`` single-process.
+    gloo reduces CPU tensors; a run on GPUs passes ``"cpu:gloo,cuda:nccl"`` (each collective goes to the
+    backend of its tensors' device: metrics stay on the CPU, gradients on the GPU). A group already joined
+    is kept. Returns ``(rank, world_size)``; ``(0, 1)`` single-process.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return 0, 1
     if not dist.is_initialized():
-        dist.init_process_group("gloo")
+        dist.init_process_group(backend)
         # Leave the group before the interpreter exits: a live gloo group torn down at exit can abort
         # the process ("terminate called without an active exception") after the work is done.
         atexit.register(_leave_group)

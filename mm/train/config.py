@@ -1,5 +1,6 @@
 """Config sections every trainer shares: the optimiser + schedule (:class:`OptimConfig`) and the run
-(:class:`RunConfig`: length, seed, logging and checkpoint cadence, threads).
+(:class:`RunConfig`: length, seed, logging and checkpoint cadence, threads, device, precision, gradient
+checkpointing, FSDP).
 
 Each trainer keeps its own defaults by subclassing a section and restating only the fields whose default
 differs (``class PretrainOptimConfig(OptimConfig)``); the fields, their checks, the schedule
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from mm.errors import UserError
+from mm.train.devices import DEVICE_PATTERN, PRECISIONS
 
 
 @dataclass(kw_only=True)
@@ -66,6 +68,17 @@ class RunConfig:
     """How many checkpoints to keep."""
     threads: int = 0
     """torch.set_num_threads; 0 leaves the default."""
+    device: str = "auto"
+    """auto (cuda when a GPU is visible, else cpu), cpu, cuda or cuda:N; under a multi-process launch
+    auto and cuda take the GPU of the process's LOCAL_RANK (mm.train.devices.resolve_device)."""
+    precision: str = "fp32"
+    """fp32, or bf16: forward and loss under bf16 autocast with float32 master weights (trainable weights
+    loaded in bf16/fp16 are cast to float32); slow on the CPU. fp32 trains the weights in their dtype."""
+    gradient_checkpointing: bool = False
+    """Activation checkpointing through the model's gradient_checkpointing_enable (transformers models)."""
+    fsdp: bool = False
+    """Shard the model with torch FSDP2 under a multi-process launch (mm.train.fsdp); also on when
+    accelerate launch runs an FSDP config (ACCELERATE_USE_FSDP=true)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "log_every", "checkpoint_every", "keep_last"):
@@ -73,6 +86,10 @@ class RunConfig:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.threads < 0:
             raise ValueError(f"train.threads must be >= 0 (0 = the default), got {self.threads}")
+        if not DEVICE_PATTERN.fullmatch(self.device):
+            raise ValueError(f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
 
 
 @dataclass(kw_only=True)

@@ -3,12 +3,15 @@
 A trainer is a :class:`StepTrainer`: it builds the batch of a step (``batch(step)``, this rank's shard of
 the global batch) and its loss (``loss(batch) -> (loss, metrics)``). :func:`run` does the rest:
 
+    model to train.device, float32 master weights, gradient checkpointing  (mm.train.devices)
     resume (config check, weights, optimizer, schedule, RNG, trainer state)
+    FSDP2 sharding when train.fsdp (or accelerate's FSDP launch) and several processes (mm.train.fsdp)
     for step in range(start, run.steps):
-        batch = trainer.batch(step)
+        batch = trainer.batch(step) moved to the device   # under bf16 autocast for train.precision=bf16
         repeat trainer.updates_per_step times:            # GRPO's inner iterations; 1 elsewhere
-            loss = trainer.loss(batch); backward
-            average gradients over ranks (DDP)            # each rank's loss is scaled for this
+            loss = trainer.loss(batch) (autocast); backward
+            average gradients over ranks (DDP)            # each rank's loss is scaled for this;
+                                                          # FSDP averages its blocks' own
             clip; optimizer step; trainer.after_update()
         scheduler step
         log (JSONL, rank 0), evaluate (rank 0), checkpoint (rank 0), progress bar
@@ -17,8 +20,10 @@ Data parallel: every rank holds the whole model and computes the gradient of its
 gradients are averaged with one all-reduce (what ``DistributedDataParallel`` does, without its wrapper,
 so a trainer may run several forwards per backward and call the model as it likes). A trainer scales its
 shard loss so that the average is the gradient of the global batch's loss (see
-:func:`mm.train.sft.answer_token_divisor`). Only rank 0 writes files. :func:`setup` joins the process
-group (:func:`mm.train.common.init_distributed`), sets the thread count and seeds every RNG.
+:func:`mm.train.sft.answer_token_divisor`). Only rank 0 writes files. :func:`setup` makes the run's GPU
+current, joins the process group (:func:`mm.train.common.init_distributed`: gloo, plus nccl for CUDA
+tensors), sets the thread count and seeds every RNG. Under FSDP (:mod:`mm.train.fsdp`) FSDP averages the
+gradients, and checkpoints, evaluation and the final model come from the weights gathered on rank 0.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from mm.errors import UserError
-from mm.train import common
+from mm.train import common, devices, fsdp
 from mm.train.config import RunConfig
 
 
@@ -94,6 +99,9 @@ class LoopResult:
     """The last held-out evaluation of rank 0 ({} when none ran)."""
     stopped: bool
     """True when ``stop_after`` ended the run early (no final evaluation, plots or save)."""
+    model: torch.nn.Module | None
+    """The trained model to save: ``trainer.model``, or under FSDP a plain copy of the gathered weights
+    on rank 0's CPU (None on the other ranks, and when ``stopped``)."""
 
 
 class TrainingWarning(UserWarning):
@@ -101,11 +109,15 @@ class TrainingWarning(UserWarning):
 
 
 def setup(run: RunConfig, *, global_batch: int | None = None) -> tuple[int, int]:
-    """Join the process group (torchrun / accelerate), set torch threads, seed every RNG; ``(rank, world)``.
+    """Make ``run.device`` current, join the process group (torchrun / accelerate), set torch threads, seed
+    every RNG; ``(rank, world)``.
 
     ``global_batch`` (samples per step) must divide by the number of processes.
     """
-    rank, world = common.init_distributed()
+    if devices.resolve_device(run.device).type == "cuda":  # the GPU is made current before nccl starts
+        rank, world = common.init_distributed("cpu:gloo,cuda:nccl")
+    else:
+        rank, world = common.init_distributed()
     if global_batch is not None and global_batch % world:
         raise UserError(
             f"the global batch of {global_batch} must be divisible by {world} processes; "
@@ -189,6 +201,20 @@ def check_resume_config(saved: dict[str, Any], now: dict[str, Any], where: Path)
         )
 
 
+def check_optimizer_layout(saved: dict[str, Any] | None, *, sharded: bool, where: Path) -> None:
+    """Refuse to resume an FSDP checkpoint without FSDP or the reverse: FSDP saves the optimizer state
+    keyed by parameter name, one process or DDP by parameter index."""
+    if not saved or not saved.get("param_groups"):
+        return
+    by_name = any(isinstance(p, str) for g in saved["param_groups"] for p in g["params"])
+    if by_name != sharded:
+        was, now = ("FSDP", "without FSDP") if by_name else ("without FSDP", "under FSDP")
+        raise UserError(
+            f"{where} was written {was} but this run trains {now}; resume with the launch that wrote it "
+            "(accelerate config / train.fsdp and several processes), or choose a new --out folder"
+        )
+
+
 def run(
     trainer: StepTrainer,
     *,
@@ -217,35 +243,57 @@ def run(
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     main = rank == 0
     model = trainer.model
+    device = devices.resolve_device(run.device)
+    devices.check_precision(run.precision, device)
+    sharding = fsdp.fsdp_requested(run.fsdp) and dist.is_initialized()  # a launch joined the group
+    if run.precision == "bf16":  # mixed precision: float32 master weights (fp32 trains the model as loaded)
+        devices.keep_fp32_master_weights(model)
+    full = fsdp.FullCopy(model, keep=main) if sharding else None
+    model.to(device)
+    if run.gradient_checkpointing:
+        devices.enable_gradient_checkpointing(model)
     ckpt_dir = out / "checkpoints"
     start = 0
+    saved_optimizer = None
     last_ckpt = common.find_last_checkpoint(ckpt_dir) if resume else None
     if last_ckpt is not None:
         check_resume_config(common.read_checkpoint_meta(last_ckpt)["config"], config, last_ckpt)
-        info = common.load_checkpoint(last_ckpt, model=model, optimizer=optimizer, scheduler=scheduler)
+        info = common.load_checkpoint(last_ckpt, model=model, scheduler=scheduler)  # optimizer: below
         trainer.load_state(info["extra"])
-        start = info["step"]
+        start, saved_optimizer = info["step"], info["optimizer"]
+        check_optimizer_layout(saved_optimizer, sharded=sharding, where=last_ckpt)
     broadcast_weights(model)  # every rank starts from rank 0's weights, as DDP's wrapper ensures
+    if sharding:
+        fsdp.shard_model(model, optimizer)
+        if saved_optimizer is not None:
+            fsdp.load_full_optimizer_state(model, optimizer, saved_optimizer)
+    elif saved_optimizer is not None:
+        optimizer.load_state_dict(saved_optimizer)
     logger = common.MetricsLogger(out / "metrics.jsonl", resume_step=start if start else None, enabled=main)
     history = common.read_metrics(out / "metrics.jsonl") if monitor is not None else []
     bar = common.progress(run.steps, initial=start, desc=desc, enabled=main and show_progress)
     params = [p for p in model.parameters() if p.requires_grad]
+    whole = [p for p in params if not sharding or not fsdp.is_dtensor(p)]
+    clip = fsdp.clip_grad_norm if sharding else clip_grad_norm
     warned: set[str] = set()
     metrics: dict[str, Any] = {}
     record: dict[str, Any] = {}
     t0, c0 = time.perf_counter(), time.process_time()
     step_time = 0.0
     done = start
+    gathered = -1  # the step whose weights the FSDP copy holds
     model.train()
     for step in range(start, run.steps):
         ts = time.perf_counter()
-        batch = trainer.batch(step)
+        with devices.autocast(run.precision, device):
+            batch = devices.to_device(trainer.batch(step), device)
         for _ in range(trainer.updates_per_step):
-            loss, step_metrics = trainer.loss(batch)
+            with devices.autocast(run.precision, device):
+                loss, step_metrics = trainer.loss(batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            average_gradients(params)
-            grad_norm = clip_grad_norm(params, grad_clip)
+            average_gradients(whole)  # FSDP reduce-scatters (and averages) the blocks' gradients itself
+            grad_norm = clip(params, grad_clip)
             optimizer.step()
             trainer.after_update()
         scheduler.step()
@@ -276,8 +324,11 @@ def run(
             if not (done % run.log_every == 0 or done == run.steps):
                 record = {}
         if eval_every is not None and (done % eval_every == 0 or done == run.steps) and not stopping:
+            if full is not None:
+                full.refresh(model)
+                gathered = done
+            metrics = _evaluate(trainer, full, device, run.precision, main=main)
             if main:
-                metrics = trainer.evaluate()
                 record = {
                     "step": done,
                     **record,
@@ -291,10 +342,16 @@ def run(
             }
             bar.set_postfix({k.rsplit("/", 1)[-1]: f"{v:.4g}" for k, v in shown.items()})
         if done % run.checkpoint_every == 0 or done == run.steps:
+            saved_model, opt_state = model, None
+            if full is not None:  # every rank gathers; rank 0 writes the whole weights and optimizer state
+                if gathered != done:
+                    full.refresh(model)
+                    gathered = done
+                saved_model, opt_state = full.module, fsdp.full_optimizer_state(model, optimizer)
             if main:
                 common.save_checkpoint(
-                    ckpt_dir, step=done, model=model, optimizer=optimizer, scheduler=scheduler, config=config,
-                    extra=trainer.state(), keep_last=run.keep_last,
+                    ckpt_dir, step=done, model=saved_model, optimizer=optimizer, scheduler=scheduler,
+                    config=config, extra=trainer.state(), keep_last=run.keep_last, optimizer_state=opt_state,
                 )  # fmt: skip
             common.barrier()
         if stopping:
@@ -302,17 +359,41 @@ def run(
     bar.close()
     seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     stopped = stop_after is not None and stop_after <= done < run.steps
+    final: torch.nn.Module | None = None if stopped else model
+    if full is not None and not stopped:
+        if gathered != done:
+            full.refresh(model)
+        final = full.module
+    if eval_every is not None and start >= run.steps:  # a finished run was resumed: evaluate its weights
+        metrics = _evaluate(trainer, full, device, run.precision, main=main)
     if main and not stopped:
-        if eval_every is not None and not metrics:  # a finished run was resumed: evaluate the loaded weights
-            metrics = trainer.evaluate()
         common.plot_metrics(
             common.read_metrics(out / "metrics.jsonl"), plot_keys, out / "curves.png", title=desc
         )
     last = record or (history[-1] if history else {})
     return LoopResult(
         step=done, seconds=seconds, cpu_seconds=cpu_seconds, step_seconds=step_time / max(1, done - start),
-        last=last, metrics=metrics, stopped=stopped,
+        last=last, metrics=metrics, stopped=stopped, model=final,
     )  # fmt: skip
+
+
+def _evaluate(
+    trainer: StepTrainer, full: fsdp.FullCopy | None, device: torch.device, precision: str, *, main: bool
+) -> dict[str, Any]:
+    """``trainer.evaluate()`` on rank 0 ({} elsewhere), under the run's autocast. Under FSDP rank 0
+    evaluates the gathered copy (``full``, refreshed by the caller), moved to the device for the call."""
+    if not main:
+        return {}
+    if full is None or full.module is None:
+        with devices.autocast(precision, device):
+            return trainer.evaluate()
+    sharded = trainer.model
+    trainer.model = full.module
+    try:
+        with devices.moved(full.module, device, torch.device("cpu")), devices.autocast(precision, device):
+            return trainer.evaluate()
+    finally:
+        trainer.model = sharded
 
 
 def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float) -> float:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,8 @@ from mm.train import loop
 from mm.train.config import OptimConfig as SharedOptimConfig
 from mm.train.config import RunConfig as SharedRunConfig
 from mm.train.config import build_optimizer, param_groups
+from mm.train.devices import resolve_device
+from mm.train.devices import to_device as to_device  # re-exported: the RL trainers move batches with it
 from mm.train.sft import save_final as sft_save_final
 from rl.kl import entropy_from_logits
 from rl.logprobs import token_logprobs
@@ -75,7 +76,8 @@ class OptimConfig(SharedOptimConfig):
 
 @dataclass(kw_only=True)
 class RunConfig(SharedRunConfig):
-    """:class:`mm.train.config.RunConfig` (steps, seed, cadence, threads) plus the device."""
+    """:class:`mm.train.config.RunConfig` (steps, seed, cadence, threads, device, precision, gradient
+    checkpointing, FSDP) with post-training's defaults."""
 
     steps: int = 100
     """Optimizer steps."""
@@ -83,27 +85,6 @@ class RunConfig(SharedRunConfig):
     """Write a metrics record every n steps (and at the last step)."""
     checkpoint_every: int = 50
     """Write a checkpoint every n steps (and at the last step)."""
-    device: str = "auto"
-    """``auto`` (cuda when available), ``cpu`` or ``cuda`` (under DDP: the local rank's GPU)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"train.device must be auto, cpu or cuda, got {self.device!r}")
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda when available else cpu; ``cuda`` without a GPU is a clear error. Under DDP each
-    process takes the GPU of its ``LOCAL_RANK``."""
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("train.device=cuda but no CUDA device is visible; use train.device=auto or cpu")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
-        torch.cuda.set_device(local)
-        return torch.device("cuda", local)
-    return torch.device(name)
 
 
 # ---------------------------------------------------------------- policy and reference
@@ -118,7 +99,7 @@ def start_run(
     out = Path(out_dir)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-    return out, resolve_device(train.device)
+    return out, resolve_device(train.device)  # the device loop.run moves the model and batches to
 
 
 def load_policy(init: InitConfig, lora: LoraConfig, device: torch.device) -> tuple[Any, Any]:
@@ -246,6 +227,3 @@ def note_pixels(images_u8: torch.Tensor, processor: Any) -> torch.Tensor:
     return (images_u8.float().div(255.0) - mean) / std
 
 
-def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """Every tensor of ``batch`` moved to ``device``."""
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

@@ -140,6 +140,7 @@ def test_checkpoint_keep_last_and_ignores_temp(tmp_path):
     (tmp_path / ".tmp-step-00000009").mkdir()  # a save killed half-way
     assert common.find_last_checkpoint(tmp_path).name == "step-00000003"
     info = common.load_checkpoint(tmp_path / "step-00000003", model=m)
+    assert info.pop("optimizer")["param_groups"][0]["params"] == [0, 1, 2, 3]  # saved state
     assert info == {"step": 3, "config": {"a": 1}, "extra": {"best": 0.5}}
     assert common.find_last_checkpoint(tmp_path / "nope") is None
     with pytest.raises(FileNotFoundError, match="state.json"):

@@ -23,6 +23,7 @@ from mm.errors import UserError
 from mm.eval.retrieval import retrieval_metrics
 from mm.train import common, loop
 from mm.train.config import build_optimizer
+from mm.train.devices import to_device
 from mm.train.pretrain.config import PretrainConfig
 from mm.train.pretrain.data import NoteTensors
 from mm.train.pretrain.model import NoteTextModel, contrastive_loss, tag_loss
@@ -96,9 +97,10 @@ def embed_split(
     """Note and text embeddings (M, E) of a whole split, in eval mode."""
     was = model.training
     model.eval()
+    device = next(model.parameters()).device
     notes, texts = [], []
     for start in range(0, len(data), batch_size):
-        b = data.batch(list(range(start, min(len(data), start + batch_size))))
+        b = to_device(data.batch(list(range(start, min(len(data), start + batch_size)))), device)
         out = model(b)
         notes.append(out["note"])
         texts.append(out["text"])

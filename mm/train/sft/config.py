@@ -111,12 +111,11 @@ class TaskConfig:
 
 @dataclass(kw_only=True)
 class RunConfig(BatchRunConfig):
-    """Stage, plus :class:`mm.train.config.BatchRunConfig` (steps, batch, seed, cadence, threads)."""
+    """Stage, plus :class:`mm.train.config.BatchRunConfig` (steps, batch, seed, cadence, threads, device,
+    precision, gradient checkpointing, FSDP)."""
 
     stage: str = "sft"
     """align (fusion only) or sft (fusion + LM, or LoRA)."""
-    gradient_checkpointing: bool = False
-    """Activation checkpointing of the LM blocks."""
     train_vision: bool = False
     """Stage sft, full parameters: also train the vision tower (LLaVA keeps it frozen; a tiny tower from
     a short InfoNCE run sees small objects better when tuned on captions)."""

@@ -13,6 +13,7 @@ from mm.errors import UserError
 from mm.eval.generate import answer_questions, generate_captions
 from mm.eval.pope import parse_vlmevalkit
 from mm.train.caption_eval import caption_object_metrics
+from mm.train.devices import to_device
 from mm.train.sft.config import TrainConfig
 from mm.train.sft_data import SampleSet, load_note_images, to_unit
 from mm.train.tasks import build_samples
@@ -37,10 +38,11 @@ def evaluate(model: Any, processor: Any, data: EvalData, cfg: TrainConfig) -> di
     """Caption loss, CHAIR / recall / precision of greedy captions, yes/no accuracy on held-out notes."""
     was = model.training
     model.eval()
+    device = next(model.parameters()).device
     total = count = 0.0
     n = len(data.captions)
     for start in range(0, n, cfg.eval.batch_size):
-        b = data.captions.batch(range(start, min(n, start + cfg.eval.batch_size)))
+        b = to_device(data.captions.batch(range(start, min(n, start + cfg.eval.batch_size))), device)
         out = model(**b)
         tokens = int((b["labels"][:, 1:] != -100).sum())
         total += float(out.loss) * tokens

@@ -139,7 +139,7 @@ def train(
     )  # fmt: skip
     metrics = dict(result.metrics)
     if rank == 0 and not result.stopped:
-        save_final(model, processor, out, lora=cfg.lora.enabled)
+        save_final(result.model, processor, out, lora=cfg.lora.enabled)
         metrics["origin"] = origin
         metrics["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return TrainResult(
