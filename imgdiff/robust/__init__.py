@@ -36,7 +36,8 @@ the level sits above half), not the codec's noise.
 
 Defaults and meanings: :class:`RobustParams` (``threshold`` 2 levels is the API's). The thresholds
 were set on the golden cases and the real-photo corpus (``tests/imgdiff/realcases.py``; all five
-photos were in view while tuning, so it is a regression suite, not a held-out test). Where things are computed: pass 1's
+photos were in view while tuning, so it is a regression suite, not a held-out test). Where things
+are computed: pass 1's
 block sums (:mod:`.sums`, and the Numba/CUDA kernels), the strong test (:mod:`.strong`), the
 reference's texture (:mod:`.texture`), the pyramid (:mod:`.pyramid`), exact integer block arithmetic
 (:mod:`.blocks`) and the per-region judgement (:mod:`.verify`, NumPy for every backend, on the
