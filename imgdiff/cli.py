@@ -15,7 +15,7 @@ OpenCV (:mod:`imgdiff.options`), and the plain ``A B [--json]`` form not even ar
 (:func:`parse_args`); byte-identical files are answered "same" after a pixel-free
 validation (:func:`imgdiff.io.identical_pair`); otherwise the diff modules are imported in a thread
 while both images are inflated (:mod:`imgdiff.png`: no NumPy needed), only the band of rows that can
-differ is unfiltered and diffed (:mod:`imgdiff.band`) unless image outputs are asked for, and
+differ is unfiltered and diffed (:mod:`imgdiff.band_diff`) unless image outputs are asked for, and
 ``--mask-out`` gets the result and the mask from one detection pass.
 """
 
@@ -319,7 +319,7 @@ def _import_kernels() -> None:
         from imagecodecs import delta_decode  # noqa: F401
 
         import imgdiff.api  # noqa: F401
-        import imgdiff.band  # noqa: F401
+        import imgdiff.band_diff  # noqa: F401
     except Exception:  # noqa: BLE001 - the main thread imports it again and reports the error
         pass
 
@@ -337,7 +337,7 @@ def _prefetch_opencv(elements: int) -> None:
 
 def _diff_rows(args, on_inflate=lambda: None):
     """The default single-pair path (no image outputs): decode only the band of rows that can differ
-    (:func:`imgdiff.pair_rows.read_pair_rows`) and diff it (:func:`imgdiff.band.diff_band`); whole images
+    (:func:`imgdiff.pair_rows.read_pair_rows`) and diff it (:func:`imgdiff.band_diff.diff_band`); whole images
     when the files are not two PNGs of one layout. ``on_inflate()``: called once when the inflate
     starts (:func:`run_single` starts its import thread there)."""
     from imgdiff.io import ImageIOError, probe
@@ -346,14 +346,14 @@ def _diff_rows(args, on_inflate=lambda: None):
     try:
 
         def band(h: int, r0: int, r1: int) -> tuple[int, int]:
-            from imgdiff.band import band_rows  # not before the inflate: it imports dataclasses (~9 ms)
+            from imgdiff.band_diff import band_rows  # not before the inflate: it imports dataclasses (~9 ms)
 
             rows = band_rows(h, r0, r1, mode=args.mode)
             _prefetch_opencv((r1 - r0 + 1) * probe(args.a).width * 4)  # rows that may differ
             return rows
 
         def window(w: int, c0: int, c1: int) -> tuple[int, int]:
-            from imgdiff.band import band_rows
+            from imgdiff.band_diff import band_rows
 
             return band_rows(w, c0, c1, mode=args.mode)  # the columns: the same context as the rows
 
@@ -366,7 +366,7 @@ def _diff_rows(args, on_inflate=lambda: None):
 
             return diff(got.a, got.b, **opts)
         del opts["allow_size_mismatch"]  # a band means two PNGs of one layout
-        from imgdiff.band import diff_band
+        from imgdiff.band_diff import diff_band
 
         return diff_band(got.a, got.b, y0=got.y0, height=got.height, x0=got.x0, width=got.width, **opts)
     except (ImageIOError, ValueError) as e:  # SizeMismatchError is a ValueError

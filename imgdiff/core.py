@@ -5,7 +5,7 @@ differences*; a pixel's delta is the max over its channels. Thresholds and repor
 0-255 units; 16-bit pairs are compared in raw 16-bit units (``scale = 257``), so an 8-bit threshold
 ``t`` becomes ``t * 257`` there.
 
-Coarse-to-fine (issue 2, item 3): the grid of per-block *max* deltas (``block_max``) is a max-pool of
+Coarse-to-fine: the grid of per-block *max* deltas (``block_max``) is a max-pool of
 the delta image, so a block whose max is ``<= threshold`` provably holds no changed pixel and is never
 read again. Rows whose bytes are identical (compared 8 bytes at a time through ``uint64`` views) are
 skipped before any delta is computed, so identical and small-change pairs cost about one read of both

@@ -2,7 +2,7 @@
 
 :func:`read_pair_rows` validates and inflates two PNGs (:mod:`imgdiff.png`, :mod:`imgdiff.png_pair_inflate`:
 no NumPy, GIL released, so it overlaps the CLI's imports), finds the rows whose filtered bytes differ
-and unfilters only the band of rows :mod:`imgdiff.band` asks for, and only B's own rows of it when
+and unfilters only the band of rows :mod:`imgdiff.band_diff` asks for, and only B's own rows of it when
 they are few. Other files (formats, sizes, PNG kinds) are decoded whole by :func:`imgdiff.io.decode`.
 Errors are :class:`imgdiff.io_errors.ImageIOError`, as in :func:`imgdiff.io.read_pair`.
 """

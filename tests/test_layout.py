@@ -157,10 +157,6 @@ def test_imgdiff_imports_no_mm_rl_or_torch():
     assert not bad, "imgdiff stands alone (no torch, no mm/rl):\n" + "\n".join(bad)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="mm/train/pretrain.py, mm/train/sft.py, imgdiff/io.py and imgdiff/robust.py are split elsewhere",
-)
 def test_no_package_file_over_600_lines():
     long = {
         str(path.relative_to(ROOT)): n

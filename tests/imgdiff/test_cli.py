@@ -69,7 +69,7 @@ def test_json_exit_codes_and_exact_box(tmp_path, capsys, mode):
 @pytest.mark.parametrize("mode", ["exact", "robust"])
 def test_band_and_window_path_equals_the_whole_image_diff(tmp_path, capsys, monkeypatch, mode):
     """A small change in a wide, tall PNG pair: the CLI decodes a band of rows cut to a window of
-    columns (imgdiff.pair_rows.read_pair_rows, imgdiff.band.diff_band) and must print diff's answer on
+    columns (imgdiff.pair_rows.read_pair_rows, imgdiff.band_diff.diff_band) and must print diff's answer on
     the whole images, ignore boxes included."""
     from imgdiff import diff
     from tests.imgdiff.cases import photo

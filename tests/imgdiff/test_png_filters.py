@@ -14,7 +14,7 @@ from PIL import Image
 from imgdiff import io as iio
 from imgdiff import pair_rows, png, png_spng
 from imgdiff.api import diff
-from imgdiff.band import band_rows, diff_band
+from imgdiff.band_diff import band_rows, diff_band
 from imgdiff.cli import main
 from tests.imgdiff.photos import photo
 from tests.imgdiff.test_png import FILTER_MIXES, _encode

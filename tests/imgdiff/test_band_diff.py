@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from imgdiff import diff
-from imgdiff.band import band_rows, diff_band, window_columns
+from imgdiff.band_diff import band_rows, diff_band, window_columns
 from tests.imgdiff.cases import CASE_NAMES, jpeg, make_case, photo
+from tests.imgdiff.realcases import make_case as real_case
 
 
 def _changed_span(a: np.ndarray, b: np.ndarray):
@@ -132,3 +133,18 @@ def test_texture_just_above_a_cell_is_in_the_band():
     flat = a.copy()
     flat[120:128] = 100
     assert not diff(flat, b - a + flat).same  # without the texture the bump is found
+
+
+@pytest.mark.parametrize("levels", [1, 2])
+@pytest.mark.parametrize(
+    "case_name", ["text_shift_right", "text_sub_0.5_0", "patch_16x16_24_grey_jpeg", "patch_64x64_40_colour"]
+)
+def test_band_equals_whole_on_real_photos_with_few_levels(case_name, levels):
+    """With a shallow pyramid the context of the pyramid is small: the band must still hold what the
+    coherent-displacement step reads around changed tiles."""
+    case = real_case("astronaut", case_name)
+    a, b = case.a, case.b
+    r0, r1 = _changed_span(a, b)
+    y0, y1 = band_rows(a.shape[0], r0, r1, mode="robust", levels=levels)
+    got = diff_band(a[y0:y1], b[y0:y1], y0=y0, height=a.shape[0], mode="robust", levels=levels)
+    assert got == diff(a, b, mode="robust", levels=levels)

@@ -10,7 +10,8 @@ image coordinates. Why a band suffices (the rows outside it are equal in both im
 - robust mode (:mod:`imgdiff.robust`) reads the reference only around blocks whose signed sums are
   non-zero, i.e. inside pyramid cells (side ``block * 2**(levels-1)``, aligned to the image) that
   hold a changed row, plus ``ceil(spread/block)`` blocks and a 1-px border around them for the
-  texture, and 2 px around changed tiles for the strong test. The band is the cells holding changed
+  texture, 2 px around changed tiles for the strong test, and the 8-neighbour tiles of changed tiles
+  with a 4-px border for the last step (:mod:`imgdiff.robust.verify`). The band is the cells holding changed
   rows plus whole cells of context covering that reach, so every block the rule reads sees the same
   pixels and the same pyramid grid; everything else of the rule sums zero deltas.
 
@@ -30,6 +31,7 @@ def band_rows(height: int, r0: int, r1: int, *, mode: str = "robust", **mode_par
     """``(y0, y1)``: the rows :func:`diff_band` needs when only rows ``r0..r1`` (inclusive) may differ
     (or, with the width for ``height``, the columns it needs when only columns ``r0..r1`` may)."""
     from imgdiff.regions import TILE  # imports NumPy and OpenCV: not before the CLI starts inflating
+    from imgdiff.robust.verify import PAD as VERIFY_PAD
 
     if mode == "exact":
         cell, reach = TILE, 0
@@ -39,6 +41,8 @@ def band_rows(height: int, r0: int, r1: int, *, mode: str = "robust", **mode_par
         p = RobustParams(**mode_params)
         cell = max(TILE, p.block << (p.levels - 1))
         reach = p.block * -(-p.spread // p.block) + max(p.window // 2, 2) + 1
+        # the last step reads the 8-neighbour tiles of changed tiles with a PAD-px border
+        reach = max(reach, TILE + VERIFY_PAD)
     context = -(-reach // cell) * cell  # whole cells, so the band keeps the image's grid
     y0 = max(0, r0 // cell * cell - context)
     y1 = min(height, (r1 // cell + 1) * cell + context)
