@@ -189,3 +189,32 @@ def test_labeler_credits_sum_to_the_claim_reward(world):
     total, comps = rew.score([text], rows)
     assert credits.sum().item() == pytest.approx(total.item(), abs=1e-6)
     assert (credits != 0).sum().item() == 3 and comps["reward_claims"] == 2.0  # fork, knife, fork
+
+
+# ---------------------------------------------------------------- on-policy DPO pairs ranked by the labeler
+
+
+def test_onpolicy_pairs_rank_by_a_scorer_and_the_labeler_scorer(world):
+    from mm.data.format import read_notes
+    from mm.model import NoteProcessor, NoteVLMForConditionalGeneration
+    from rl.pairs.onpolicy import labeler_scorer, onpolicy_pairs
+    from rl.trainers.dpo_config import DataConfig
+
+    model, data = world
+    notes = read_notes(data, split="train")
+    lab = Labeler.from_folder(model, LabelerConfig())
+    texts = ["A fork and a dog.", "A cup, a cup.", "Nothing here."]
+    got = labeler_scorer(lab, data)(notes[0], texts)
+    from PIL import Image
+
+    images = [Image.open(data / im).convert("RGB") for im in notes[0].images]
+    p = lab.verify_objects(images, ["fork", "dog", "cup"])
+    assert got[0] == pytest.approx((2 * p["fork"] - 1) + (2 * p["dog"] - 1))
+    assert got[1] == pytest.approx((2 * p["cup"] - 1) - (1 - p["cup"])) and got[2] == 0.0
+    policy = NoteVLMForConditionalGeneration.from_pretrained(str(model))
+    proc = NoteProcessor.from_pretrained(model)
+    pairs = onpolicy_pairs(policy, proc, notes, data, prompt="describe", num_samples=4, max_new_tokens=6,
+                           seed=0, scorer=lambda note, ts: [float(len(t)) for t in ts])  # fmt: skip
+    assert pairs and all(len(x.chosen) > len(x.rejected) and x.objects == [] for x in pairs)
+    with pytest.raises(ValueError, match="data.labeler"):
+        DataConfig(scorer="labeler")
