@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,15 +72,25 @@ class LabelerConfig:
 # ---------------------------------------------------------------- content hashes and the cache
 
 
+_DIGESTS: dict[int, tuple[weakref.ref, str]] = {}
+"""id(PIL image) -> (a weak reference to it, its digest): a rollout asks many questions about one image."""
+
+
 def image_digest(image: Any) -> str:
     """sha256 of an image's decoded pixels (mode, size, bytes): the same picture hashes the same whatever
-    its file format. ``image``: a PIL image or a path."""
+    its file format. ``image``: a PIL image (not modified after its first digest) or a path."""
     from PIL import Image
 
-    img = Image.open(image) if isinstance(image, (str, Path)) else image
-    h = hashlib.sha256(f"{img.mode}:{img.size}".encode())
-    h.update(img.tobytes())
-    return h.hexdigest()
+    if isinstance(image, (str, Path)):
+        image = Image.open(image)
+    known = _DIGESTS.get(id(image))
+    if known is not None and known[0]() is image:
+        return known[1]
+    h = hashlib.sha256(f"{image.mode}:{image.size}".encode())
+    h.update(image.tobytes())
+    key = id(image)
+    _DIGESTS[key] = (weakref.ref(image, lambda _: _DIGESTS.pop(key, None)), h.hexdigest())
+    return _DIGESTS[key][1]
 
 
 def model_fingerprint(folder: str | Path) -> str:

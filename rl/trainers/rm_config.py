@@ -36,6 +36,14 @@ class RMLossConfig:
 
 
 @dataclass(kw_only=True)
+class RMLoraConfig(FilesLoraConfig):
+    """LoRA on the LM's attention and MLP projections (the adapter's family defaults), on by default."""
+
+    enabled: bool = True
+    """Train LoRA adapters (and the value head); false = full fine-tuning of all but the vision tower."""
+
+
+@dataclass(kw_only=True)
 class RMRunConfig(RunConfig):
     """Steps, seed, cadence and device, plus the held-out evaluation cadence."""
 
@@ -54,7 +62,7 @@ class RMConfig:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """The VLM folder under the value head, and its dtype."""
-    lora: FilesLoraConfig = field(default_factory=FilesLoraConfig)
+    lora: RMLoraConfig = field(default_factory=RMLoraConfig)
     """LoRA (the default) or full fine-tuning (all but the vision tower); the head always trains."""
     loss: RMLossConfig = field(default_factory=RMLossConfig)
     """Bradley-Terry loss options."""

@@ -145,14 +145,15 @@ def _grpo(world, out, *sets):
 def test_grpo_two_steps_with_the_labeler_reward(tmp_path, world):
     out = tmp_path / "run"
     sets = ("reward.source=labeler", f"reward.labeler.cache={tmp_path / 'cache'}", "algo.mention_credit=1.0",
-            "algo.overlong_penalty=true", "algo.overlong_cache=6")  # fmt: skip
+            "algo.overlong_penalty=true", "algo.overlong_cache=6", "data.tasks=[caption,pope_question]",
+            "data.questions_per_note=1")  # fmt: skip
     assert _grpo(world, out, *sets) == 0
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == [1, 2]
     for r in recs:
         assert math.isfinite(r["loss"]) and r["mention_credit_abs"] >= 0
-        assert 0.0 <= r["labeler_cache_hit_frac"] <= 1.0
-    assert (tmp_path / "cache" / "labels.jsonl").is_file() or all("reward_claims" not in r for r in recs)
+        assert 0.0 <= r["labeler_cache_hit_frac"] <= 1.0 and 0.0 <= r["reward_yesno"] <= 1.0
+    assert (tmp_path / "cache" / "labels.jsonl").is_file()  # the question rows asked the labeler
     assert (out / "model" / "config.json").is_file()
 
 

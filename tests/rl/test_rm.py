@@ -125,3 +125,24 @@ def test_grpo_two_steps_with_the_reward_model(tmp_path, world, trained):
         warnings.simplefilter("ignore")
         bad = main(args + [x for s in (*sets, "algo.mention_credit=1") for x in ("--set", s)])
     assert bad == 2
+
+
+def test_rm_on_a_transformers_family_full_fine_tuning(tmp_path):
+    from tests.mm.adapter_helpers import build_family, random_image
+
+    folder = build_family("qwen2_vl", tmp_path / "qwen2_vl")
+    for i in range(3):
+        random_image(28, 28, seed=i).save(tmp_path / f"im{i}.png")
+    lines = [json.dumps({"image": f"im{i % 3}.png", "question": "What is it?", "chosen": c, "rejected": r})
+             for i, (c, r) in enumerate(CHOICES)]  # fmt: skip
+    (tmp_path / "pairs.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "rm"
+    args = ["rm", "--model", str(folder), "--pairs", str(tmp_path / "pairs.jsonl"), "--out", str(out),
+            "--no-progress"]  # fmt: skip
+    sets = ("train.steps=2", "data.batch_size=2", "data.heldout=0.2", "lora.enabled=false", "optim.lr=0.01")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(args + [x for s in sets for x in ("--set", s)]) == 0
+    res = json.loads((out / "result.json").read_text())
+    assert res["family"] == "qwen2_vl" and res["heldout"]["pairs"] == 1
+    assert (out / "model" / "config.json").is_file() and not (out / "adapter").exists()
