@@ -58,7 +58,8 @@ def labeler_agreement(
             continue
         images = [Image.open(p if Path(p).is_absolute() else Path(root) / p).convert("RGB") for p in n.images]
         absent = [c for c in everything if c not in present]
-        for obj, yes in [(o, True) for o in present] + [(o, False) for o in rng.sample(absent, negatives)]:
+        asked = rng.sample(absent, min(negatives, len(absent)))
+        for obj, yes in [(o, True) for o in present] + [(o, False) for o in asked]:
             questions.append((images, labeler.question(obj)))
             truth.append(yes)
     if not questions:

@@ -13,6 +13,7 @@ would compute the same batch).
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,9 @@ def train(
 ) -> dict[str, Any]:
     """Train on ``pairs`` (:func:`rl.pairs.importers.read_pair_file`); writes OUT (see the module
     docstring). Returns a summary with the last held-out evaluation."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError("rl rm runs in one process (its batches are not sharded over ranks); launch it "
+                        "without torchrun / accelerate launch (WORLD_SIZE=1)")  # fmt: skip
     out, device = start_run(cfg.train, out_dir)
     adapter = prepare_model(cfg, device)  # LoRA-wrapped, or all but the vision tower trainable
     rm = RewardModel(adapter=adapter)

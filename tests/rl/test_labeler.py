@@ -219,3 +219,14 @@ def test_onpolicy_pairs_rank_by_a_scorer_and_the_labeler_scorer(world):
     assert pairs and all(len(x.chosen) > len(x.rejected) and x.objects == [] for x in pairs)
     with pytest.raises(ValueError, match="data.labeler"):
         DataConfig(scorer="labeler")
+
+
+def test_labeler_eval_command_prints_precision_and_recall(world, capsys):
+    from rl.labeler_eval import main
+
+    model, data = world
+    assert main(["--labeler", str(model), "--data", str(data), "--split", "train", "--negatives", "1"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["questions"] == 7 and res["positives"] == 5
+    assert res["tp"] + res["fn"] == 5 and res["fp"] + res["tn"] == 2
+    assert main(["--labeler", str(data), "--data", str(data)]) == 2  # not a model folder
