@@ -42,6 +42,7 @@ KINDS: dict[str, Kind] = {
         "rl.trainers.grpo_files_config:GRPOFilesConfig", "rl grpo --model DIR --prompts P.jsonl --config FILE"
     ),
     "pairs": Kind("rl.pairs.cli:PairsConfig", "rl pairs (its flags)"),
+    "rm": Kind("rl.trainers.rm_config:RMConfig", "rl rm --model DIR --pairs FILE"),
     "pipeline": Kind("rl.pipeline:PipelineConfig", "rl pipeline --config FILE"),
 }
 """Kind name -> its dataclass and command."""
@@ -49,7 +50,7 @@ KINDS: dict[str, Kind] = {
 ALIASES: dict[str, str] = {"sft": "train", "align": "train"}
 """Other names accepted by ``--kind``."""
 
-ALSO_DOCUMENTED: tuple[str, ...] = ("mm.multi_image:MultiImageConfig",)
+ALSO_DOCUMENTED: tuple[str, ...] = ("mm.multi_image:MultiImageConfig", "rl.rewards:RewardConfig")
 """Config dataclasses built in code rather than from a file; their fields are documented all the same."""
 
 NAME_HINTS: tuple[tuple[str, str], ...] = (

@@ -182,7 +182,23 @@ def mention_credits(
     gt = _ground_truth(objects, vocab)
     g = max(len(gt), 1)
     credits = [0.0] * len(pieces)
-    text, start, counted, seen = "", 0, 0, set()
+    seen: set[str] = set()
+    for start, c in mention_tokens(pieces, vocab):
+        if c in gt:
+            value = cfg.coverage_weight / g if c not in seen else 0.0
+            seen.add(c)
+        else:
+            value = -cfg.hallucination_weight / g
+        credits[start] += value  # the word's first token: where the model chose the word
+    return credits
+
+
+def mention_tokens(pieces: Sequence[str], vocab: Vocabulary) -> list[tuple[int, str]]:
+    """The object mentions of the caption ``"".join(pieces)`` in order, each as ``(index of the first token
+    of the word that completed it, canonical object)`` (the token positions :func:`mention_credits` and the
+    labeler's claim credits use). A word starts at a token that begins with whitespace or is punctuation."""
+    out: list[tuple[int, str]] = []
+    text, start, counted = "", 0, 0
 
     def boundary(piece: str) -> bool:  # a token that starts a new word (or is punctuation)
         return not piece or piece[0].isspace() or not piece[0].isalnum()
@@ -194,15 +210,9 @@ def mention_credits(
         if i + 1 < len(pieces) and not boundary(pieces[i + 1]) and not boundary(piece[-1:] or " "):
             continue  # the word goes on in the next token
         found = vocab.mentions(text)
-        for _, c in found[counted:]:
-            if c in gt:
-                value = cfg.coverage_weight / g if c not in seen else 0.0
-                seen.add(c)
-            else:
-                value = -cfg.hallucination_weight / g
-            credits[start] += value  # the word's first token: where the model chose the word
+        out.extend((start, c) for _, c in found[counted:])
         counted = len(found)
-    return credits
+    return out
 
 
 def yesno_reward(answer: str, label: str, parser: str = "vlmevalkit") -> float:

@@ -2,13 +2,14 @@
 
 Sample several captions per note from the current model (the GRPO rollout sampler,
 :func:`rl.trainers.rollout.generate_rollout`), score them with :func:`rl.rewards.score` against the
-scene, keep best vs worst, skip ties. The sampled token ids are kept in the pair (never decoded and
+scene (or with any ``scorer``: :func:`labeler_scorer` asks a labeler VLM and never reads the scene),
+keep best vs worst, skip ties. The sampled token ids are kept in the pair (never decoded and
 re-tokenised).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,40 @@ def sample_responses(
     return out
 
 
+Scorer = Callable[[Any, Sequence[str]], list[float]]
+"""``(note, sampled captions) -> one reward per caption``."""
+
+
+def scene_scorer(reward_cfg: Any = None) -> Scorer:
+    """Rewards from the note's ground-truth objects (:func:`rl.rewards.score`)."""
+
+    def scorer(note: Any, texts: Sequence[str]) -> list[float]:
+        return [score(t, sorted(note.categories), cfg=reward_cfg).total for t in texts]
+
+    return scorer
+
+
+def labeler_scorer(labeler: Any, root: str | Path, reward_cfg: Any = None) -> Scorer:
+    """Rewards from a labeler's verdicts on each caption's claims (:mod:`rl.labeler_reward`: supported
+    claims minus unsupported ones), the note's images read from ``root``; no ground truth is read."""
+    from PIL import Image
+
+    from rl.labeler_reward import caption_claims, claim_values
+    from rl.rewards import RewardConfig, vocabulary
+
+    cfg = reward_cfg or RewardConfig()
+    vocab = vocabulary(cfg.vocab)
+
+    def scorer(note: Any, texts: Sequence[str]) -> list[float]:
+        images = [Image.open(p).convert("RGB") for p in note_images(note, root)]
+        claims = sorted({c for t in texts for c in caption_claims(t, vocab)})
+        support = {c: labeler.supported(p) for c, p in labeler.verify_objects(images, claims).items()}
+        w = {"coverage_weight": cfg.coverage_weight, "hallucination_weight": cfg.hallucination_weight}
+        return [sum(claim_values([c for _, c in vocab.mentions(t)], support, **w)) for t in texts]
+
+    return scorer
+
+
 def rank_pair(texts: Sequence[str], rewards: Sequence[float]) -> tuple[int, int] | None:
     """``(best, worst)`` indices by reward (first of equals), or None when all rewards tie."""
     if len(texts) != len(rewards) or len(texts) < 2:
@@ -96,16 +131,19 @@ def onpolicy_pairs(
     batch_size: int = 16,
     seed: int = 0,
     reward_cfg: Any = None,
+    scorer: Scorer | None = None,
 ) -> list[PreferencePair]:
-    """RLAIF-V-style pairs: per note, the best vs the worst of ``num_samples`` sampled captions by reward."""
+    """RLAIF-V-style pairs: per note, the best vs the worst of ``num_samples`` sampled captions by reward
+    (``scorer``: default :func:`scene_scorer` of ``reward_cfg``). Pairs ranked without ground truth carry
+    no ``objects``."""
+    rank = scorer or scene_scorer(reward_cfg)
     samples = sample_responses(
         model, processor, notes, root, prompt=prompt, num_samples=num_samples, temperature=temperature,
         top_p=top_p, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
     )  # fmt: skip
     out = []
     for note, group in zip(notes, samples):
-        objs = sorted(note.categories)
-        rewards = [score(t, objs, cfg=reward_cfg).total for t, _ in group]
+        rewards = rank(note, [t for t, _ in group])
         ranked = rank_pair([t for t, _ in group], rewards)
         if ranked is None:
             continue
@@ -119,7 +157,7 @@ def onpolicy_pairs(
                 prompt=prompt,
                 chosen=group[b][0],
                 rejected=group[w][0],
-                objects=objs,
+                objects=sorted(note.categories) if scorer is None else [],
                 chosen_ids=group[b][1],
                 rejected_ids=group[w][1],
                 chosen_reward=rewards[b],

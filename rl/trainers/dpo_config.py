@@ -66,6 +66,11 @@ class DataConfig:
     """onpolicy: captions sampled per note."""
     temperature: float = 1.0
     """onpolicy: sampling temperature."""
+    scorer: str = "scene"
+    """onpolicy: what ranks the samples: scene (the notes' ground-truth objects) or labeler (claims verified
+    by the labeler VLM ``labeler``: no ground truth; rl.labeler_reward)."""
+    labeler: str = ""
+    """onpolicy with scorer labeler: the labeler model folder (e.g. the SFT checkpoint: self-feedback)."""
     hallucination_weight: float = 1.0
     """onpolicy: weight of the hallucinated-mention penalty in the reward that ranks the samples (the
     covered-object fraction has weight 1; :class:`rl.rewards.RewardConfig`). RLAIF-V ranks by
@@ -100,6 +105,11 @@ class DataConfig:
             )
         if self.answer_style not in ANSWER_STYLES:
             raise ValueError(f"data.answer_style must be one of {ANSWER_STYLES}, got {self.answer_style!r}")
+        if self.scorer not in ("scene", "labeler") or (self.scorer == "labeler" and not self.labeler):
+            raise ValueError(
+                f"data.scorer must be scene or labeler (labeler needs data.labeler, a model folder such as "
+                f"the SFT checkpoint), got {self.scorer!r} with data.labeler={self.labeler!r}"
+            )
         if self.build not in BUILDS:
             raise ValueError(f"data.build must be one of {', '.join(BUILDS)}, got {self.build!r}")
         if self.build in ("correction", "onpolicy") and self.pairs is None and self.notes == 0:

@@ -136,10 +136,19 @@ def load_pairs(cfg: DataConfig, seed: int, policy: tuple[Any, Any] | None = None
                 *policy, _world_notes(cfg), cfg.folder, prompt=cfg.prompt
             )
         else:
+            reward_cfg = RewardConfig(hallucination_weight=cfg.hallucination_weight)
+            scorer = None
+            if cfg.scorer == "labeler":
+                from rl.labeler import Labeler, LabelerConfig
+                from rl.pairs.onpolicy import labeler_scorer
+
+                device = next(policy[0].parameters()).device
+                labeler = Labeler.from_folder(cfg.labeler, LabelerConfig(), device=device)
+                scorer = labeler_scorer(labeler, cfg.folder, reward_cfg)
             pairs = preference_pairs.onpolicy_pairs(
                 *policy, _world_notes(cfg), cfg.folder, prompt=cfg.prompt, num_samples=cfg.samples,
                 temperature=cfg.temperature, seed=seed,
-                reward_cfg=RewardConfig(hallucination_weight=cfg.hallucination_weight),
+                reward_cfg=reward_cfg, scorer=scorer,
             )  # fmt: skip
     else:
         pairs = preference_pairs.corrupt_pairs(_world_notes(cfg), prompt=cfg.prompt, seed=seed)

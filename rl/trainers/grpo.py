@@ -51,6 +51,7 @@ from mm.train import common, loop
 from rl.advantages import group_advantages, group_reward_std, rloo_advantages
 from rl.importance import is_metrics, truncated_is_weights, weighted_advantages
 from rl.kl import kl_estimate
+from rl.labeler_reward import build_rewarder
 from rl.losses import aggregate_loss, policy_loss
 from rl.rewards import RewardConfig, batch_scores, mention_credits, resolve_vocab
 from rl.sampling import fill_groups, informative_groups, overlong_penalty
@@ -170,8 +171,9 @@ class GRPOTrainer(loop.StepTrainer):
     ``algo.num_iterations`` times on the same rollout."""
 
     def __init__(
-        self, cfg: GRPOConfig, model: Any, ref: Reference, prompts: PromptSet, tok: Any, device: torch.device
-    ) -> None:
+        self, cfg: GRPOConfig, model: Any, ref: Reference, prompts: PromptSet, tok: Any, device: torch.device,
+        rewarder: Any = None,
+    ) -> None:  # fmt: skip
         self.cfg, self.model, self.ref, self.prompts, self.tok, self.device = (
             cfg,
             model,
@@ -181,6 +183,8 @@ class GRPOTrainer(loop.StepTrainer):
             device,
         )
         self.updates_per_step = cfg.algo.num_iterations
+        self.rewarder = rewarder
+        """None: the scene reward; else ``reward.source``'s (:func:`rl.labeler_reward.build_rewarder`)."""
         ro = cfg.rollout
         self.off_policy_sampling = not (ro.top_p == 1.0 and ro.top_k == 0 and decode_loop_supported(model))
         """The sampler's distribution is not the trainer's softmax(logits / T): record its log-probs and
@@ -201,7 +205,10 @@ class GRPOTrainer(loop.StepTrainer):
         row_prompts = [self.prompts.prompts[i] for i in idx for _ in range(G)]
         texts = [tok.decode(r, skip_special_tokens=True).strip() for r in roll.response_ids()]
         objects = [self.prompts.objects[p.note] for p in row_prompts]
-        rewards, comps = score_rollout(texts, row_prompts, objects, cfg.reward)
+        if self.rewarder is None:
+            rewards, comps = score_rollout(texts, row_prompts, objects, cfg.reward)
+        else:
+            rewards, comps = self.rewarder.score(texts, row_prompts)
         if cfg.algo.overlong_penalty:
             rewards = rewards + overlong_penalty(
                 roll.lengths.cpu(), max_length=ro.max_new_tokens, cache_length=cfg.algo.overlong_cache,
@@ -243,9 +250,11 @@ class GRPOTrainer(loop.StepTrainer):
         credit = None
         if algo.mention_credit > 0:
             rows = [p for _, _, ps in groups for p in ps]
-            credit = token_credits(roll, rows, self.prompts.objects, self.tok, self.cfg.reward).to(
-                self.device
-            )
+            if self.rewarder is None:
+                credit = token_credits(roll, rows, self.prompts.objects, self.tok, self.cfg.reward)
+            else:
+                credit = self.rewarder.credits(roll, rows, self.tok)
+            credit = credit.to(self.device)
             adv = adv[:, None] + algo.mention_credit * credit  # (B*G, R) per-token advantages
         batch = to_device(roll.batch(), self.device)
         with torch.no_grad():
@@ -327,7 +336,8 @@ def train(
     folder = Path(cfg.data.folder)
     if not (folder / "notes.jsonl").is_file():
         raise UserError(f"data.folder={folder} has no notes.jsonl; generate notes with `mm data world`")
-    notes = [n for n in read_notes(folder, split=cfg.data.split) if n.categories]
+    scene = cfg.reward.source == "scene"  # the other sources never need ground-truth objects
+    notes = [n for n in read_notes(folder, split=cfg.data.split) if n.categories or not scene]
     notes = notes[: cfg.data.notes] if cfg.data.notes else notes
     if not notes:
         raise UserError(f"data.folder={folder}: no {cfg.data.split!r} notes with object annotations")
@@ -339,7 +349,10 @@ def train(
     ref = Reference(model=model, needed=cfg.algo.beta > 0)
     prompts = PromptSet(processor=processor, notes=notes, root=folder, cfg=cfg.data)
     opt, sched = make_optimizer(model, cfg.optim, cfg.train.steps)
-    trainer = GRPOTrainer(cfg, model, ref, prompts, processor.tokenizer, device)
+    rewarder = build_rewarder(
+        cfg.reward, policy_folder=cfg.init.model, prompts=prompts, root=folder, device=device
+    )
+    trainer = GRPOTrainer(cfg, model, ref, prompts, processor.tokenizer, device, rewarder)
 
     def monitor(history: list[dict[str, Any]], record: dict[str, Any]) -> list[str]:
         return failure_warnings(history, record, max_new_tokens=cfg.rollout.max_new_tokens)

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from rl.advantages import ADVANTAGE_SCALES
 from rl.importance import IS_LEVELS
 from rl.kl import KL_KINDS
+from rl.labeler_reward import SourcedRewardConfig
 from rl.losses import AGG_MODES
-from rl.rewards import RewardConfig
 from rl.trainers.common import InitConfig, LoraConfig, OptimConfig, RunConfig
 from rl.trainers.rollout import SAMPLERS
 
@@ -178,14 +178,17 @@ class GRPOConfig:
     """Sampling."""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     """Advantages, loss, KL, DAPO options."""
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    """Hallucination reward weights (rl.rewards.RewardConfig)."""
+    reward: SourcedRewardConfig = field(default_factory=SourcedRewardConfig)
+    """Hallucination reward weights (rl.rewards.RewardConfig) and source: scene, labeler or rm:DIR
+    (rl.labeler_reward)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and schedule."""
     train: RunConfig = field(default_factory=RunConfig)
     """Steps, seed, cadence."""
 
     def __post_init__(self) -> None:
+        if self.reward.source.startswith("rm:") and self.algo.mention_credit > 0:
+            raise ValueError("reward.source rm:DIR gives one reward per response: set algo.mention_credit=0")
         if self.algo.overlong_penalty and self.algo.overlong_cache > self.rollout.max_new_tokens:
             raise ValueError(
                 f"algo.overlong_cache={self.algo.overlong_cache} must be <= rollout.max_new_tokens="
