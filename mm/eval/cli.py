@@ -83,6 +83,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--json", action="store_true", help="print one JSON object (with per_caption)")
     _model_args(c)
 
+    from mm.eval.claims import cli as claims_cli
+
+    claims_cli.configure(
+        sub.add_parser(
+            "claims",
+            help="claim-level hallucination: exists / attribute / count",
+            description=claims_cli.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )  # fmt: skip
+
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("on a model (instead of files)")
@@ -126,6 +137,10 @@ def _doc(which: str) -> str:
 def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the same warnings are printed below
+        if args.eval_command == "claims":
+            from mm.eval.claims import cli as claims_cli
+
+            return claims_cli.run(args)
         return {"pope": _run_pope, "pope-build": _run_build, "chair": _run_chair}[args.eval_command](args)
 
 
