@@ -84,9 +84,8 @@ def resample_weights(n: int, n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:
     """(n_boot, n) counts: how often each unit is drawn in each resample (rows sum to ``n``)."""
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, n, size=(n_boot, n))  # (B, n) drawn unit indices
-    w = np.zeros((n_boot, n), dtype=np.float64)  # (B, n)
-    np.add.at(w, (np.arange(n_boot)[:, None], idx), 1.0)
-    return w
+    flat = (idx + n * np.arange(n_boot)[:, None]).ravel()  # (B * n,) index into the flattened (B, n)
+    return np.bincount(flat, minlength=n_boot * n).reshape(n_boot, n).astype(np.float64)  # (B, n)
 
 
 def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -191,12 +190,13 @@ def chair_units(per_caption: Sequence[dict]) -> dict[str, list[float]]:
     }  # type: ignore[dict-item]
 
 
-def pope_units(rows: Sequence[tuple[str, str, str | None]]) -> dict[str, list]:
+def pope_units(rows: Sequence[tuple[str, str, str | None]], *, unparsed_fn: bool = True) -> dict[str, list]:
     """Per-unit POPE counts from ``(unit, label, prediction)`` rows (prediction None = unparsed).
 
     Units keep their first-seen order. An unparsed answer counts as scored and wrong, and as neither
-    a predicted yes nor a true positive (the ``vlmevalkit`` convention; ``lmms`` also leaves it out of
-    the false negatives, a difference of at most the unparsed share).
+    a predicted yes nor a true positive; with label yes it is a false negative when ``unparsed_fn``
+    (the ``vlmevalkit`` convention; ``lmms`` leaves it out: pass False), as in
+    :func:`mm.eval.pope.pope_scores`.
     """
     order: dict[str, dict[str, float]] = {}
     for unit, label, pred in rows:
@@ -209,7 +209,7 @@ def pope_units(rows: Sequence[tuple[str, str, str | None]]) -> dict[str, list]:
         u["label_yes"] += float(label == "yes")
         u["tp"] += float(pred == "yes" and label == "yes")
         u["fp"] += float(pred == "yes" and label == "no")
-        u["fn"] += float(pred != "yes" and label == "yes")
+        u["fn"] += float(label == "yes" and (pred == "no" or (pred is None and unparsed_fn)))
     out: dict[str, list] = {"id": list(order)}
     for k in ("correct", "scored", "tp", "fp", "fn", "pred_yes", "label_yes"):
         out[k] = [u[k] for u in order.values()]

@@ -99,8 +99,7 @@ def run(args: argparse.Namespace) -> int:
             by_split.setdefault(str(q.get("split", "file")), []).append(q)
         res = {
             "discriminative": {
-                s: discriminative_scores(qs, answers, parser=args.parser, seed=args.seed)
-                for s, qs in by_split.items()
+                s: discriminative_scores(qs, answers, parser=args.parser) for s, qs in by_split.items()
             }
         }
     else:

@@ -28,10 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mm.eval.bootstrap import N_BOOT, POPE_RATIOS, intervals, pope_units
 from mm.eval.claims.extract import CLAIM_KINDS
 from mm.eval.claims.truth import ImageTruth
-from mm.eval.pope import SPLITS, PopeBuildConfig, build_questions, parse_answer, pope_scores
+from mm.eval.pope import SPLITS, PopeBuildConfig, build_questions, pope_scores
 from mm.world import vocab as world_vocab
 from mm.world.text import NUMBERS, article
 
@@ -177,8 +176,6 @@ def discriminative_scores(
     answers: Mapping[str, str],
     *,
     parser: str = "original",
-    n_boot: int = N_BOOT,
-    seed: int = 0,
 ) -> dict[str, Any]:
     """Per kind: POPE's scores of ``answers`` (``{question_id: text}``) plus ``intervals`` over images."""
     out: dict[str, Any] = {}
@@ -187,13 +184,8 @@ def discriminative_scores(
         if not qs:
             continue
         labels = {str(q["question_id"]): q["label"] for q in qs}
-        res = pope_scores(labels, {k: v for k, v in answers.items() if k in labels}, parser=parser)
-        rows = [
-            (str(q["image"]), q["label"], parse_answer(answers[str(q["question_id"])], parser))
-            for q in qs
-            if str(q["question_id"]) in answers
-        ]
-        res["intervals"] = intervals(pope_units(rows), POPE_RATIOS, n_boot=n_boot, seed=seed) if rows else {}
+        mine = {k: v for k, v in answers.items() if k in labels}
+        res = pope_scores(labels, mine, parser=parser, units={str(q["question_id"]): q["image"] for q in qs})
         res["n_questions"] = len(qs)
         out[kind] = res
     return out

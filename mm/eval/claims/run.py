@@ -78,6 +78,6 @@ def run_claims(
             answer_tokens,
         )
         disc[split] = discriminative_scores(
-            qs, {q["question_id"]: t for q, t in zip(qs, texts)}, parser=parser, seed=seed
+            qs, {q["question_id"]: t for q, t in zip(qs, texts)}, parser=parser
         )
     return {"generative": gen, "discriminative": disc, "n_notes": len(notes), "warnings": warns}
