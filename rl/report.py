@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from rl.report_intervals import change_intervals, summary_intervals
+from rl.report_uncertainty import change_intervals, seed_lines, seed_summary, summary_intervals
 
 TARGET_PIPELINE_SECONDS = 15 * 60
 """Target for the whole pipeline's wall time (sum of stage times), post-training included."""
@@ -192,8 +192,10 @@ def build_metrics(
     wall_seconds: float,
     rss: dict[str, float],
     load: list[float] | None,
+    seed_runs: dict[str, list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
-    """metrics.json: stages (time, memory, own metrics), retrieval, models, changes, targets, headline."""
+    """metrics.json: stages (time, memory, own metrics), retrieval, models, changes, targets, headline, and
+    ``seeds`` (every training-seed run's changes, mean and sd) when ``seed_runs`` is given."""
     models = {
         m: model_summary(stages[f"eval_{m}"]["metrics"]) for m in ["sft", *post] if f"eval_{m}" in stages
     }
@@ -234,6 +236,7 @@ def build_metrics(
         "changes": deltas,
         "targets": targets,
         "headline": headline,
+        **({"seeds": seed_summary(seed_runs)} if seed_runs else {}),
     }
 
 
@@ -313,6 +316,8 @@ def render_markdown(metrics: dict[str, Any], plots: dict[str, str]) -> str:
                 for m, d in metrics["changes"].items()
             ],
         )
+    if metrics.get("seeds"):
+        lines += seed_lines(metrics["seeds"])
     lines += ["", "## Targets", ""]
     mark = {True: "met", False: "**missed**", None: "n/a"}
     lines += _table(

@@ -1,11 +1,12 @@
-"""Bootstrap intervals of the pipeline report: per-model metric intervals and paired change intervals.
+"""Uncertainty in the pipeline report: bootstrap intervals over notes, spread over training seeds.
 
 A model's eval record (:func:`mm.eval.runners.evaluate_model`) carries its metric intervals
 (``chair_intervals``, ``pope[split]["intervals"]``) and its per-unit sums (``units``: per note for CHAIR,
 per image for POPE). :func:`summary_intervals` flattens the first onto the report's summary keys;
 :func:`change_intervals` runs the paired bootstrap (:func:`mm.eval.bootstrap.paired_intervals`) of each
 change against SFT on the notes both models were evaluated on, in the report's units (relative CHAIR_i,
-recall and F1 in points, length in percent).
+recall and F1 in points, length in percent). :func:`seed_summary` and :func:`seed_lines` give the
+spread over training seeds (``rl pipeline --seeds N``): every run's changes, their mean and sample sd.
 """
 
 from __future__ import annotations
@@ -70,3 +71,46 @@ def change_intervals(
         if (p := _pair(iv[metric], scale)) is not None:
             out[key] = p
     return out
+
+
+SEED_KEYS: tuple[tuple[str, str, str], ...] = (
+    ("chair_i_rel_change", "CHAIR_i change (rel.)", "{:+.1%}"),
+    ("recall_change_points", "recall change (points)", "{:+.1f}"),
+    ("length_change_pct", "length change (%)", "{:+.1f}"),
+    ("pope_adversarial_f1_change_points", "POPE-adv F1 change (points)", "{:+.1f}"),
+)
+"""(change key, header, format) of the training-seed table."""
+
+
+def seed_summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per post-training stage: its runs (``{"seed", change keys...}``) with mean and sample sd per key."""
+    import statistics
+
+    out: dict[str, Any] = {}
+    for post, rows in runs.items():
+        mean: dict[str, float | None] = {}
+        sd: dict[str, float | None] = {}
+        for k, _, _ in SEED_KEYS:
+            vals = [r[k] for r in rows if r.get(k) is not None]
+            mean[k] = statistics.fmean(vals) if vals else None
+            sd[k] = statistics.stdev(vals) if len(vals) > 1 else None
+        out[post] = {"runs": rows, "mean": mean, "sd": sd}
+    return out
+
+
+def seed_lines(seeds: dict[str, Any]) -> list[str]:
+    """Markdown: each run's changes against SFT, then mean +- sd over the training seeds."""
+
+    def fmt(v: Any, f: str) -> str:
+        return "n/a" if v is None else f.format(v)
+
+    head = "| model | training seed | " + " | ".join(h for _, h, _ in SEED_KEYS) + " |"
+    lines = ["", "## Training seeds", "", head, "|" + "---|" * (len(SEED_KEYS) + 2)]
+    for post, s in seeds.items():
+        for r in s["runs"]:
+            lines.append(
+                f"| {post} | {r['seed']} | " + " | ".join(fmt(r.get(k), f) for k, _, f in SEED_KEYS) + " |"
+            )
+        cells = [f"{fmt(s['mean'][k], f)} +- {fmt(s['sd'][k], f.replace('+', ''))}" for k, _, f in SEED_KEYS]
+        lines.append(f"| {post} | **mean +- sd** ({len(s['runs'])} runs) | " + " | ".join(cells) + " |")
+    return lines
