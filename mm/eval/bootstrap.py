@@ -169,7 +169,7 @@ CHAIR_RATIOS: dict[str, tuple[str, str]] = {
 POPE_RATIOS: dict[str, tuple[str, str]] = {
     "accuracy": ("correct", "scored"),
     "precision": ("tp", "pred_yes"),
-    "recall": ("tp", "label_yes"),
+    "recall": ("tp", "tp_fn"),
     "f1": ("two_tp", "f1_den"),
     "yes_ratio": ("pred_yes", "scored"),
 }
@@ -214,6 +214,7 @@ def pope_units(rows: Sequence[tuple[str, str, str | None]], *, unparsed_fn: bool
     for k in ("correct", "scored", "tp", "fp", "fn", "pred_yes", "label_yes"):
         out[k] = [u[k] for u in order.values()]
     out["two_tp"] = [2 * t for t in out["tp"]]
+    out["tp_fn"] = [t + f for t, f in zip(out["tp"], out["fn"])]
     out["f1_den"] = [2 * t + p + f for t, p, f in zip(out["tp"], out["fp"], out["fn"])]
     return out
 

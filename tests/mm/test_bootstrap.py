@@ -125,3 +125,34 @@ def test_chair_units_reproduce_chair_scores():
     ivs = intervals(chair_units(res["per_caption"]), CHAIR_RATIOS, n_boot=50)
     for m in CHAIR_RATIOS:
         assert ivs[m]["value"] == pytest.approx(res[m]), m
+
+
+@pytest.mark.parametrize("parser", ["original", "lmms", "vlmevalkit"])
+def test_pope_scores_intervals_match_every_parser(parser):
+    labels = {f"q{i}": "yes" if i % 2 == 0 else "no" for i in range(12)}
+    texts = ["yes", "no", "Yes", "maybe", "no", "no", "yes", "yes", "I think not", "no", "yes", "no"]
+    units = {f"q{i}": f"img{i // 4}" for i in range(12)}
+    res = pope_scores(labels, dict(zip(labels, texts)), parser=parser, units=units)
+    for m in POPE_RATIOS:
+        assert res["intervals"][m]["value"] == pytest.approx(res[m]), (parser, m)
+        assert res["intervals"][m]["n_units"] == 3  # three images, not twelve questions
+    per_question = pope_scores(labels, dict(zip(labels, texts)), parser=parser)
+    assert per_question["intervals"]["accuracy"]["n_units"] == 12
+
+
+def test_eval_cli_tables_print_intervals(tmp_path, capsys):
+    import json
+
+    from mm.cli import main
+
+    q, a = tmp_path / "q.jsonl", tmp_path / "a.jsonl"
+    rows = [(1, "a", "yes", "Yes"), (2, "a", "no", "Yes"), (3, "b", "yes", "No"), (4, "b", "no", "No")]
+    q.write_text("".join(json.dumps({"question_id": i, "image": im, "text": "?", "label": lab}) + "\n"
+                         for i, im, lab, _ in rows))  # fmt: skip
+    a.write_text("".join(json.dumps({"question_id": i, "text": t}) + "\n" for i, _, _, t in rows))
+    assert main(["eval", "pope", "--questions", str(q), "--answers", str(a)]) == 0
+    out = capsys.readouterr().out
+    assert "accuracy   0.5000  [0.5000, 0.5000]" in out and "recall     0.5000  [0.0000, 1.0000]" in out
+    assert main(["eval", "pope", "--questions", str(q), "--answers", str(a), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["intervals"]["f1"]["n_units"] == 2 and res["intervals"]["f1"]["value"] == 0.5
