@@ -24,7 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from rl.report_uncertainty import change_intervals, seed_lines, seed_summary, summary_intervals
+from rl.report_uncertainty import (
+    change_intervals,
+    error_bars,
+    seed_lines,
+    seed_summary,
+    summary_intervals,
+    without_units,
+)
 
 TARGET_PIPELINE_SECONDS = 15 * 60
 """Target for the whole pipeline's wall time (sum of stage times), post-training included."""
@@ -40,6 +47,8 @@ SUMMARY_KEYS: tuple[tuple[str, str, str], ...] = (
     ("pope_popular_f1", "POPE-pop F1", "{:.3f}"),
     ("pope_random_f1", "POPE-rand F1", "{:.3f}"),
     ("partner_frac", "partner share of halluc.", "{:.2f}"),
+    ("attribute_rate", "attribute halluc. rate", "{:.3f}"),
+    ("count_rate", "count halluc. rate", "{:.3f}"),
 )
 """(key, header, format) of the before/after table."""
 
@@ -49,6 +58,7 @@ CHANGE_KEYS: tuple[tuple[str, str, str], ...] = (
     ("length_change_pct", "length change", "{:+.1f}%"),
     ("pope_adversarial_f1_change_points", "POPE-adv F1 change (points)", "{:+.1f}"),
     ("pope_adversarial_yes_ratio", "POPE-adv yes-ratio", "{:.3f}"),
+    ("attribute_rate_rel_change", "attribute halluc. change (rel.)", "{:+.1%}"),
 )
 """(key, header, format) of the change table (each post-trained model vs SFT)."""
 
@@ -74,6 +84,9 @@ def model_summary(ev: dict[str, Any]) -> dict[str, Any]:
     for k in ("partner", "confusion", "other", "total", "partner_frac", "confusion_frac", "other_frac"):
         if k in causes:
             out[k] = causes[k]
+    for kind in ("attribute", "count"):
+        if kind in (ev.get("claims") or {}):
+            out[f"{kind}_rate"] = ev["claims"][kind]["rate"]
     out["intervals"] = summary_intervals(ev)
     return out
 
@@ -95,6 +108,8 @@ def changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         k = f"pope_{split}_f1"
         if k in before and k in after:
             out[f"{k}_change_points"] = 100.0 * (after[k] - before[k])
+    if "attribute_rate" in before and "attribute_rate" in after:
+        out["attribute_rate_rel_change"] = _rel(after["attribute_rate"], before["attribute_rate"])
     if "pope_adversarial_yes_ratio" in after:
         out["pope_adversarial_yes_ratio"] = after["pope_adversarial_yes_ratio"]
     return out
@@ -227,7 +242,7 @@ def build_metrics(
         "stages": {
             n: {
                 **{k: s.get(k) for k in ("status", "seconds", "peak_rss_mb", "peak_rss_children_mb")},
-                "metrics": _without_units(s.get("metrics")),
+                "metrics": without_units(s.get("metrics")),
             }
             for n, s in stages.items()
         },
@@ -238,11 +253,6 @@ def build_metrics(
         "headline": headline,
         **({"seeds": seed_summary(seed_runs)} if seed_runs else {}),
     }
-
-
-def _without_units(metrics: Any) -> Any:
-    """A stage's metrics without the per-note sums (they stay in OUT/eval_*/eval.json)."""
-    return {k: v for k, v in metrics.items() if k != "units"} if isinstance(metrics, dict) else metrics
 
 
 # ---------------------------------------------------------------- markdown
@@ -381,16 +391,6 @@ def render_markdown(metrics: dict[str, Any], plots: dict[str, str]) -> str:
 # ---------------------------------------------------------------- plots and files
 
 
-def _yerr(summary: dict[str, Any], keys: list[tuple[str, str]], vals: list[float]) -> np.ndarray:
-    """(2, K) distances from each value down and up to its interval's ends (0 where there is none)."""
-    ivs = summary.get("intervals") or {}
-    err = np.zeros((2, len(keys)))  # (2, K)
-    for i, ((k, _), v) in enumerate(zip(keys, vals)):
-        if k in ivs:
-            err[:, i] = [max(0.0, v - ivs[k][0]), max(0.0, ivs[k][1] - v)]
-    return err
-
-
 def plot_before_after(models: dict[str, dict[str, Any]], path: Path) -> Path:
     """Grouped bars per model: rates (CHAIR, recall, precision, POPE-adv F1 / yes-ratio) and mean length."""
     import matplotlib  # function-level: ~0.4 s to import; only the plots need it
@@ -408,8 +408,9 @@ def plot_before_after(models: dict[str, dict[str, Any]], path: Path) -> Path:
     w = 0.8 / max(1, len(names))
     for j, m in enumerate(names):
         vals = [models[m].get(k) or 0.0 for k, _ in keys]
-        bars = ax.bar(x + (j - (len(names) - 1) / 2) * w, vals, w, label=m, yerr=_yerr(models[m], keys, vals),
-                      capsize=2, error_kw={"lw": 0.8})  # fmt: skip
+        err = error_bars(models[m], keys, vals)  # (2, K)
+        bars = ax.bar(x + (j - (len(names) - 1) / 2) * w, vals, w, label=m, yerr=err, capsize=2,
+                      error_kw={"lw": 0.8})  # fmt: skip
         ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=6)
     ax.set_xticks(x, [t for _, t in keys])
     ax.set_ylim(0, 1.1)
@@ -420,7 +421,7 @@ def plot_before_after(models: dict[str, dict[str, Any]], path: Path) -> Path:
     ax.legend()
     lens = [models[m].get("mean_length") or 0.0 for m in names]
     len_err = np.concatenate(
-        [_yerr(models[m], [("mean_length", "")], [v]) for m, v in zip(names, lens)], axis=1
+        [error_bars(models[m], [("mean_length", "")], [v]) for m, v in zip(names, lens)], axis=1
     )
     bars = ax2.bar(names, lens, color=[f"C{j}" for j in range(len(names))], yerr=len_err, capsize=3)
     ax2.bar_label(bars, fmt="%.1f", fontsize=8)

@@ -13,7 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from mm.eval.bootstrap import CHAIR_RATIOS, POPE_RATIOS, paired_intervals
+
+CLAIM_RATIOS = {"rate": ("hallucinated", "judged"), "coverage": ("covered", "facts")}
+"""Claim metric -> (numerator, denominator) of :func:`mm.eval.claims.generative_scores`' units."""
 
 
 def _pair(iv: dict[str, Any] | None, scale: float = 1.0) -> list[float] | None:
@@ -32,6 +37,10 @@ def summary_intervals(ev: dict[str, Any]) -> dict[str, list[float]]:
             out[k] = p
     if "chair_i" in out:
         out["precision"] = [1.0 - out["chair_i"][1], 1.0 - out["chair_i"][0]]
+    for kind, res in (ev.get("claims") or {}).items():
+        lo, hi = res.get("rate_ci") or (None, None)
+        if lo is not None and hi is not None:
+            out[f"{kind}_rate"] = [lo, hi]
     for split, res in (ev.get("pope") or {}).items():
         for k, iv in (res.get("intervals") or {}).items():
             if (p := _pair(iv)) is not None:
@@ -44,6 +53,7 @@ CHANGE_INTERVALS: dict[str, tuple[str, str, bool, float]] = {
     "chair_s_rel_change": ("chair", "chair_s", True, 1.0),
     "recall_change_points": ("chair", "recall", False, 100.0),
     "length_change_pct": ("chair", "mean_length", True, 100.0),
+    "attribute_rate_rel_change": ("claims_attribute", "rate", True, 1.0),
     **{
         f"pope_{s}_f1_change_points": (f"pope_{s}", "f1", False, 100.0)
         for s in ("adversarial", "popular", "random")
@@ -61,7 +71,9 @@ def change_intervals(
     for key, (units, metric, relative, scale) in CHANGE_INTERVALS.items():
         if units not in bu or units not in au:
             continue
-        ratios = CHAIR_RATIOS if units == "chair" else POPE_RATIOS
+        ratios = (
+            CHAIR_RATIOS if units == "chair" else CLAIM_RATIOS if units.startswith("claims") else POPE_RATIOS
+        )
         try:
             iv = paired_intervals(
                 bu[units], au[units], {metric: ratios[metric]}, relative={metric: relative}, seed=seed
@@ -114,3 +126,18 @@ def seed_lines(seeds: dict[str, Any]) -> list[str]:
         cells = [f"{fmt(s['mean'][k], f)} +- {fmt(s['sd'][k], f.replace('+', ''))}" for k, _, f in SEED_KEYS]
         lines.append(f"| {post} | **mean +- sd** ({len(s['runs'])} runs) | " + " | ".join(cells) + " |")
     return lines
+
+
+def without_units(metrics: Any) -> Any:
+    """A stage's metrics without the per-note sums (they stay in OUT/eval_*/eval.json)."""
+    return {k: v for k, v in metrics.items() if k != "units"} if isinstance(metrics, dict) else metrics
+
+
+def error_bars(summary: dict[str, Any], keys: list[tuple[str, str]], vals: list[float]) -> np.ndarray:
+    """(2, K) distances from each value down and up to its interval's ends (0 where there is none)."""
+    ivs = summary.get("intervals") or {}
+    err = np.zeros((2, len(keys)))  # (2, K)
+    for i, ((k, _), v) in enumerate(zip(keys, vals)):
+        if k in ivs:
+            err[:, i] = [max(0.0, v - ivs[k][0]), max(0.0, ivs[k][1] - v)]
+    return err

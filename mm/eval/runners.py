@@ -152,6 +152,15 @@ def run_chair(
     return res
 
 
+def claims_of_captions(per_caption: Sequence[dict[str, Any]], notes: Sequence[Any]) -> dict[str, Any]:
+    """Generative claim scores (:mod:`mm.eval.claims`, world extractor) of CHAIR's captions of ``notes``."""
+    from mm.eval.claims import build_extractor, generative_scores, note_truth
+
+    ex = build_extractor("world")
+    truth = {n.id: note_truth(n, ex.vocabulary) for n in notes}
+    return generative_scores([(r["image_id"], r["caption"]) for r in per_caption], truth, ex)
+
+
 def evaluate_model(
     model_dir: str | Path,
     data_dir: str | Path,
@@ -167,8 +176,9 @@ def evaluate_model(
     model: Any = None,
     processor: Any = None,
 ) -> dict[str, Any]:
-    """CHAIR (``chair``: chair_i, chair_s, recall, mean_length, counts), POPE per split (``pope``) and the
-    hallucination cause split (``causes``) of the model in ``model_dir`` on ``notes`` held-out notes.
+    """CHAIR (``chair``: chair_i, chair_s, recall, mean_length, counts), POPE per split (``pope``), the
+    hallucination cause split (``causes``) and the claim rates of the same captions (``claims``: per
+    kind, :func:`mm.eval.claims.generative_scores`) of the model in ``model_dir`` on ``notes`` held-out notes.
 
     An already loaded ``model``/``processor`` may be passed instead of loading ``model_dir``. The
     result also holds ``samples`` (the first 5 captions), ``warnings``, bootstrap intervals
@@ -195,6 +205,9 @@ def evaluate_model(
         ],
         "warnings": list(chair["warnings"]),
     }
+    claims = claims_of_captions(chair["per_caption"], held)
+    out["claims"] = claims["kinds"]
+    out["units"].update({f"claims_{k}": u for k, u in claims["units"].items()})
     for s in pope_splits:
         res = run_pope(
             model, processor, held, data_dir, split=s, parser=parser, seed=seed, template=template,

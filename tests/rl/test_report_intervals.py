@@ -100,3 +100,39 @@ def test_records_without_units_have_no_intervals():
     assert m["models"]["sft"]["intervals"] == {} and m["changes"]["dpo"]["intervals"] == {}
     assert all(t["met_at_interval"] is None for t in m["targets"])
     assert "over the interval" in report.render_markdown(m, {})
+
+
+def _with_claims(rec: dict, wrong_colour: int) -> dict:
+    """Adds claim scores of captions naming the red fork blue in ``wrong_colour`` of the notes."""
+    from mm.data.format import Note, ObjectAnnotation
+    from mm.eval.runners import claims_of_captions
+
+    n = rec["n_notes"]
+    objs = [
+        ObjectAnnotation(category="fork", bbox=(0, 0, 1, 1), color="red"),
+        ObjectAnnotation(category="cup", bbox=(0, 0, 1, 1), color="blue"),
+    ]
+    notes = [Note(id=f"n{i}", images=["x.png"], objects=[objs]) for i in range(n)]
+    per_caption = [
+        {"image_id": f"n{i}", "caption": f"A {'blue' if i < wrong_colour else 'red'} fork and a blue cup."}
+        for i in range(n)
+    ]
+    claims = claims_of_captions(per_caption, notes)
+    rec["claims"] = claims["kinds"]
+    rec["units"].update({f"claims_{k}": u for k, u in claims["units"].items()})
+    return rec
+
+
+def test_attribute_rate_with_interval_and_paired_change():
+    stages = _stages(_with_claims(_record(20), 16), _with_claims(_record(2), 4))
+    m = report.build_metrics(stages, post=["dpo"], wall_seconds=1.0, rss={"peak_rss_mb": 1.0}, load=None)
+    sft, dpo = m["models"]["sft"], m["models"]["dpo"]
+    assert sft["attribute_rate"] == pytest.approx(16 / 80) and dpo["attribute_rate"] == pytest.approx(4 / 80)
+    assert sft["count_rate"] == 0.0
+    lo, hi = sft["intervals"]["attribute_rate"]
+    assert lo < 0.2 < hi
+    d = m["changes"]["dpo"]
+    assert d["attribute_rate_rel_change"] == pytest.approx(-0.75)
+    clo, chi = d["intervals"]["attribute_rate_rel_change"]
+    assert clo <= -0.75 <= chi < 0
+    assert "attribute halluc. change (rel.)" in report.render_markdown(m, {})
