@@ -235,3 +235,16 @@ def test_cli_on_tiny_notevlm(tmp_path, capsys):
     adv = res["discriminative"]["adversarial"]
     assert adv["exists"]["n_questions"] == 10 and adv["count"]["n_questions"] == 10  # 5 objects, yes/no each
     assert 0.0 <= adv["exists"]["accuracy"] <= 1.0 and "f1" in adv["exists"]["intervals"]
+
+
+def test_build_questions_from_a_note_folder_keys_image_paths(tmp_path, capsys):
+    from tests.helpers.eval_model import make_data_dir
+
+    data = make_data_dir(tmp_path)
+    out = tmp_path / "q.jsonl"
+    args = ["eval", "claims", "--objects", str(data), "--extractor", "world", "--build-questions", str(out)]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["image"] for r in rows} == {"images/n0_0.png", "images/n1_0.png", "images/n1_1.png"}
+    assert {r["kind"] for r in rows} == {"exists", "count"}  # the helper's objects have no colours
+    assert all(r["question_id"].startswith("adversarial-") for r in rows)

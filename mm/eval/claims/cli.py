@@ -19,7 +19,7 @@ from mm.errors import UserError
 from mm.eval.claims.extract import CLAIM_KINDS, EXTRACTORS, build_extractor
 from mm.eval.claims.generative import generative_scores
 from mm.eval.claims.questions import ClaimQuestionConfig, build_claim_questions, discriminative_scores
-from mm.eval.claims.truth import read_truth
+from mm.eval.claims.truth import read_image_truth, read_truth
 from mm.eval.pope import PARSERS, SPLITS
 
 
@@ -44,7 +44,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--parser", default="original", choices=PARSERS, help="yes/no answer parser (default original)"
     )
     p.add_argument("--split", nargs="+", default=["adversarial"], choices=SPLITS,
-                   help="negative sampling of the questions (default adversarial)")  # fmt: skip
+                   help="negative sampling of built or model questions (default adversarial)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="question sampling and bootstrap seed (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     g = p.add_argument_group("on a model (instead of files)")
@@ -119,12 +119,7 @@ def run(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace, extractor: Any, warns: list[str]) -> int:
     from mm.eval.files import write_jsonl
 
-    truth = read_truth(args.objects, extractor.vocabulary, warns)
-    images = {
-        f"{i}" if len(t.images) == 1 else f"{i}/{k}": im
-        for i, t in truth.items()
-        for k, im in enumerate(t.images)
-    }
+    images = read_image_truth(args.objects, extractor.vocabulary, warns)
     rows = []
     for split in args.split:
         qs, w = build_claim_questions(

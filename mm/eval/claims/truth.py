@@ -144,3 +144,22 @@ def read_truth(path: str | Path, vocab: Vocabulary, warn: list[str]) -> dict[str
             f"ignored: {sorted(unknown)[:10]}"
         )
     return out
+
+
+def read_image_truth(path: str | Path, vocab: Vocabulary, warn: list[str]) -> dict[str, ImageTruth]:
+    """``{image: ImageTruth}``: a note folder's images keyed by their paths (as a POPE question's
+    ``image``), or an objects JSON's ids (one image each)."""
+    p = Path(path)
+    if p.is_dir() and (p / NOTES_FILE).is_file():
+        unknown: set[str] = set()
+        out = {
+            image: im
+            for note in read_notes(p)
+            for image, im in zip(note.images, note_truth(note, vocab, unknown).images)
+        }
+        if unknown:
+            warn.append(
+                f"{len(unknown)} object name(s) not in the {vocab.name} vocabulary: {sorted(unknown)[:10]}"
+            )
+        return out
+    return {i: t.images[0] for i, t in read_truth(p, vocab, warn).items()}
