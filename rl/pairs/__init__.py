@@ -26,15 +26,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "rl.pairs.record": ("PAIR_KINDS", "PreferencePair", "caption_pair"),
     "rl.pairs.files": ("read_pairs", "write_pairs"),
     "rl.pairs.importers": (
-        "PAIR_FORMATS",
-        "FilePair",
-        "RecordError",
-        "detect_format",
-        "native_pair",
-        "open_images",
-        "read_pair_file",
-        "rlaif_v_pair",
-        "rlhf_v_pair",
+        "PAIR_FORMATS", "FilePair", "RecordError", "detect_format", "native_pair", "open_images",
+        "read_pair_file", "rlaif_v_pair", "rlhf_v_pair",
     ),  # fmt: skip
     "rl.pairs.injection": ("ALSO_TEMPLATES", "choose_injected", "inject_object", "injection_pairs"),
     "rl.pairs.onpolicy": ("onpolicy_pairs", "rank_pair", "sample_responses"),
