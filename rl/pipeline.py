@@ -1,6 +1,6 @@
 """``rl pipeline``: the main job, in one process, on the built-in note world.
 
-    rl pipeline --config configs/rl/pipeline.yaml --out runs/demo [--fresh | --redo dpo ...]
+    rl pipeline --config configs/rl/pipeline.yaml --out runs/demo [--fresh | --redo dpo ...] [--seeds N]
 
 Stages (each writes its own subfolder of OUT; every call is an in-process library function)::
 
@@ -359,10 +359,12 @@ def run_pipeline(
     redo: list[str] | None = None,
     show_progress: bool = True,
     log: Any = None,
+    seeds: int = 1,
 ) -> dict[str, Any]:
     """Run (or resume) every stage into ``out``, then write the report; returns the metrics dict.
 
-    ``fresh`` redoes every stage; ``redo`` names stages to redo together with every stage after them.
+    ``fresh`` redoes every stage; ``redo`` names stages to redo together with every stage after them;
+    ``seeds`` > 1 re-runs post-training with that many training seeds (:mod:`rl.pipeline_seeds`).
     ``log(text)`` receives one line per stage (default: stderr).
     """
     import torch
@@ -375,6 +377,8 @@ def run_pipeline(
     bad = [r for r in redo or [] if r not in names]
     if bad:
         raise UserError(f"--redo {bad}: not a stage of this pipeline; stages are {names}")
+    if seeds < 1:
+        raise UserError(f"--seeds {seeds}: pass 1 (the main run only) or more training seeds")
     configs = resolve(cfg, out)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -433,9 +437,17 @@ def run_pipeline(
             f"[{i + 1}/{len(names)}] {name}: {record['seconds']:.1f}s, "
             f"peak RSS {record['peak_rss_mb']:.0f} MiB"
         )
+    seed_runs = None
+    if seeds > 1 and cfg.post:
+        from rl.pipeline_seeds import run_seeds
+
+        seed_runs = run_seeds(
+            cfg, configs, stages, out, seeds, fresh=fresh, show_progress=show_progress, log=log
+        )
     metrics = report.build_metrics(
-        stages, post=list(cfg.post), wall_seconds=time.perf_counter() - t_all, rss=_rss_mb(), load=_load_avg()
-    )
+        stages, post=list(cfg.post), wall_seconds=time.perf_counter() - t_all, rss=_rss_mb(),
+        load=_load_avg(), seed_runs=seed_runs,
+    )  # fmt: skip
     report.write_report(out, metrics)
     log(f"report: {out / 'report.md'}")
     return metrics
@@ -465,6 +477,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--redo", nargs="+", default=[], metavar="STAGE", help="redo these stages and every stage after them"
     )
     parser.add_argument("--no-progress", action="store_true", help="hide the per-stage progress bars")
+    parser.add_argument(
+        "--seeds", type=int, default=1, metavar="N",
+        help="re-run post-training with N training seeds from the same SFT model; mean +- sd (default 1)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -472,7 +488,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(PipelineConfig, args.config, args.overrides)
     metrics = run_pipeline(
-        cfg, args.out, fresh=args.fresh, redo=args.redo, show_progress=not args.no_progress
+        cfg, args.out, fresh=args.fresh, redo=args.redo, show_progress=not args.no_progress, seeds=args.seeds
     )
     print(json.dumps(metrics["headline"], default=str))
     return 0

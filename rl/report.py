@@ -8,6 +8,12 @@ Everything but the plotting and writing is pure.
 Conventions: CHAIR_i change is *relative* ((after - before) / before), recall and POPE F1 changes are
 in *points* (x 100, absolute), mean caption length change is in percent. Object precision is
 1 - CHAIR_i (the fraction of object mentions that are present).
+
+Uncertainty (:mod:`mm.eval.bootstrap`): every model metric carries its bootstrap 95% interval (resampling
+held-out notes for CHAIR, images for POPE; ``intervals`` in a summary), every change against SFT its
+*paired* bootstrap interval (the same resampled notes for both models; ``intervals`` in a change), and
+every target says whether it holds at the point estimate (``met``) and over its whole interval
+(``met_at_interval``: both ends meet the goal; None when the eval records carry no per-note sums).
 """
 
 from __future__ import annotations
@@ -17,6 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from rl.report_uncertainty import (
+    change_intervals,
+    error_bars,
+    seed_lines,
+    seed_summary,
+    summary_intervals,
+    without_units,
+)
 
 TARGET_PIPELINE_SECONDS = 15 * 60
 """Target for the whole pipeline's wall time (sum of stage times), post-training included."""
@@ -32,6 +47,8 @@ SUMMARY_KEYS: tuple[tuple[str, str, str], ...] = (
     ("pope_popular_f1", "POPE-pop F1", "{:.3f}"),
     ("pope_random_f1", "POPE-rand F1", "{:.3f}"),
     ("partner_frac", "partner share of halluc.", "{:.2f}"),
+    ("attribute_rate", "attribute halluc. rate", "{:.3f}"),
+    ("count_rate", "count halluc. rate", "{:.3f}"),
 )
 """(key, header, format) of the before/after table."""
 
@@ -41,6 +58,7 @@ CHANGE_KEYS: tuple[tuple[str, str, str], ...] = (
     ("length_change_pct", "length change", "{:+.1f}%"),
     ("pope_adversarial_f1_change_points", "POPE-adv F1 change (points)", "{:+.1f}"),
     ("pope_adversarial_yes_ratio", "POPE-adv yes-ratio", "{:.3f}"),
+    ("attribute_rate_rel_change", "attribute halluc. change (rel.)", "{:+.1%}"),
 )
 """(key, header, format) of the change table (each post-trained model vs SFT)."""
 
@@ -66,6 +84,10 @@ def model_summary(ev: dict[str, Any]) -> dict[str, Any]:
     for k in ("partner", "confusion", "other", "total", "partner_frac", "confusion_frac", "other_frac"):
         if k in causes:
             out[k] = causes[k]
+    for kind in ("attribute", "count"):
+        if kind in (ev.get("claims") or {}):
+            out[f"{kind}_rate"] = ev["claims"][kind]["rate"]
+    out["intervals"] = summary_intervals(ev)
     return out
 
 
@@ -86,13 +108,28 @@ def changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         k = f"pope_{split}_f1"
         if k in before and k in after:
             out[f"{k}_change_points"] = 100.0 * (after[k] - before[k])
+    if "attribute_rate" in before and "attribute_rate" in after:
+        out["attribute_rate_rel_change"] = _rel(after["attribute_rate"], before["attribute_rate"])
     if "pope_adversarial_yes_ratio" in after:
         out["pope_adversarial_yes_ratio"] = after["pope_adversarial_yes_ratio"]
     return out
 
 
-def _check(name: str, value: Any, goal: str, ok: bool | None, fmt: str = "{:.3f}") -> dict[str, Any]:
-    return {"target": name, "value": value, "goal": goal, "met": ok, "format": fmt}
+def _check(
+    name: str,
+    value: Any,
+    goal: str,
+    ok: bool | None,
+    fmt: str = "{:.3f}",
+    *,
+    interval: list[float] | None = None,
+    holds: Any = None,
+) -> dict[str, Any]:
+    """One target row; ``holds(x) -> bool`` is the goal, checked at both ends of ``interval`` (a goal
+    is a half-line or a band, so both ends meeting it means the whole interval does)."""
+    at = None if interval is None or holds is None else bool(holds(interval[0]) and holds(interval[1]))
+    return {"target": name, "value": value, "goal": goal, "met": ok, "format": fmt, "interval": interval,
+            "met_at_interval": at}  # fmt: skip
 
 
 def target_checks(
@@ -105,38 +142,61 @@ def target_checks(
     ]  # fmt: skip
     sft = models.get("sft")
     if sft:
+        si = sft.get("intervals") or {}
         rows += [
-            _check("SFT object recall", sft["recall"], ">= 0.85", sft["recall"] >= 0.85),
-            _check("SFT CHAIR_i", sft["chair_i"], ">= 0.10", sft["chair_i"] >= 0.10),
+            _check("SFT object recall", sft["recall"], ">= 0.85", sft["recall"] >= 0.85,
+                   interval=si.get("recall"), holds=lambda x: x >= 0.85),
+            _check("SFT CHAIR_i", sft["chair_i"], ">= 0.10", sft["chair_i"] >= 0.10,
+                   interval=si.get("chair_i"), holds=lambda x: x >= 0.10),
             _check("SFT partner share of hallucinated mentions", sft.get("partner_frac"), ">= 0.50",
                    None if sft.get("partner_frac") is None else sft["partner_frac"] >= 0.5),
         ]  # fmt: skip
     for name, d in deltas.items():
         ci, rc, lc = d["chair_i_rel_change"], d["recall_change_points"], d["length_change_pct"]
+        di = d.get("intervals") or {}
+        mi = models[name].get("intervals") or {}
         rows += [
             _check(
-                f"{name}: CHAIR_i change (rel.)", ci, "<= -60%", None if ci is None else ci <= -0.6, "{:+.1%}"
+                f"{name}: CHAIR_i change (rel.)", ci, "<= -60%", None if ci is None else ci <= -0.6,
+                "{:+.1%}", interval=di.get("chair_i_rel_change"), holds=lambda x: x <= -0.6,
             ),
-            _check(f"{name}: recall change (points)", rc, ">= -2", rc >= -2.0, "{:+.1f}"),
+            _check(f"{name}: recall change (points)", rc, ">= -2", rc >= -2.0, "{:+.1f}",
+                   interval=di.get("recall_change_points"), holds=lambda x: x >= -2.0),
             _check(
                 f"{name}: mean length change (%)",
                 lc,
                 "within +-10%",
                 None if lc is None else abs(lc) <= 10,
                 "{:+.1f}",
+                interval=di.get("length_change_pct"),
+                holds=lambda x: abs(x) <= 10,
             ),
-        ]
+        ]  # fmt: skip
         f1_before = sft.get("pope_adversarial_f1") if sft else None
         f1_after = models[name].get("pope_adversarial_f1")
         if f1_before is not None and f1_after is not None:
             if f1_before > 0.85:
                 goal, ok = ">= 0.95 (SFT already > 0.85)", f1_after >= 0.95
+                iv, holds = mi.get("pope_adversarial_f1"), (lambda x: x >= 0.95)
             else:
                 goal, ok = "+10 points", f1_after - f1_before >= 0.10
-            rows.append(_check(f"{name}: POPE-adv F1", f1_after, goal, ok))
+                # the interval of the paired change, shifted to the after-F1 scale of the row
+                dv = di.get("pope_adversarial_f1_change_points")
+                iv = None if dv is None else [f1_before + dv[0] / 100, f1_before + dv[1] / 100]
+                holds = lambda x, b=f1_before: x - b >= 0.10  # noqa: E731
+            rows.append(_check(f"{name}: POPE-adv F1", f1_after, goal, ok, interval=iv, holds=holds))
         yr = models[name].get("pope_adversarial_yes_ratio")
         if yr is not None:
-            rows.append(_check(f"{name}: POPE-adv yes-ratio", yr, "0.50 +- 0.05", abs(yr - 0.5) <= 0.05))
+            rows.append(
+                _check(
+                    f"{name}: POPE-adv yes-ratio",
+                    yr,
+                    "0.50 +- 0.05",
+                    abs(yr - 0.5) <= 0.05,
+                    interval=mi.get("pope_adversarial_yes_ratio"),
+                    holds=lambda x: abs(x - 0.5) <= 0.05,
+                )  # fmt: skip
+            )
     return rows
 
 
@@ -147,12 +207,16 @@ def build_metrics(
     wall_seconds: float,
     rss: dict[str, float],
     load: list[float] | None,
+    seed_runs: dict[str, list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
-    """metrics.json: stages (time, memory, own metrics), retrieval, models, changes, targets, headline."""
+    """metrics.json: stages (time, memory, own metrics), retrieval, models, changes, targets, headline, and
+    ``seeds`` (every training-seed run's changes, mean and sd) when ``seed_runs`` is given."""
     models = {
         m: model_summary(stages[f"eval_{m}"]["metrics"]) for m in ["sft", *post] if f"eval_{m}" in stages
     }
     deltas = {m: changes(models["sft"], models[m]) for m in post if m in models and "sft" in models}
+    for m, d in deltas.items():
+        d["intervals"] = change_intervals(stages["eval_sft"]["metrics"], stages[f"eval_{m}"]["metrics"])
     pipeline_seconds = sum(float(s["seconds"]) for s in stages.values())
     pre = stages.get("pretrain", {}).get("metrics", {})
     retrieval = {k: v for k, v in pre.items() if "R@" in k}
@@ -163,6 +227,8 @@ def build_metrics(
         "peak_rss_mb": peak,
         "text2note_R@1": retrieval.get("text2note_R@1"),
         "targets_met": sum(1 for t in targets if t["met"]),
+        "targets_met_at_interval": sum(1 for t in targets if t["met_at_interval"]),
+        "targets_with_interval": sum(1 for t in targets if t["met_at_interval"] is not None),
         "targets": len(targets),
     }
     for m, s in models.items():
@@ -174,7 +240,10 @@ def build_metrics(
         "peak_rss_children_mb": rss.get("peak_rss_children_mb"),
         "load_avg": load,
         "stages": {
-            n: {k: s.get(k) for k in ("status", "seconds", "peak_rss_mb", "peak_rss_children_mb", "metrics")}
+            n: {
+                **{k: s.get(k) for k in ("status", "seconds", "peak_rss_mb", "peak_rss_children_mb")},
+                "metrics": without_units(s.get("metrics")),
+            }
             for n, s in stages.items()
         },
         "retrieval": retrieval,
@@ -182,6 +251,7 @@ def build_metrics(
         "changes": deltas,
         "targets": targets,
         "headline": headline,
+        **({"seeds": seed_summary(seed_runs)} if seed_runs else {}),
     }
 
 
@@ -195,6 +265,14 @@ def _fmt(v: Any, fmt: str) -> str:
         return fmt.format(v)
     except (ValueError, TypeError):
         return str(v)
+
+
+def _fmt_interval(iv: list[float] | None, fmt: str) -> str:
+    return "n/a" if not iv else f"[{_fmt(iv[0], fmt)}, {_fmt(iv[1], fmt)}]"
+
+
+def _brackets(iv: list[float] | None, fmt: str) -> str:
+    return "" if not iv else " " + _fmt_interval(iv, fmt)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -212,7 +290,9 @@ def render_markdown(metrics: dict[str, Any], plots: dict[str, str]) -> str:
         f"Pipeline time (sum of stage wall times): **{metrics['pipeline_seconds']:.0f} s**; "
         f"peak memory (max RSS of the pipeline process): **{metrics['peak_rss_mb']:.0f} MiB** "
         f"(world-rendering workers: {_fmt(metrics.get('peak_rss_children_mb'), '{:.0f}')} MiB); "
-        f"load average at the end {load if load else 'n/a'}. Targets met: {h['targets_met']}/{h['targets']}.",
+        f"load average at the end {load if load else 'n/a'}. Targets met: {h['targets_met']}/{h['targets']} "
+        f"at the point estimate; {h.get('targets_met_at_interval', 0)}/{h.get('targets_with_interval', 0)} "
+        "over their whole 95% interval.",
         "",
         "## Before / after (held-out notes)",
         "",
@@ -222,17 +302,47 @@ def render_markdown(metrics: dict[str, Any], plots: dict[str, str]) -> str:
         ["model", *(hd for _, hd, _ in SUMMARY_KEYS)],
         [[m, *(_fmt(s.get(k), f) for k, _, f in SUMMARY_KEYS)] for m, s in models.items()],
     )
+    if any(s.get("intervals") for s in models.values()):
+        lines += ["", "95% bootstrap intervals (resampling held-out notes; images for POPE):", ""]
+        lines += _table(
+            ["model", *(hd for _, hd, _ in SUMMARY_KEYS)],
+            [
+                [m, *(_fmt_interval((s.get("intervals") or {}).get(k), f) for k, _, f in SUMMARY_KEYS)]
+                for m, s in models.items()
+            ],
+        )
     if metrics["changes"]:
-        lines += ["", "Changes against the SFT model:", ""]
+        lines += ["", "Changes against the SFT model (paired 95% bootstrap interval in brackets):", ""]
         lines += _table(
             ["model", *(hd for _, hd, _ in CHANGE_KEYS)],
-            [[m, *(_fmt(d.get(k), f) for k, _, f in CHANGE_KEYS)] for m, d in metrics["changes"].items()],
+            [
+                [
+                    m,
+                    *(
+                        _fmt(d.get(k), f) + _brackets((d.get("intervals") or {}).get(k), f)
+                        for k, _, f in CHANGE_KEYS
+                    ),
+                ]
+                for m, d in metrics["changes"].items()
+            ],
         )
+    if metrics.get("seeds"):
+        lines += seed_lines(metrics["seeds"])
     lines += ["", "## Targets", ""]
     mark = {True: "met", False: "**missed**", None: "n/a"}
     lines += _table(
-        ["target", "measured", "goal", ""],
-        [[t["target"], _fmt(t["value"], t["format"]), t["goal"], mark[t["met"]]] for t in metrics["targets"]],
+        ["target", "measured", "95% interval", "goal", "at the point", "over the interval"],
+        [
+            [
+                t["target"],
+                _fmt(t["value"], t["format"]),
+                _fmt_interval(t.get("interval"), t["format"]),
+                t["goal"],
+                mark[t["met"]],
+                mark[t.get("met_at_interval")],
+            ]
+            for t in metrics["targets"]
+        ],  # fmt: skip
     )
     if models:
         lines += ["", "## Hallucinated mentions by cause", ""]
@@ -269,6 +379,8 @@ def render_markdown(metrics: dict[str, Any], plots: dict[str, str]) -> str:
     lines += [
         "CHAIR_i change is relative; recall and F1 changes are absolute points; "
         "object precision = 1 - CHAIR_i.",
+        "Intervals: percentile bootstrap, 1000 resamples, seed 0 (docs/evals.md); a target holds over the "
+        "interval when both ends meet its goal.",
         "Stages marked 'skipped' were finished by an earlier run into the same folder (their times are "
         "from that run).",
         "",
@@ -296,15 +408,22 @@ def plot_before_after(models: dict[str, dict[str, Any]], path: Path) -> Path:
     w = 0.8 / max(1, len(names))
     for j, m in enumerate(names):
         vals = [models[m].get(k) or 0.0 for k, _ in keys]
-        bars = ax.bar(x + (j - (len(names) - 1) / 2) * w, vals, w, label=m)
-        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+        err = error_bars(models[m], keys, vals)  # (2, K)
+        bars = ax.bar(x + (j - (len(names) - 1) / 2) * w, vals, w, label=m, yerr=err, capsize=2,
+                      error_kw={"lw": 0.8})  # fmt: skip
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=6)
     ax.set_xticks(x, [t for _, t in keys])
     ax.set_ylim(0, 1.1)
     ax.axhline(0.5, color="grey", lw=0.5, ls="--")
-    ax.set_title("held-out notes: hallucination and POPE (higher recall/precision/F1 is better)")
+    ax.set_title(
+        "held-out notes: hallucination and POPE with 95% bootstrap intervals (higher recall/F1 is better)"
+    )
     ax.legend()
     lens = [models[m].get("mean_length") or 0.0 for m in names]
-    bars = ax2.bar(names, lens, color=[f"C{j}" for j in range(len(names))])
+    len_err = np.concatenate(
+        [error_bars(models[m], [("mean_length", "")], [v]) for m, v in zip(names, lens)], axis=1
+    )
+    bars = ax2.bar(names, lens, color=[f"C{j}" for j in range(len(names))], yerr=len_err, capsize=3)
     ax2.bar_label(bars, fmt="%.1f", fontsize=8)
     ax2.set_title("mean caption length (words)")
     fig.tight_layout()

@@ -6,7 +6,8 @@ Captioning", EMNLP 2018), reproducing the original ``utils/chair.py`` of LisaAnn
 
 reported with ``recall`` (distinct ground-truth objects mentioned / ground-truth objects, summed
 over captions) and ``mean_length`` (white-space words per caption), because CHAIR falls trivially
-with shorter captions.
+with shorter captions; ``intervals`` gives each a bootstrap 95% interval over captions
+(:mod:`mm.eval.bootstrap`).
 
 Mention extraction for the COCO vocabulary follows the original step by step: lower-case,
 ``nltk.word_tokenize`` (offline emulation, :mod:`mm.eval.words`), Pattern 2.6
@@ -39,6 +40,7 @@ from typing import Any
 
 from mm.data.jsonio import as_id, id_problem
 from mm.errors import UserError
+from mm.eval.bootstrap import CHAIR_RATIOS, chair_units, intervals
 from mm.eval.singularize import singularize
 from mm.eval.words import word_tokenize
 from mm.world.vocab import synonym_table
@@ -306,6 +308,7 @@ def chair_scores(
         "n_mentions": n_mentions,
         "n_hallucinated": n_halluc,
         "per_caption": per_caption,
+        "intervals": intervals(chair_units(per_caption), CHAIR_RATIOS) if per_caption else {},
         "warnings": warn,
     }
     for w in warn:

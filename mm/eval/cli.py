@@ -83,6 +83,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--json", action="store_true", help="print one JSON object (with per_caption)")
     _model_args(c)
 
+    from mm.eval.claims import cli as claims_cli
+
+    claims_cli.configure(
+        sub.add_parser(
+            "claims",
+            help="claim-level hallucination: exists / attribute / count",
+            description=claims_cli.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )  # fmt: skip
+
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("on a model (instead of files)")
@@ -126,6 +137,10 @@ def _doc(which: str) -> str:
 def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the same warnings are printed below
+        if args.eval_command == "claims":
+            from mm.eval.claims import cli as claims_cli
+
+            return claims_cli.run(args)
         return {"pope": _run_pope, "pope-build": _run_build, "chair": _run_chair}[args.eval_command](args)
 
 
@@ -158,7 +173,8 @@ def _run_pope(args: argparse.Namespace) -> int:
         questions = read_pope_questions(args.questions)
         answers = read_pope_answers(args.answers)
         labels = {str(q["question_id"]): q["label"] for q in questions}
-        res = pope_scores(labels, answers, parser=args.parser)
+        units = {q["question_id"]: q.get("image", q["question_id"]) for q in questions}  # resample images
+        res = pope_scores(labels, answers, parser=args.parser, units=units)
         n_questions = len(labels)
         where = ""
     _print_warnings(res["warnings"])
@@ -169,7 +185,8 @@ def _run_pope(args: argparse.Namespace) -> int:
     print(f"scored {res['n_scored']} of {n_questions} questions; unparsed {res['unparsed']}")
     _table(
         [("accuracy", res["accuracy"]), ("precision", res["precision"]), ("recall", res["recall"])]
-        + [("f1", res["f1"]), ("yes_ratio", res["yes_ratio"])]
+        + [("f1", res["f1"]), ("yes_ratio", res["yes_ratio"])],
+        res.get("intervals"),
     )
     print(f"TP {res['tp']}  FP {res['fp']}  TN {res['tn']}  FN {res['fn']}")
     return 0
@@ -226,7 +243,8 @@ def _run_chair(args: argparse.Namespace) -> int:
     print(f"{res['n_captions']} captions, {res['n_mentions']} mentions, {res['n_hallucinated']} hallucinated")
     _table(
         [("chair_s", res["chair_s"]), ("chair_i", res["chair_i"]), ("recall", res["recall"])]
-        + [("mean_length", res["mean_length"])]
+        + [("mean_length", res["mean_length"])],
+        res.get("intervals"),
     )
     if "causes" in res:
         c = res["causes"]
@@ -234,7 +252,10 @@ def _run_chair(args: argparse.Namespace) -> int:
     return 0
 
 
-def _table(rows: list[tuple[str, Any]]) -> None:
+def _table(rows: list[tuple[str, Any]], intervals: dict[str, Any] | None = None) -> None:
+    """Rows of ``name  value``, with the bootstrap 95% interval (:mod:`mm.eval.bootstrap`) where given."""
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
-        print(f"  {k:<{width}}  {v:.4f}" if isinstance(v, float) else f"  {k:<{width}}  {v}")
+        iv = (intervals or {}).get(k) or {}
+        ci = f"  [{iv['low']:.4f}, {iv['high']:.4f}]" if iv.get("low") is not None else ""
+        print(f"  {k:<{width}}  {v:.4f}{ci}" if isinstance(v, float) else f"  {k:<{width}}  {v}")

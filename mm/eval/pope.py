@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mm.data.jsonio import as_id, id_problem
+from mm.eval.bootstrap import POPE_RATIOS, intervals, pope_units
 
 PARSERS: tuple[str, ...] = ("original", "lmms", "vlmevalkit")
 """Names accepted by :func:`parse_answer` and :func:`pope_scores`."""
@@ -119,6 +120,8 @@ def pope_scores(
     labels: Mapping[Any, str],
     answers: Mapping[Any, str] | Iterable[tuple[Any, str]],
     parser: str = "original",
+    *,
+    units: Mapping[Any, Any] | None = None,
 ) -> dict[str, Any]:
     """Accuracy, precision, recall, F1, yes_ratio and the confusion counts of POPE answers.
 
@@ -130,6 +133,10 @@ def pope_scores(
 
     ``tp/fp/tn/fn`` count parsed answers; ``unparsed`` counts the rest (always wrong for accuracy;
     see the module docstring for how each parser treats them in recall).
+
+    ``intervals`` holds a bootstrap 95% interval per metric (:mod:`mm.eval.bootstrap`), resampling
+    ``units`` (``{question_id: image}``: all questions about one image are drawn together), or single
+    questions when ``units`` is None.
     """
     if parser not in _PARSE:
         raise ValueError(f"unknown POPE parser {parser!r}; expected one of {', '.join(PARSERS)}")
@@ -197,6 +204,10 @@ def pope_scores(
         "extra_ids": extra,
         "warnings": warn,
     }
+    unit_of = {_qid(k): str(v) for k, v in units.items()} if units is not None else {}
+    rows = [(unit_of.get(q, q), gold[q], _PARSE[parser](seen[q])) for q in gold if q in seen]  # labels' order
+    by_unit = pope_units(rows, unparsed_fn=parser != "lmms")
+    result["intervals"] = intervals(by_unit, POPE_RATIOS) if rows else {}
     for w in warn:
         warnings.warn(w, RuntimeWarning, stacklevel=2)
     return result

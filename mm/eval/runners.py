@@ -30,10 +30,11 @@ import torch
 from mm.data.format import read_notes
 from mm.data.prompts import CAPTION_PROMPT, WORLD_POPE_TEMPLATE
 from mm.errors import UserError
+from mm.eval.bootstrap import chair_units, pope_units
 from mm.eval.causes import cause_split_from_chair
 from mm.eval.chair import Vocabulary, chair_scores
 from mm.eval.generate import answer_questions, generate_captions
-from mm.eval.pope import pope_scores
+from mm.eval.pope import parse_answer, pope_scores
 from mm.eval.pope_notes import pope_questions
 from mm.model import NoteProcessor, NoteVLMForConditionalGeneration
 
@@ -101,8 +102,17 @@ def run_pope(
     labels = {str(q["question_id"]): q["label"] for q in questions}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        res = pope_scores(labels, {str(q["question_id"]): t for q, t in zip(questions, texts)}, parser=parser)
+        res = pope_scores(
+            labels,
+            {str(q["question_id"]): t for q, t in zip(questions, texts)},
+            parser=parser,
+            units={str(q["question_id"]): q["image"] for q in questions},
+        )
     res["warnings"] = warns + res["warnings"]
+    res["units"] = pope_units(
+        [(q["image"], q["label"], parse_answer(t, parser)) for q, t in zip(questions, texts)],
+        unparsed_fn=parser != "lmms",
+    )  # per image, for paired intervals
     res["split"] = split
     res["n_questions"] = len(questions)
     res["answers"] = [
@@ -142,6 +152,15 @@ def run_chair(
     return res
 
 
+def claims_of_captions(per_caption: Sequence[dict[str, Any]], notes: Sequence[Any]) -> dict[str, Any]:
+    """Generative claim scores (:mod:`mm.eval.claims`, world extractor) of CHAIR's captions of ``notes``."""
+    from mm.eval.claims import build_extractor, generative_scores, note_truth
+
+    ex = build_extractor("world")
+    truth = {n.id: note_truth(n, ex.vocabulary) for n in notes}
+    return generative_scores([(r["image_id"], r["caption"]) for r in per_caption], truth, ex)
+
+
 def evaluate_model(
     model_dir: str | Path,
     data_dir: str | Path,
@@ -157,11 +176,14 @@ def evaluate_model(
     model: Any = None,
     processor: Any = None,
 ) -> dict[str, Any]:
-    """CHAIR (``chair``: chair_i, chair_s, recall, mean_length, counts), POPE per split (``pope``) and the
-    hallucination cause split (``causes``) of the model in ``model_dir`` on ``notes`` held-out notes.
+    """CHAIR (``chair``: chair_i, chair_s, recall, mean_length, counts), POPE per split (``pope``), the
+    hallucination cause split (``causes``) and the claim rates of the same captions (``claims``: per
+    kind, :func:`mm.eval.claims.generative_scores`) of the model in ``model_dir`` on ``notes`` held-out notes.
 
     An already loaded ``model``/``processor`` may be passed instead of loading ``model_dir``. The
-    result also holds ``samples`` (the first 5 captions) and ``warnings``; it is JSON-ready.
+    result also holds ``samples`` (the first 5 captions), ``warnings``, bootstrap intervals
+    (``chair_intervals``, ``pope[split]["intervals"]``) and ``units`` (per-note CHAIR and per-image POPE
+    sums, :mod:`mm.eval.bootstrap`, for paired intervals against another model); it is JSON-ready.
     """
     if model is None or processor is None:
         model, processor = load_model(model_dir)
@@ -173,6 +195,8 @@ def evaluate_model(
         "split": split,
         "n_notes": len(held),
         "chair": {k: chair[k] for k in CHAIR_SUMMARY_KEYS},
+        "chair_intervals": chair["intervals"],
+        "units": {"chair": chair_units(chair["per_caption"])},
         "causes": chair["causes"],
         "pope": {},
         "samples": [
@@ -181,11 +205,16 @@ def evaluate_model(
         ],
         "warnings": list(chair["warnings"]),
     }
+    claims = claims_of_captions(chair["per_caption"], held)
+    out["claims"] = claims["kinds"]
+    out["units"].update({f"claims_{k}": u for k, u in claims["units"].items()})
     for s in pope_splits:
         res = run_pope(
             model, processor, held, data_dir, split=s, parser=parser, seed=seed, template=template,
             batch_size=batch_size,
         )  # fmt: skip
-        out["pope"][s] = {k: v for k, v in res.items() if k not in ("answers", "missing_ids", "warnings")}
+        drop = ("answers", "missing_ids", "warnings", "units")
+        out["pope"][s] = {k: v for k, v in res.items() if k not in drop}
+        out["units"][f"pope_{s}"] = res["units"]
         out["warnings"] += [f"pope {s}: {w}" for w in res["warnings"]]
     return out
