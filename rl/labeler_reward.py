@@ -167,17 +167,3 @@ class LabelerReward:
             for (pos, _), v in zip(found, values):
                 out[i, pos] += v
         return out
-
-
-def build_rewarder(cfg: SourcedRewardConfig, *, policy_folder: str, prompts: Any, root: str | Path,
-                   device: Any) -> Any:  # fmt: skip
-    """The rewarder of ``cfg.source`` (None for ``scene``: the trainer's own scene reward)."""
-    if cfg.source == "scene":
-        return None
-    if cfg.source == "labeler":
-        folder = cfg.labeler.model or policy_folder
-        return LabelerReward(labeler=Labeler.from_folder(folder, cfg.labeler, device=device), prompts=prompts,
-                             root=root, cfg=cfg)  # fmt: skip
-    from rl.trainers.rm_reward import RewardModelReward
-
-    return RewardModelReward.from_folder(cfg.source[3:], prompts=prompts, root=root, device=device)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rl.pipeline_stages import _atomic_json, _config_dict, _rss_mb, _stage_eval, _stage_post
 from rl.report_uncertainty import SEED_KEYS
 
 
@@ -25,8 +26,6 @@ def _with_seed(c: Any, seed: int) -> Any:
 
 def _run_once(name: str, folder: Path, conf: Any, fresh: bool, work: Any, log: Any) -> dict[str, Any]:
     """``work()`` into ``folder`` unless a ``stage.json`` there has the same config; returns the metrics."""
-    from rl.pipeline import _atomic_json, _rss_mb
-
     marker = folder / "stage.json"
     if marker.is_file() and not fresh:
         done = json.loads(marker.read_text())
@@ -48,8 +47,6 @@ def _run_once(name: str, folder: Path, conf: Any, fresh: bool, work: Any, log: A
 
 def _seed_run(cfg: Any, post: str, c: Any, out: Path, fresh: bool, show: bool, log: Any) -> dict[str, Any]:
     """Train ``post`` with config ``c`` (a seed set) and evaluate it; returns the eval record."""
-    from rl.pipeline import _config_dict, _stage_eval, _stage_post
-
     base = out / "seeds" / str(c.train.seed)
     model = base / post / "model"
     _run_once(

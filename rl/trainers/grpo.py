@@ -51,7 +51,6 @@ from mm.train import common, loop
 from rl.advantages import group_advantages, group_reward_std, rloo_advantages
 from rl.importance import is_metrics, truncated_is_weights, weighted_advantages
 from rl.kl import kl_estimate
-from rl.labeler_reward import build_rewarder
 from rl.losses import aggregate_loss, policy_loss
 from rl.rewards import RewardConfig, batch_scores, mention_credits, resolve_vocab
 from rl.sampling import fill_groups, informative_groups, overlong_penalty
@@ -67,6 +66,7 @@ from rl.trainers.common import (
 from rl.trainers.grpo_config import PROMPT_KINDS, AlgoConfig, DataConfig, GRPOConfig, RolloutConfig
 from rl.trainers.grpo_data import Prompt, PromptSet
 from rl.trainers.monitor import failure_warnings
+from rl.trainers.rewarders import build_rewarder
 from rl.trainers.rollout import decode_loop_supported, generate_rollout, merge_rollouts
 
 __all__ = [
@@ -184,7 +184,7 @@ class GRPOTrainer(loop.StepTrainer):
         )
         self.updates_per_step = cfg.algo.num_iterations
         self.rewarder = rewarder
-        """None: the scene reward; else ``reward.source``'s (:func:`rl.labeler_reward.build_rewarder`)."""
+        """None: the scene reward; else ``reward.source``'s (:func:`rl.trainers.rewarders.build_rewarder`)."""
         ro = cfg.rollout
         self.off_policy_sampling = not (ro.top_p == 1.0 and ro.top_k == 0 and decode_loop_supported(model))
         """The sampler's distribution is not the trainer's softmax(logits / T): record its log-probs and
