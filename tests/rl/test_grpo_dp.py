@@ -300,3 +300,14 @@ def test_shard_helpers():
     assert loss_weight(7, 7, world=1) == 1.0
     out = global_stats({"len": (6.0, 3), "none": (0.0, 0)}, world=1, mins={"w": 0.5}, maxs={"v": 2.0})
     assert out == {"len": 2.0, "w": 0.5, "v": 2.0}
+
+
+def test_vllm_engine_under_several_processes_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    (tmp_path / "m").mkdir()
+    args = ["grpo", "--model", str(tmp_path / "m"), "--prompts", str(tmp_path / "p.jsonl"), "--out",
+            str(tmp_path / "o"), "--set", "rollout.engine=vllm", "data.prompts_per_step=2"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "rollout.engine=vllm runs in one process" in err and "\n" not in err
+    assert not (tmp_path / "o").exists()
