@@ -25,9 +25,9 @@ COMPARED = (
 )  # fmt: skip
 """Logged metrics that must be the global batch's under 2 processes."""
 REWARD_MODULE = '''
-def distinct_chars(prompt, completion, record):
-    """How many different characters the completion uses, over 10."""
-    return len(set(completion)) / 10.0
+def varied(prompt, completion, record):
+    """0 on a "flat" record (its group has equal rewards), else a number that differs between texts."""
+    return 0.0 if record.get("flat") else sum(map(ord, completion)) % 97 / 97
 '''
 EPS = "optim.eps=1e-6"
 """Adam moves a weight by ``lr * g / (|g| + eps)``: for a gradient element near 0 the float32 rounding of
@@ -138,9 +138,10 @@ def test_world_form_two_processes_equal_one(tmp_path, world):
 
 def test_files_form_two_processes_equal_one(tmp_path, monkeypatch):
     """torchrun, the prompt-file form on a tiny LLaVA (HF ``generate`` with the seeded sampler), top-k
-    sampling (importance weights), GSPO's sequence ratios with a sequence-mean loss and a
-    ``module:function`` reward (a random model's 4-token captions name no object: the built-in reward
-    would be constant)."""
+    sampling (importance weights), GSPO's sequence ratios with a sequence-mean loss and DAPO dynamic
+    sampling. Records 1 and 2 get a constant reward; with seed 0 the sampling batches of each step are
+    records [0, 1] then [3, 2], so both kept groups are rank 0's and rank 1 trains on none (its loss
+    weight is 0)."""
     from tests.mm.adapter_helpers import build_family, random_image
 
     work = tmp_path / "work"
@@ -150,25 +151,25 @@ def test_files_form_two_processes_equal_one(tmp_path, monkeypatch):
     (tmp_path / "imgs").mkdir()
     for i in range(4):
         random_image(24 + 8 * i, 16 + 8 * i, seed=i).save(tmp_path / "imgs" / f"{i}.png")
-    records = [{"image": f"{i}.png", "question": "Describe the image.", "objects": ["fork", "cup"]}
-               for i in range(4)]  # fmt: skip
+    records = [{"image": f"{i}.png", "question": "Describe it.", "flat": i in (1, 2)} for i in range(4)]
     (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     model = build_family("llava", tmp_path / "llava")
     sets = [
         "train.steps=2", "train.checkpoint_every=1", "train.device=cpu", "train.threads=1",
         "data.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4", "rollout.top_k=5",
         "optim.lr=0.001", "algo.overlong_penalty=true", "algo.overlong_cache=4", "algo.level=sequence",
-        "algo.agg=seq-mean-token-mean", EPS,
+        "algo.agg=seq-mean-token-mean", "algo.dynamic_sampling=true", EPS,
     ]  # fmt: skip
     args = ["grpo", "--model", str(model), "--prompts", str(tmp_path / "p.jsonl"), "--image-folder",
-            str(tmp_path / "imgs"), "--reward", "dp_reward:distinct_chars", "--no-progress"]  # fmt: skip
+            str(tmp_path / "imgs"), "--reward", "dp_reward:varied", "--no-progress"]  # fmt: skip
     args += [x for s in sets for x in ("--set", s)]
     _one_process([*args, "--out", str(tmp_path / "one")])
     proc = _launch(work, "torchrun", *args, "--out", str(work / "two"))
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     assert proc.stdout.count('"family"') == 1
     _same_runs(tmp_path / "one", work / "two", 2)
-    assert all("is_weight_mean" in r for r in _records(work / "two"))
+    recs = _records(work / "two")
+    assert all("is_weight_mean" in r and r["sample_batches"] == 2 and r["zero_std_frac"] == 0.5 for r in recs)
 
 
 # ---------------------------------------------------------------- in process: seeded sampling, shard losses
