@@ -52,13 +52,13 @@ from mm.config import to_dict
 from mm.data.format import read_notes
 from mm.errors import UserError
 from mm.train import common, loop
-from rl.advantages import group_advantages, group_reward_std, rloo_advantages
+from rl.advantages import group_advantages, rloo_advantages
 from rl.importance import truncated_is_weights, weighted_advantages
 from rl.kl import kl_estimate
 from rl.losses import aggregate_loss, policy_loss
 from rl.rewards import RewardConfig, batch_scores, mention_credits, resolve_vocab
 from rl.rollout.seeded import prompt_generators, prompt_seed
-from rl.sampling import fill_groups, informative_groups, overlong_penalty
+from rl.sampling import fill_groups, overlong_penalty
 from rl.trainers.common import (
     Reference,
     batch_token_logps,
@@ -75,11 +75,11 @@ from rl.trainers.grpo_shard import (
     counts,
     gather_rewards,
     global_counts,
-    global_stats,
     local_rows,
     loss_weight,
     rank_world,
     shard_positions,
+    step_metrics,
 )
 from rl.trainers.monitor import failure_warnings
 from rl.trainers.rollout import decode_loop_supported, generate_rollout, merge_rollouts
@@ -302,23 +302,10 @@ class GRPOTrainer(loop.StepTrainer):
         stats["truncated_frac"] = (float(roll.truncated.sum()) if weighted else 0.0, n)
         if credit is not None:
             stats["mention_credit_abs"] = (float(credit.abs().sum()) if weighted else 0.0, n)
-        mins, maxs = {}, {}
-        if weights is not None and weighted:
-            w = weights[mask.bool()]  # (tokens,)
-            stats["is_weight_mean"] = (float(w.sum()), w.numel())
-            stats["is_truncated_frac"] = (float((w >= ro.tis_cap).sum()), w.numel())
-            if w.numel():
-                mins["is_weight_min"], maxs["is_weight_max"] = float(w.min()), float(w.max())
-        sampled = torch.cat(seen)  # (groups sampled, G), global
-        metrics = {
-            "reward_mean": float(flat.mean()),
-            "reward_std": float(flat.std()),
-            "zero_std_frac": float((~informative_groups(sampled)).float().mean()),
-            "group_reward_std": float(group_reward_std(flat, group_size=G).mean()),
-            "adv_std": float(adv_all.std()),
-            "sample_batches": len(seen),
-            **global_stats(stats, world=self.world, mins=mins, maxs=maxs),
-        }
+        metrics = step_metrics(
+            rewards=flat, advantages=adv_all, sampled=seen, group_size=G, stats=stats, weights=weights,
+            mask=mask if weights is not None and weighted else None, tis_cap=ro.tis_cap, world=self.world,
+        )  # fmt: skip
         out = {"rows": batch, "adv": adv, "old": old, "ref": ref_logps, "weights": weights}
         return {**out, "metrics": metrics, "counts": (local, total)}
 

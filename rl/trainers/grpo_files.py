@@ -34,12 +34,11 @@ from mm.model.adapter import load_adapter
 from mm.model.adapter.base import NOT_MODEL_INPUTS
 from mm.model.adapter.batching import first_response_column, gather_logps
 from mm.train import common, loop
-from rl.advantages import group_reward_std
 from rl.importance import truncated_is_weights
 from rl.kl import entropy_from_logits
 from rl.rollout import Completions, SamplingSpec, build_engine
 from rl.rollout.seeded import prompt_seed
-from rl.sampling import fill_groups, informative_groups, overlong_penalty
+from rl.sampling import fill_groups, overlong_penalty
 from rl.trainers.common import Reference, make_optimizer, start_run
 from rl.trainers.grpo import GRPO_PLOT_KEYS, compute_advantages, grpo_loss, shard_loss
 from rl.trainers.grpo_files_config import GRPOFilesConfig
@@ -49,10 +48,10 @@ from rl.trainers.grpo_shard import (
     counts,
     gather_rewards,
     global_counts,
-    global_stats,
     local_rows,
     rank_world,
     shard_positions,
+    step_metrics,
 )
 from rl.trainers.monitor import failure_warnings
 
@@ -227,22 +226,10 @@ class FilesGRPOTrainer(loop.StepTrainer):
         stats["response_len"] = (float(sum(len(t) for t in ids)) if weighted else 0.0, n)
         cut = sum(t for g in groups for t in g["truncated"])
         stats["truncated_frac"] = (float(cut) if weighted else 0.0, n)
-        mins, maxs = {}, {}
-        if weights is not None and weighted:
-            w = weights[mask.bool()]  # (tokens,)
-            stats["is_weight_mean"] = (float(w.sum()), w.numel())
-            stats["is_truncated_frac"] = (float((w >= ro.tis_cap).sum()), w.numel())
-            if w.numel():
-                mins["is_weight_min"], maxs["is_weight_max"] = float(w.min()), float(w.max())
-        metrics = {
-            "reward_mean": float(flat.mean()),
-            "reward_std": float(flat.std()),
-            "zero_std_frac": float((~informative_groups(torch.cat(seen))).float().mean()),
-            "group_reward_std": float(group_reward_std(flat, group_size=G).mean()),
-            "adv_std": float(adv_all.std()),
-            "sample_batches": len(seen),
-            **global_stats(stats, world=self.world, mins=mins, maxs=maxs),
-        }
+        metrics = step_metrics(
+            rewards=flat, advantages=adv_all, sampled=seen, group_size=G, stats=stats, weights=weights,
+            mask=mask if weights is not None and weighted else None, tis_cap=ro.tis_cap, world=self.world,
+        )  # fmt: skip
         out = {"rows": batch, "adv": adv, "old": old, "ref": ref, "weights": weights, "metrics": metrics}
         return {**out, "counts": (local, total)}
 

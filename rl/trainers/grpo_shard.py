@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 
 from mm.train import common
+from rl.advantages import group_reward_std
+from rl.sampling import informative_groups
 
 AGG_BY_TOKENS = ("token-mean",)
 """Loss aggregations normalised by the number of response tokens; the others by non-empty sequences."""
@@ -105,6 +107,40 @@ def global_stats(
             hi[k] = max(hi.get(k, v), v)
     out = {k: s / n for k, (s, n) in total.items() if n > 0}
     return {**out, **lo, **hi}
+
+
+def step_metrics(
+    *,
+    rewards: torch.Tensor,
+    advantages: torch.Tensor,
+    sampled: list[torch.Tensor],
+    group_size: int,
+    stats: dict[str, tuple[float, float]],
+    weights: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    tis_cap: float,
+    world: int,
+) -> dict[str, float]:
+    """A step's logged rollout metrics, the global batch's: reward statistics of the kept ``rewards``
+    ``(B*G,)`` and their ``advantages``, the share of all-equal groups among every sampled batch (``sampled``:
+    global ``(groups, G)`` per sampling call), ``stats`` (this rank's ``{key: (sum, count)}``) and the
+    importance weights ``(b*G, W)`` over the response ``mask`` (None: no correction, or a stand-in rank)."""
+    stats, mins, maxs = dict(stats), {}, {}
+    if weights is not None and mask is not None:
+        w = weights[mask.bool()]  # (tokens,)
+        stats["is_weight_mean"] = (float(w.sum()), w.numel())
+        stats["is_truncated_frac"] = (float((w >= tis_cap).sum()), w.numel())
+        if w.numel():
+            mins["is_weight_min"], maxs["is_weight_max"] = float(w.min()), float(w.max())
+    return {
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()),
+        "zero_std_frac": float((~informative_groups(torch.cat(sampled))).float().mean()),
+        "group_reward_std": float(group_reward_std(rewards, group_size=group_size).mean()),
+        "adv_std": float(advantages.std()),
+        "sample_batches": len(sampled),
+        **global_stats(stats, world=world, mins=mins, maxs=maxs),
+    }
 
 
 def counts(mask: torch.Tensor, *, weighted: bool = True) -> tuple[float, float]:
