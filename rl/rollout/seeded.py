@@ -10,6 +10,7 @@ a forward on a differently padded batch).
     seeds = [prompt_seed(cfg.train.seed, step, k, pos) for pos in positions]
     gens = prompt_generators(seeds, device)             # one torch.Generator per prompt
     nxt = draw_seeded(probs, gens, group_size=G)        # (B*G, V) -> (B*G,), rows g*G.. from gens[g]
+    u = seeded_uniforms(gens, group_size=G, steps=R, device=device)   # or every draw of a decode up front
 
 ``SeededSampler`` does the same inside HF ``generate`` (families sampled with ``generate``): placed last
 among the custom logits processors, it draws each row's token from its prompt's generator and returns
@@ -61,11 +62,24 @@ def draw_seeded(
         return torch.cat(draws)  # (N,)
     if sampler != "inverse_cdf":
         raise ValueError(f"unknown sampler {sampler!r}; expected inverse_cdf or multinomial")
+    u = seeded_uniforms(generators, group_size=group_size, steps=1, device=probs.device)  # (N, 1)
+    return draw_with_uniforms(probs, u[:, 0])  # (N,)
+
+
+def seeded_uniforms(
+    generators: Sequence[torch.Generator], *, group_size: int, steps: int, device: torch.device | str
+) -> torch.Tensor:
+    """``(B*G, steps)`` float32 uniforms in [0, 1), rows ``g*G .. g*G+G-1`` from ``generators[g]``: a decode
+    loop's every draw made up front (one call per prompt instead of one per prompt and token)."""
+    return torch.cat([torch.rand(group_size, steps, generator=g, device=device) for g in generators])
+
+
+def draw_with_uniforms(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``(N, V)`` probabilities and ``(N,)`` uniforms -> ``(N,)`` indices: the first index whose cumulative
+    probability exceeds ``u * total`` (:func:`rl.trainers.rollout.draw_inverse_cdf` with given uniforms)."""
     cdf = probs.cumsum(dim=-1)  # (N, V)
-    u = torch.cat([
-        torch.rand(group_size, 1, generator=g, dtype=cdf.dtype, device=cdf.device) for g in generators
-    ]) * cdf[:, -1:]  # (N, 1)  # fmt: skip
-    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=V - 1)  # (N,)
+    x = u.to(cdf.dtype)[:, None] * cdf[:, -1:]  # (N, 1)
+    return torch.searchsorted(cdf, x, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)  # (N,)
 
 
 class SeededSampler:

@@ -267,7 +267,8 @@ class GRPOTrainer(loop.StepTrainer):
         weighted = bool(groups)  # else the rank holds no kept group: a stand-in group with weight 0
         groups = groups or stand_in[:1]
         first = groups[0][0]
-        if all(r is first for r, _, _ in groups) and [g for _, g, _ in groups] == list(range(len(groups))):
+        in_order = [g for _, g, _ in groups] == list(range(first.input_ids.shape[0] // G))
+        if in_order and all(r is first for r, _, _ in groups):
             roll = first  # every group of one sampling batch, in order: merging would copy it unchanged
         else:
             roll = merge_rollouts(

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from rl.rollout.seeded import SeededSampler, draw_seeded
+from rl.rollout.seeded import SeededSampler, draw_seeded, draw_with_uniforms, seeded_uniforms
 from rl.trainers.decode_step import lean_decode_step
 
 
@@ -243,6 +243,9 @@ def sample_tokens(
     lean = lean_decode_step(model) if (bool_buf is not None or not padded) else None  # Qwen2/Llama
     last_pos = position[:, -1:].repeat_interleave(G, dim=0)  # (N, 1)
     unfinished = torch.ones(N, dtype=torch.bool, device=device)  # (N,)
+    uniforms = None  # (N, R_max): every seeded inverse-cdf draw, made up front
+    if generators is not None and sampler == "inverse_cdf" and do_sample:
+        uniforms = seeded_uniforms(generators, group_size=G, steps=max_new_tokens, device=device)
     steps = 0
     while True:
         scores = logits[:, -1].to(dtype=torch.float32, copy=True)  # (N, V)
@@ -256,7 +259,9 @@ def sample_tokens(
             if top_p < 1.0:
                 scores = _top_p_filter(scores, top_p)
             probs = torch.softmax(scores, dim=-1)  # (N, V)
-            if generators is not None:
+            if uniforms is not None:
+                nxt = draw_with_uniforms(probs, uniforms[:, steps])  # (N,)
+            elif generators is not None:
                 nxt = draw_seeded(probs, generators, group_size=G, sampler=sampler)  # (N,)
             elif sampler == "multinomial":
                 nxt = torch.multinomial(probs, num_samples=1).squeeze(1)  # (N,)
