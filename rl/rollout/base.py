@@ -76,8 +76,12 @@ class RolloutEngine(ABC):
         self.spec = spec
 
     @abstractmethod
-    def generate(self, samples: Sequence[Any]) -> Completions:
-        """``spec.group_size`` completions for each of ``samples`` (prompt-major rows)."""
+    def generate(self, samples: Sequence[Any], *, seeds: Sequence[int] | None = None) -> Completions:
+        """``spec.group_size`` completions for each of ``samples`` (prompt-major rows).
+
+        ``seeds`` (one per sample): each sample's completions come from a random stream of its own
+        (:mod:`rl.rollout.seeded`), whatever else is in the batch, so data parallel ranks sampling their
+        shards draw what one process draws for the whole batch. None: the engine's own stream."""
 
     def sync(self) -> None:
         """Make the engine sample from the adapter's current weights (no-op in process)."""

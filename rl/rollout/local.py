@@ -18,6 +18,7 @@ import torch
 from mm.model.adapter.batching import trim_at_eos
 from rl.rollout.base import Completions, RolloutEngine, SamplingSpec
 from rl.rollout.recorder import sampling_processors
+from rl.rollout.seeded import SeededSampler, prompt_generators
 from rl.trainers.rollout import decode_loop_supported, generate_rollout
 
 
@@ -31,19 +32,22 @@ class LocalEngine(RolloutEngine):
         self.exact = spec.full_support and decode_loop_supported(adapter.base_model)
         """Sampling distribution == the trainer's: no log-probs recorded, no correction."""
 
-    def generate(self, samples: Sequence[Any]) -> Completions:
+    def generate(self, samples: Sequence[Any], *, seeds: Sequence[int] | None = None) -> Completions:
         samples = list(samples)
+        if seeds is not None and len(seeds) != len(samples):
+            raise ValueError(f"need one seed per sample: {len(samples)} samples, {len(seeds)} seeds")
+        gens = None if seeds is None else prompt_generators(seeds, self.adapter.device)
         if self.adapter.family == "notevlm":
-            return self._notevlm(samples)
-        return self._generate(samples)
+            return self._notevlm(samples, gens)
+        return self._generate(samples, gens)
 
-    def _notevlm(self, samples: list[Any]) -> Completions:
+    def _notevlm(self, samples: list[Any], gens: list[torch.Generator] | None) -> Completions:
         a, s = self.adapter, self.spec
         prompts = a.build_prompts(samples)
         roll = generate_rollout(
             a.model, prompts, group_size=s.group_size, max_new_tokens=s.max_new_tokens, eos_id=a.eos_token_id,
             pad_id=a.pad_token_id, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-            record_logps=not self.exact,
+            record_logps=not self.exact, generators=gens,
         )  # fmt: skip
         ids = roll.response_ids()
         logps = None
@@ -51,17 +55,19 @@ class LocalEngine(RolloutEngine):
             logps = [row[: len(t)].tolist() for row, t in zip(roll.rollout_logps, ids)]
         return Completions(token_ids=ids, truncated=roll.truncated.tolist(), logps=logps)
 
-    def _generate(self, samples: list[Any]) -> Completions:
+    def _generate(self, samples: list[Any], gens: list[torch.Generator] | None) -> Completions:
         a, s = self.adapter, self.spec
         rows = [x for x in samples for _ in range(s.group_size)]
         inputs = a.to_device(a.build_prompts(rows))
         recorder = None
-        if self.exact:
+        if self.exact and gens is None:
             kwargs: dict[str, Any] = dict(do_sample=True, temperature=s.temperature, top_k=0, top_p=1.0)
-        else:
+        else:  # the warpers as custom processors, then the recorder, then the seeded draw
+            seeded = None if gens is None else SeededSampler(gens, group_size=s.group_size)
             kwargs, recorder = sampling_processors(
-                a.base_model, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p
+                a.base_model, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, sampler=seeded
             )
+            recorder = None if self.exact else recorder
         model = a.model
         was_training = model.training
         model.eval()

@@ -61,10 +61,11 @@ class LogprobRecorder:
 
 
 def sampling_processors(
-    model: Any, *, temperature: float, top_k: int, top_p: float
+    model: Any, *, temperature: float, top_k: int, top_p: float, sampler: Any = None
 ) -> tuple[dict[str, Any], LogprobRecorder]:
     """``generate`` keyword arguments that sample at ``temperature`` / ``top_k`` / ``top_p`` through custom
-    warpers ending in a :class:`LogprobRecorder`, and that recorder."""
+    warpers ending in a :class:`LogprobRecorder`, and that recorder. ``sampler`` (a
+    :class:`rl.rollout.seeded.SeededSampler`) goes last: it draws the tokens from per-prompt generators."""
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     gc = model.generation_config
@@ -87,6 +88,6 @@ def sampling_processors(
         "temperature": 1.0,
         "top_k": 0,
         "top_p": 1.0,
-        "logits_processor": LogitsProcessorList([*warpers, recorder]),
+        "logits_processor": LogitsProcessorList([*warpers, recorder, *([sampler] if sampler else [])]),
     }
     return kwargs, recorder

@@ -65,12 +65,14 @@ class VLLMEngine(RolloutEngine):
             distributed_executor_backend="external_launcher",
         )  # fmt: skip
 
-    def params(self) -> Any:
-        """``SamplingParams`` of :attr:`spec`: ``n = G``, ``logprobs=0`` (the sampled token's log-prob)."""
+    def params(self, seed: int | None = None) -> Any:
+        """``SamplingParams`` of :attr:`spec`: ``n = G``, ``logprobs=0`` (the sampled token's log-prob);
+        ``seed``: the request's own random stream (vLLM's per-request seed)."""
         s = self.spec
         return self.vllm.SamplingParams(
             n=s.group_size, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k else -1,
             max_tokens=s.max_new_tokens, logprobs=0, stop_token_ids=list(self.adapter.eos_token_ids),
+            seed=seed,
         )  # fmt: skip
 
     def inputs(self, samples: Sequence[Any]) -> list[dict[str, Any]]:
@@ -80,8 +82,9 @@ class VLLMEngine(RolloutEngine):
             for x in samples
         ]
 
-    def generate(self, samples: Sequence[Any]) -> Completions:
-        outputs = self.llm.generate(self.inputs(samples), sampling_params=self.params(), use_tqdm=False)
+    def generate(self, samples: Sequence[Any], *, seeds: Sequence[int] | None = None) -> Completions:
+        params = self.params() if seeds is None else [self.params(s % 2**31) for s in seeds]
+        outputs = self.llm.generate(self.inputs(samples), sampling_params=params, use_tqdm=False)
         eos = set(self.adapter.eos_token_ids)
         ids, logps, truncated = [], [], []
         for out in outputs:

@@ -29,15 +29,19 @@ is how ``benchmarks/rl_bench.py`` times it against ``GRPOTrainer``.
 Deviations: with ``num_iterations == 1`` the old log-probs are the current ones detached (ratio 1, as
 TRL); the learning-rate schedule advances once per rollout step (not per inner update); log-probs use
 the unprocessed logits at the sampling temperature (a token NoteVLM suppresses at generation keeps its
-mass, as TRL/verl ignore logits processors too). One process only: under a multi-process launch
-(WORLD_SIZE > 1) ``train`` refuses, since rollouts, dynamic sampling and batch-level advantage scaling
-are not sharded.
+mass, as TRL/verl ignore logits processors too).
+
+Data parallel (torchrun / accelerate launch; :mod:`rl.trainers.grpo_shard`): each rank samples whole
+groups, its contiguous shard of every sampling batch's prompts, each prompt from a generator seeded by
+``(seed, step, sampling batch, position)`` (:mod:`rl.rollout.seeded`), so 1 and N processes draw the same
+completions; rewards are all-gathered, so advantages (``scale: batch`` too), DAPO dynamic sampling and the
+logged metrics are the global batch's; the loss is normalised by the global token (or sequence) count and
+the gradients are averaged by :mod:`mm.train.loop`. Only rank 0 writes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,12 +52,13 @@ from mm.config import to_dict
 from mm.data.format import read_notes
 from mm.errors import UserError
 from mm.train import common, loop
-from rl.advantages import group_advantages, group_reward_std, rloo_advantages
-from rl.importance import is_metrics, truncated_is_weights, weighted_advantages
+from rl.advantages import group_advantages, rloo_advantages
+from rl.importance import truncated_is_weights, weighted_advantages
 from rl.kl import kl_estimate
 from rl.losses import aggregate_loss, policy_loss
 from rl.rewards import RewardConfig, batch_scores, mention_credits, resolve_vocab
-from rl.sampling import fill_groups, informative_groups, overlong_penalty
+from rl.rollout.seeded import prompt_generators, prompt_seed
+from rl.sampling import fill_groups, overlong_penalty
 from rl.trainers.common import (
     Reference,
     batch_token_logps,
@@ -65,6 +70,17 @@ from rl.trainers.common import (
 )
 from rl.trainers.grpo_config import PROMPT_KINDS, AlgoConfig, DataConfig, GRPOConfig, RolloutConfig
 from rl.trainers.grpo_data import Prompt, PromptSet
+from rl.trainers.grpo_shard import (
+    AGG_BY_TOKENS,
+    counts,
+    gather_rewards,
+    global_counts,
+    local_rows,
+    loss_weight,
+    rank_world,
+    shard_positions,
+    step_metrics,
+)
 from rl.trainers.monitor import failure_warnings
 from rl.trainers.rewarders import build_rewarder
 from rl.trainers.rollout import decode_loop_supported, generate_rollout, merge_rollouts
@@ -163,9 +179,6 @@ def grpo_loss(
 # ---------------------------------------------------------------- training
 
 
-# ---------------------------------------------------------------- training
-
-
 class GRPOTrainer(loop.StepTrainer):
     """A step's batch is a scored, advantage-weighted rollout; its loss is :func:`grpo_loss`, run
     ``algo.num_iterations`` times on the same rollout."""
@@ -185,68 +198,95 @@ class GRPOTrainer(loop.StepTrainer):
         self.updates_per_step = cfg.algo.num_iterations
         self.rewarder = rewarder
         """None: the scene reward; else ``reward.source``'s (:func:`rl.trainers.rewarders.build_rewarder`)."""
+        self.rank, self.world = rank_world()
+        self.positions = shard_positions(cfg.data.prompts_per_step, rank=self.rank, world=self.world)
+        """This rank's positions in every sampling batch of prompts (whole groups)."""
         ro = cfg.rollout
         self.off_policy_sampling = not (ro.top_p == 1.0 and ro.top_k == 0 and decode_loop_supported(model))
         """The sampler's distribution is not the trainer's softmax(logits / T): record its log-probs and
         weight the loss by truncated importance sampling (:mod:`rl.importance`)."""
 
-    def _sample(self, step: int, k: int) -> tuple[list[tuple[Any, int, list[Prompt]]], torch.Tensor, dict]:
+    def _sample(self, step: int, k: int) -> tuple[list[Any], torch.Tensor, dict[str, tuple[float, float]]]:
+        """Sampling batch ``k`` of ``step``: this rank's groups (None for the other ranks' positions), the
+        global ``(B, G)`` rewards and this rank's reward components as ``(sum, count)``."""
         cfg, ro, tok = self.cfg, self.cfg.rollout, self.tok
         G, B = ro.group_size, cfg.data.prompts_per_step
         idx = common.batch_indices(
             len(self.prompts), B, seed=cfg.train.seed, step=step * cfg.algo.max_sample_batches + k
         )
-        batch = to_device(self.prompts.batch(idx), self.device)
+        mine = [idx[p] for p in self.positions]
+        seeds = [prompt_seed(cfg.train.seed, step, k, p) for p in self.positions]
+        batch = to_device(self.prompts.batch(mine), self.device)
         roll = generate_rollout(
             self.model, batch, group_size=G, max_new_tokens=ro.max_new_tokens, eos_id=tok.eos_token_id,
             pad_id=tok.pad_token_id, temperature=ro.temperature, top_p=ro.top_p, sampler=ro.sampler,
             top_k=ro.top_k, record_logps=self.off_policy_sampling,
+            generators=prompt_generators(seeds, self.device),
         )  # fmt: skip
-        row_prompts = [self.prompts.prompts[i] for i in idx for _ in range(G)]
+        row_prompts = [self.prompts.prompts[i] for i in mine for _ in range(G)]
         texts = [tok.decode(r, skip_special_tokens=True).strip() for r in roll.response_ids()]
         objects = [self.prompts.objects[p.note] for p in row_prompts]
         if self.rewarder is None:
-            rewards, comps = score_rollout(texts, row_prompts, objects, cfg.reward)
+            labels = [p.label for p in row_prompts]
+            totals, parts = batch_scores(texts, objects, labels=labels, cfg=cfg.reward)
+            rewards = torch.tensor(totals, dtype=torch.float32)
+            comps = {
+                f"reward_{k}": (sum(x for x in v if x == x), sum(x == x for x in v)) for k, v in parts.items()
+            }
+            # (sum, count) of each reward component over the rows it applies to (NaN elsewhere)
         else:
-            rewards, comps = self.rewarder.score(texts, row_prompts)
+            rewards, means = self.rewarder.score(texts, row_prompts)
+            comps = {k: (v * len(texts), len(texts)) for k, v in means.items()}  # means over every row
         if cfg.algo.overlong_penalty:
             rewards = rewards + overlong_penalty(
                 roll.lengths.cpu(), max_length=ro.max_new_tokens, cache_length=cfg.algo.overlong_cache,
                 factor=cfg.algo.overlong_factor,
             )  # fmt: skip
-        groups = [(roll, g, row_prompts[g * G : (g + 1) * G]) for g in range(len(idx))]
-        return groups, rewards.view(len(idx), G), comps
+        groups: list[Any] = [None] * B
+        for g, p in enumerate(self.positions):
+            groups[p] = (roll, g, row_prompts[g * G : (g + 1) * G])
+        return groups, gather_rewards(rewards.view(len(mine), G), world=self.world), comps
 
     def batch(self, step: int) -> dict[str, Any]:
-        """The rollout of ``step`` with its advantages, reference / old log-probs and rollout metrics."""
+        """This rank's rows of the rollout of ``step`` with their advantages (from the global batch's
+        rewards), reference / old log-probs, loss weights and the global rollout metrics."""
         algo, ro, G = self.cfg.algo, self.cfg.rollout, self.cfg.rollout.group_size
         seen: list[torch.Tensor] = []
-        comps_seen: list[dict[str, float]] = []
+        stats: dict[str, tuple[float, float]] = {}
+        stand_in: list[Any] = []
         calls = iter(range(algo.max_sample_batches))
 
         def sample_fn() -> tuple[list[Any], torch.Tensor]:
             groups, rewards, comps = self._sample(step, next(calls))
             seen.append(rewards)
-            comps_seen.append(comps)
+            for key, (a, n) in comps.items():
+                s0, n0 = stats.get(key, (0.0, 0.0))
+                stats[key] = (s0 + a, n0 + n)
+            stand_in.append(next(x for x in groups if x is not None))
             return groups, rewards
 
         if algo.dynamic_sampling:
             filled = fill_groups(
                 sample_fn, target_groups=self.cfg.data.prompts_per_step, max_batches=algo.max_sample_batches
             )
-            groups, rewards = filled.groups, filled.rewards
+            kept, rewards = filled.groups, filled.rewards
         else:
-            groups, rewards = sample_fn()
-        sampled = torch.cat(seen)  # (groups sampled, G)
+            kept, rewards = sample_fn()
+        groups = [x for x in kept if x is not None]
+        weighted = bool(groups)  # else the rank holds no kept group: a stand-in group with weight 0
+        groups = groups or stand_in[:1]
         first = groups[0][0]
-        if all(r is first for r, _, _ in groups) and [g for _, g, _ in groups] == list(range(len(groups))):
+        in_order = [g for _, g, _ in groups] == list(range(first.input_ids.shape[0] // G))
+        if in_order and all(r is first for r, _, _ in groups):
             roll = first  # every group of one sampling batch, in order: merging would copy it unchanged
         else:
             roll = merge_rollouts(
                 [(r, list(range(g * G, (g + 1) * G))) for r, g, _ in groups], pad_id=self.tok.pad_token_id
             )
-        flat = rewards.reshape(-1)  # (B*G,)
-        adv = compute_advantages(flat, group_size=G, cfg=algo).to(self.device)
+        flat = rewards.reshape(-1)  # (B*G,) the global batch's kept rewards
+        adv_all = compute_advantages(flat, group_size=G, cfg=algo)  # (B*G,)
+        adv = adv_all[local_rows(kept, G)] if weighted else torch.zeros(G)
+        adv = adv.to(self.device)
         credit = None
         if algo.mention_credit > 0:
             rows = [p for _, _, ps in groups for p in ps]
@@ -255,39 +295,31 @@ class GRPOTrainer(loop.StepTrainer):
             else:
                 credit = self.rewarder.credits(roll, rows, self.tok)
             credit = credit.to(self.device)
-            adv = adv[:, None] + algo.mention_credit * credit  # (B*G, R) per-token advantages
+            adv = adv[:, None] + algo.mention_credit * credit  # (b*G, R) per-token advantages
         batch = to_device(roll.batch(), self.device)
         with torch.no_grad():
             old = weights = None
             if algo.num_iterations > 1 or roll.rollout_logps is not None:
                 old, mask, _ = batch_token_logps(self.model, batch, temperature=ro.temperature)
-            if roll.rollout_logps is not None:  # (B*G, R) == (B*G, W): responses start at column P
+            if roll.rollout_logps is not None:  # (b*G, R) == (b*G, W): responses start at column P
                 mu = roll.rollout_logps.to(old.device)
                 weights = truncated_is_weights(old, mu, mask, cap=ro.tis_cap, level=ro.tis_level)
             ref_logps = None
             if self.ref.kind != "none":
                 ref_logps = self.ref.token_logps(batch, temperature=ro.temperature)
-        comps = {
-            k: sum(c[k] for c in comps_seen if k in c) / sum(k in c for c in comps_seen)
-            for k in comps_seen[0]
-        }
-        metrics = {
-            "reward_mean": float(flat.mean()),
-            "reward_std": float(flat.std()),
-            "zero_std_frac": float((~informative_groups(sampled)).float().mean()),
-            "group_reward_std": float(group_reward_std(flat, group_size=G).mean()),
-            "adv_std": float(adv.std()),
-        }
-        rollout_metrics = {
-            "response_len": float(roll.lengths.float().mean()),
-            "truncated_frac": float(roll.truncated.float().mean()),
-            "sample_batches": len(seen),
-            **({"mention_credit_abs": float(credit.abs().sum(-1).mean())} if credit is not None else {}),
-            **(is_metrics(weights, mask, cap=ro.tis_cap) if weights is not None else {}),
-            **comps,
-        }
+        local = counts(roll.response_mask, weighted=weighted)
+        total = global_counts(local, world=self.world)
+        n = len(roll.lengths) if weighted else 0
+        stats["response_len"] = (float(roll.lengths.sum()) if weighted else 0.0, n)
+        stats["truncated_frac"] = (float(roll.truncated.sum()) if weighted else 0.0, n)
+        if credit is not None:
+            stats["mention_credit_abs"] = (float(credit.abs().sum()) if weighted else 0.0, n)
+        metrics = step_metrics(
+            rewards=flat, advantages=adv_all, sampled=seen, group_size=G, stats=stats, weights=weights,
+            mask=mask if weights is not None and weighted else None, tis_cap=ro.tis_cap, world=self.world,
+        )  # fmt: skip
         out = {"rows": batch, "adv": adv, "old": old, "ref": ref_logps, "weights": weights}
-        return {**out, "metrics": metrics, "rollout": rollout_metrics}
+        return {**out, "metrics": metrics, "counts": (local, total)}
 
     def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
         ro = self.cfg.rollout
@@ -296,30 +328,27 @@ class GRPOTrainer(loop.StepTrainer):
             ref_logps=batch["ref"], temperature=ro.temperature, horizon=ro.max_new_tokens,
             is_weights=batch["weights"],
         )  # fmt: skip
-        keys = (
-            "clip_frac_low",
-            "clip_frac_high",
-            "clip_frac_dual",
-            "approx_kl",
-            *(("kl",) if "kl" in m else ()),
-        )
-        return loss, {
-            **batch["metrics"],
-            **{k: float(m[k]) for k in keys},
-            "entropy": float(m["entropy"]),
-            **batch["rollout"],
-        }
+        return shard_loss(loss, m, batch, self.cfg.algo, self.world)
 
 
-def check_single_process() -> None:
-    """Refuse a multi-process launch (``WORLD_SIZE`` > 1): rollouts and advantages are not sharded over
-    ranks, and copies of one run would race on one output folder."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return
-    raise UserError(
-        "rl grpo runs in one process (its rollouts and advantages are not sharded over ranks); "
-        "launch it without torchrun / accelerate launch (WORLD_SIZE=1)"
-    )
+def shard_loss(
+    loss: torch.Tensor, m: dict[str, torch.Tensor], batch: dict[str, Any], algo: AlgoConfig, world: int
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """This rank's share of the global batch's loss and metrics (:mod:`rl.trainers.grpo_shard`): the loss
+    and the token- (or sequence-) averaged metrics weighted by ``local count * world / global count``, so
+    that the skeleton's mean over ranks (of the gradients and of the logged values) is the global batch's.
+    Single-process the weights are exactly 1."""
+    (tokens, seqs), (all_tokens, all_seqs) = batch["counts"]
+    by_tokens = loss_weight(tokens, all_tokens, world=world)
+    by_seqs = loss_weight(seqs, all_seqs, world=world)
+    w_loss = by_tokens if algo.agg in AGG_BY_TOKENS else by_seqs
+    w_clip = by_tokens if algo.level == "token" else by_seqs
+    keys = ("clip_frac_low", "clip_frac_high", "clip_frac_dual")
+    return loss * w_loss, {
+        **batch["metrics"],
+        **{k: float(m[k]) * w_clip for k in keys},
+        **{k: float(m[k]) * by_tokens for k in ("approx_kl", "kl", "entropy") if k in m},
+    }
 
 
 def train(
@@ -330,9 +359,9 @@ def train(
     show_progress: bool = True,
     stop_after: int | None = None,
 ) -> dict[str, Any]:
-    """Train; writes OUT/metrics.jsonl, OUT/curves.png, OUT/checkpoints/, OUT/model. Returns a summary."""
-    check_single_process()
-    out, device = start_run(cfg.train, out_dir)
+    """Train; writes OUT/metrics.jsonl, OUT/curves.png, OUT/checkpoints/, OUT/model (rank 0). Returns a
+    summary. Under torchrun / accelerate launch each rank samples its shard of every step's prompts."""
+    out, device = start_run(cfg.train, out_dir, global_batch=cfg.data.prompts_per_step)
     folder = Path(cfg.data.folder)
     if not (folder / "notes.jsonl").is_file():
         raise UserError(f"data.folder={folder} has no notes.jsonl; generate notes with `mm data world`")
@@ -362,7 +391,7 @@ def train(
         desc="grpo" + ("-lora" if cfg.lora.enabled else ""), plot_keys=GRPO_PLOT_KEYS, monitor=monitor,
         grad_clip=cfg.optim.grad_clip, resume=resume, show_progress=show_progress, stop_after=stop_after,
     )  # fmt: skip
-    if not result.stopped:
+    if trainer.rank == 0 and not result.stopped:
         save_final(model, processor, out, lora=cfg.lora.enabled)
     return {
         "step": result.step,

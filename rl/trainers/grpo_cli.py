@@ -14,8 +14,9 @@ On any model folder and a prompt file (``docs/byo.md``, "GRPO on your files")::
 Writes OUT/config.yaml (resolved), OUT/metrics.jsonl, OUT/curves.png, OUT/checkpoints/step-*/, OUT/model
 (a complete model folder with its processor; LoRA merged, the adapter in OUT/adapter or OUT/model/adapter)
 and OUT/result.json. Re-running with the same OUT resumes from the last checkpoint (``--no-resume``
-starts over). One process only: under ``torchrun`` / ``accelerate launch`` (WORLD_SIZE > 1) it exits 2
-with a one-line error.
+starts over). Data parallel under ``torchrun`` / ``accelerate launch``: each process samples whole groups
+of every step's prompts (``data.prompts_per_step`` must divide by the number of processes) and the run
+equals one process on the same global batch; only rank 0 writes (:mod:`rl.trainers.grpo_shard`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import json
 from mm.config import load_config
 from rl.trainers import grpo
 from rl.trainers.dpo_cli import prepare_out, write_result
+from rl.trainers.grpo_shard import check_world
 
 FILE_FLAGS = {"model": "model.path", "prompts": "data.prompts", "image_folder": "data.image_folder",
               "reward": "reward.fn"}  # fmt: skip
@@ -71,10 +73,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("pass --config FILE (world notes) or --model DIR --prompts P.jsonl (your files)")
     overrides = list(args.overrides) + ([f"data.folder={args.data}"] if args.data else [])
     cfg = load_config(grpo.GRPOConfig, args.config, overrides)
-    grpo.check_single_process()
-    out, _ = prepare_out(args, cfg)
+    check_world(cfg.data.prompts_per_step)
+    out, main = prepare_out(args, cfg)
     summary = grpo.train(cfg, out_dir=out, resume=not args.no_resume, show_progress=not args.no_progress)
-    write_result(out, summary)
+    if main:
+        write_result(out, summary)
     return 0
 
 
@@ -92,14 +95,15 @@ def run_files(args: argparse.Namespace) -> int:
         if getattr(args, k) is not None
     ]
     cfg = load_config(GRPOFilesConfig, args.config, flags + list(args.overrides))
-    grpo.check_single_process()
+    check_world(cfg.data.prompts_per_step)
     records, reward = grpo_files.prepare(cfg)
     if args.out is None and args.config is None:
         args.out = "runs/rl/grpo_files"
-    out, _ = prepare_out(args, cfg)
+    out, main = prepare_out(args, cfg)
     summary = grpo_files.train(
         cfg, out_dir=out, resume=not args.no_resume, show_progress=not args.no_progress, records=records,
         reward=reward,
     )  # fmt: skip
-    write_result(out, summary)
+    if main:
+        write_result(out, summary)
     return 0

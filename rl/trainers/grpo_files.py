@@ -13,12 +13,16 @@ model interface of :mod:`mm.model.adapter` instead of NoteVLM's internals:
 4. when the engine sampled off the trainer's distribution (top-k / top-p, vLLM), each token's loss is
    weighted by the truncated importance weight ``min(pi_old / mu, C)`` (:mod:`rl.importance`).
 
+Data parallel as :mod:`rl.trainers.grpo` (:mod:`rl.trainers.grpo_shard`): each rank samples its shard of
+every step's records, each record's completions from its own seeded generator (the engine's ``seeds``).
+
 Deviations from :mod:`rl.trainers.grpo`: the vision encoder is frozen under full fine-tuning (as there);
 a prompt is encoded by the processor once per completion (as TRL, which repeats prompts ``G`` times).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +34,25 @@ from mm.model.adapter import load_adapter
 from mm.model.adapter.base import NOT_MODEL_INPUTS
 from mm.model.adapter.batching import first_response_column, gather_logps
 from mm.train import common, loop
-from rl.advantages import group_reward_std
-from rl.importance import is_metrics, truncated_is_weights
+from rl.importance import truncated_is_weights
 from rl.kl import entropy_from_logits
 from rl.rollout import Completions, SamplingSpec, build_engine
-from rl.sampling import fill_groups, informative_groups, overlong_penalty
+from rl.rollout.seeded import prompt_seed
+from rl.sampling import fill_groups, overlong_penalty
 from rl.trainers.common import Reference, make_optimizer, start_run
-from rl.trainers.grpo import GRPO_PLOT_KEYS, check_single_process, compute_advantages, grpo_loss
+from rl.trainers.grpo import GRPO_PLOT_KEYS, compute_advantages, grpo_loss, shard_loss
 from rl.trainers.grpo_files_config import GRPOFilesConfig
 from rl.trainers.grpo_files_data import PromptImages, read_prompts
 from rl.trainers.grpo_rewards import BuiltinReward, build_reward, call_reward
+from rl.trainers.grpo_shard import (
+    counts,
+    gather_rewards,
+    global_counts,
+    local_rows,
+    rank_world,
+    shard_positions,
+    step_metrics,
+)
 from rl.trainers.monitor import failure_warnings
 
 VISION_PARTS = ("vision_tower", "vision_model", "visual.", "vision_encoder")
@@ -109,105 +122,116 @@ class FilesGRPOTrainer(loop.StepTrainer):
         )  # fmt: skip
         self.model = adapter.model
         self.updates_per_step = cfg.algo.num_iterations
+        self.rank, self.world = rank_world()
+        self.positions = shard_positions(cfg.data.prompts_per_step, rank=self.rank, world=self.world)
+        """This rank's positions in every sampling batch of prompts (whole groups)."""
         self.stale = False
         """The weights changed since the engine last synced (vLLM holds its own copy)."""
 
     def scorer(self, model: Any, batch: dict[str, Any], **kw: Any) -> Any:
         return adapter_token_logps(model, batch, adapter=self.adapter, **kw)
 
-    def _sample(self, step: int, k: int) -> tuple[list[dict[str, Any]], torch.Tensor, dict[str, float]]:
+    def _sample(self, step: int, k: int) -> tuple[list[Any], torch.Tensor, dict[str, tuple[float, float]]]:
+        """Sampling batch ``k`` of ``step``: this rank's groups (None for the other ranks' positions), the
+        global ``(B, G)`` rewards and this rank's reward components as ``(sum, count)``."""
         cfg, G = self.cfg, self.cfg.rollout.group_size
+        B = cfg.data.prompts_per_step
         idx = common.batch_indices(
-            len(self.prompts.records), cfg.data.prompts_per_step, seed=cfg.train.seed,
-            step=step * cfg.algo.max_sample_batches + k,
+            len(self.prompts.records), B, seed=cfg.train.seed, step=step * cfg.algo.max_sample_batches + k,
         )  # fmt: skip
-        samples = [self.prompts.sample(i) for i in idx]
+        mine = [idx[p] for p in self.positions]
+        samples = [self.prompts.sample(i) for i in mine]
         if self.stale:  # once per rollout, not after every inner update
             self.engine.sync()
             self.stale = False
-        comps: Completions = self.engine.generate(samples)
+        seeds = [prompt_seed(cfg.train.seed, step, k, p) for p in self.positions]
+        comps: Completions = self.engine.generate(samples, seeds=seeds)
         tok = self.adapter.tokenizer
         texts = [t.strip() for t in tok.batch_decode(comps.token_ids, skip_special_tokens=True)]
-        records = [self.prompts.records[i] for i in idx for _ in range(G)]
+        records = [self.prompts.records[i] for i in mine for _ in range(G)]
         rewards = torch.tensor(
             [call_reward(self.reward, r.question, t, r.record) for r, t in zip(records, texts)]
-        )  # (B*G,)
-        parts: dict[str, list[float]] = {}
+        )  # (b*G,)
+        parts: dict[str, tuple[float, float]] = {}
         if isinstance(self.reward, BuiltinReward):
             for r, t in zip(records, texts):
                 for name, v in self.reward.score(t, r.record).components.items():
-                    parts.setdefault(f"reward_{name}", []).append(v)
+                    s0, n0 = parts.get(f"reward_{name}", (0.0, 0.0))
+                    parts[f"reward_{name}"] = (s0 + v, n0 + 1)
         if cfg.algo.overlong_penalty:
             lengths = torch.tensor([len(t) for t in comps.token_ids])
             rewards = rewards + overlong_penalty(
                 lengths, max_length=cfg.rollout.max_new_tokens, cache_length=cfg.algo.overlong_cache,
                 factor=cfg.algo.overlong_factor,
             )  # fmt: skip
-        groups = []
-        for g, s in enumerate(samples):
+        groups: list[Any] = [None] * B
+        for g, (p, s) in enumerate(zip(self.positions, samples)):
             rows = slice(g * G, (g + 1) * G)
-            groups.append({
+            groups[p] = {
                 "sample": s, "ids": comps.token_ids[rows], "truncated": comps.truncated[rows],
                 "logps": None if comps.logps is None else comps.logps[rows],
-            })  # fmt: skip
-        means = {k: sum(v) / len(v) for k, v in parts.items()}
-        return groups, rewards.view(len(idx), G), means
+            }  # fmt: skip
+        return groups, gather_rewards(rewards.view(len(mine), G), world=self.world), parts
 
     def batch(self, step: int) -> dict[str, Any]:
-        """The rollout of ``step``: answer batch, advantages, old / reference log-probs, IS weights."""
+        """This rank's rows of the rollout of ``step``: answer batch, advantages (from the global batch's
+        rewards), old / reference log-probs, IS weights, loss weights and the global metrics."""
         cfg, algo, ro = self.cfg, self.cfg.algo, self.cfg.rollout
         G = ro.group_size
         seen: list[torch.Tensor] = []
-        parts: list[dict[str, float]] = []
+        stats: dict[str, tuple[float, float]] = {}
+        stand_in: list[Any] = []
         calls = iter(range(algo.max_sample_batches))
 
-        def sample_fn() -> tuple[list[dict[str, Any]], torch.Tensor]:
-            groups, rewards, means = self._sample(step, next(calls))
+        def sample_fn() -> tuple[list[Any], torch.Tensor]:
+            groups, rewards, parts = self._sample(step, next(calls))
             seen.append(rewards)
-            parts.append(means)
+            for key, (a, n) in parts.items():
+                s0, n0 = stats.get(key, (0.0, 0.0))
+                stats[key] = (s0 + a, n0 + n)
+            stand_in.append(next(x for x in groups if x is not None))
             return groups, rewards
 
         if algo.dynamic_sampling:
             filled = fill_groups(
                 sample_fn, target_groups=cfg.data.prompts_per_step, max_batches=algo.max_sample_batches
             )
-            groups, rewards = filled.groups, filled.rewards
+            kept, rewards = filled.groups, filled.rewards
         else:
-            groups, rewards = sample_fn()
+            kept, rewards = sample_fn()
+        groups = [x for x in kept if x is not None]
+        weighted = bool(groups)  # else the rank holds no kept group: a stand-in group with weight 0
+        groups = groups or stand_in[:1]
         samples = [g["sample"] for g in groups for _ in range(G)]
         ids = [t for g in groups for t in g["ids"]]
-        batch = self.adapter.answer_batch(samples, ids)  # (B*G, T) + response_mask, on the model's device
-        flat = rewards.reshape(-1)  # (B*G,)
-        adv = compute_advantages(flat, group_size=G, cfg=algo).to(self.adapter.device)
+        batch = self.adapter.answer_batch(samples, ids)  # (b*G, T) + response_mask, on the model's device
+        flat = rewards.reshape(-1)  # (B*G,) the global batch's kept rewards
+        adv_all = compute_advantages(flat, group_size=G, cfg=algo)  # (B*G,)
+        adv = (adv_all[local_rows(kept, G)] if weighted else torch.zeros(G)).to(self.adapter.device)
         recorded = all(g["logps"] is not None for g in groups)
         with torch.no_grad():
             old = weights = None
             if algo.num_iterations > 1 or recorded:
-                old, mask, _ = self.scorer(self.model, batch, temperature=ro.temperature)  # (B*G, W)
+                old, mask, _ = self.scorer(self.model, batch, temperature=ro.temperature)  # (b*G, W)
             if recorded:
                 mu = rollout_logps_window([r for g in groups for r in g["logps"]], old.shape[1], old.device)
-                weights = truncated_is_weights(old, mu, mask, cap=ro.tis_cap, level=ro.tis_level)  # (B*G, W)
+                weights = truncated_is_weights(old, mu, mask, cap=ro.tis_cap, level=ro.tis_level)  # (b*G, W)
             ref = None
             if self.ref.kind != "none":
                 with self.ref.model() as ref_model:
                     ref = self.scorer(ref_model, batch, temperature=ro.temperature)[0]
-        lengths = torch.tensor([len(t) for t in ids], dtype=torch.float32)
-        metrics = {
-            "reward_mean": float(flat.mean()),
-            "reward_std": float(flat.std()),
-            "zero_std_frac": float((~informative_groups(torch.cat(seen))).float().mean()),
-            "group_reward_std": float(group_reward_std(flat, group_size=G).mean()),
-            "adv_std": float(adv.std()),
-            "response_len": float(lengths.mean()),
-            "truncated_frac": sum(t for g in groups for t in g["truncated"]) / len(ids),
-            "sample_batches": len(seen),
-        }
-        for key in {k for p in parts for k in p}:
-            vals = [p[key] for p in parts if key in p]
-            metrics[key] = sum(vals) / len(vals)
-        if weights is not None:
-            metrics.update(is_metrics(weights, mask, cap=ro.tis_cap))
-        return {"rows": batch, "adv": adv, "old": old, "ref": ref, "weights": weights, "metrics": metrics}
+        local = counts(batch["response_mask"], weighted=weighted)
+        total = global_counts(local, world=self.world)
+        n = len(ids) if weighted else 0
+        stats["response_len"] = (float(sum(len(t) for t in ids)) if weighted else 0.0, n)
+        cut = sum(t for g in groups for t in g["truncated"])
+        stats["truncated_frac"] = (float(cut) if weighted else 0.0, n)
+        metrics = step_metrics(
+            rewards=flat, advantages=adv_all, sampled=seen, group_size=G, stats=stats, weights=weights,
+            mask=mask if weights is not None and weighted else None, tis_cap=ro.tis_cap, world=self.world,
+        )  # fmt: skip
+        out = {"rows": batch, "adv": adv, "old": old, "ref": ref, "weights": weights, "metrics": metrics}
+        return {**out, "counts": (local, total)}
 
     def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
         ro = self.cfg.rollout
@@ -216,14 +240,7 @@ class FilesGRPOTrainer(loop.StepTrainer):
             ref_logps=batch["ref"], temperature=ro.temperature, horizon=ro.max_new_tokens,
             is_weights=batch["weights"], scorer=self.scorer,
         )  # fmt: skip
-        keys = (
-            "clip_frac_low",
-            "clip_frac_high",
-            "clip_frac_dual",
-            "approx_kl",
-            *(("kl",) if "kl" in m else ()),
-        )
-        return loss, {**batch["metrics"], **{k: float(m[k]) for k in keys}, "entropy": float(m["entropy"])}
+        return shard_loss(loss, m, batch, self.cfg.algo, self.world)
 
     def after_update(self) -> None:
         self.stale = True
@@ -247,6 +264,11 @@ def prepare(cfg: GRPOFilesConfig) -> tuple[list[Any], Any]:
     if cfg.rollout.engine == "vllm":
         from rl.rollout.vllm import import_vllm
 
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise UserError(
+                "rollout.engine=vllm runs in one process (each rank would start its own vLLM engine); use "
+                "rollout.engine=local under torchrun / accelerate launch, or launch one process"
+            )
         import_vllm()  # not installed / no GPU: one line before a model is loaded
     reward = build_reward(cfg.reward)
     records = read_prompts(cfg.data.prompts, cfg.data.image_folder or None)
@@ -266,10 +288,9 @@ def train(
 ) -> dict[str, Any]:
     """Train; writes OUT/metrics.jsonl, OUT/curves.png, OUT/checkpoints/, OUT/model (a complete model folder
     with its processor, LoRA merged; the LoRA itself in OUT/model/adapter). Returns a summary."""
-    check_single_process()
     if records is None or reward is None:
         records, reward = prepare(cfg)
-    out, device = start_run(cfg.train, out_dir)
+    out, device = start_run(cfg.train, out_dir, global_batch=cfg.data.prompts_per_step)
     adapter = load_adapter(cfg.model.path, device=device, dtype=_dtype(cfg.model.dtype))
     if cfg.lora.enabled:
         adapter.apply_lora(r=cfg.lora.r, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
@@ -299,7 +320,7 @@ def train(
         desc="grpo-files" + ("-lora" if cfg.lora.enabled else ""), plot_keys=GRPO_PLOT_KEYS, monitor=monitor,
         grad_clip=cfg.optim.grad_clip, resume=resume, show_progress=show_progress,
     )  # fmt: skip
-    if not result.stopped:
+    if trainer.rank == 0 and not result.stopped:
         adapter.merge_and_save(out / "model")
     return {
         "step": result.step,

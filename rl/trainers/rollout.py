@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from rl.rollout.seeded import SeededSampler, draw_seeded, draw_with_uniforms, seeded_uniforms
 from rl.trainers.decode_step import lean_decode_step
 
 
@@ -176,6 +177,7 @@ def sample_tokens(
     sampler: str = "inverse_cdf",
     top_k: int = 0,
     record: list[torch.Tensor] | None = None,
+    generators: list[torch.Generator] | None = None,
 ) -> torch.Tensor:
     """``(B*G, P + R)`` prompt-major sequences; with ``sampler="multinomial"`` (or ``do_sample=False``)
     token for token what ``model.generate`` returns, with ``"inverse_cdf"`` (default) the same
@@ -198,7 +200,9 @@ def sample_tokens(
     when every row has emitted ``eos_id`` or after ``max_new_tokens``, so ``R`` is the longest response.
     ``top_k > 0`` keeps the k most likely tokens (HF ``TopKLogitsWarper``, after temperature, before
     top-p). With ``record`` (a list), each step appends the ``(B*G,)`` log-probs of the drawn tokens under
-    the distribution they were drawn from (0 for greedy).
+    the distribution they were drawn from (0 for greedy). ``generators`` (one per prompt, on the prompts'
+    device): prompt ``g``'s rows draw from ``generators[g]`` (:func:`rl.rollout.seeded.draw_seeded`) instead
+    of the global RNG, so its tokens do not depend on the other prompts of the batch (data parallel).
     Call under ``torch.no_grad`` / ``inference_mode``; the model's mode is the caller's.
     """
     if sampler not in SAMPLERS:
@@ -239,6 +243,9 @@ def sample_tokens(
     lean = lean_decode_step(model) if (bool_buf is not None or not padded) else None  # Qwen2/Llama
     last_pos = position[:, -1:].repeat_interleave(G, dim=0)  # (N, 1)
     unfinished = torch.ones(N, dtype=torch.bool, device=device)  # (N,)
+    uniforms = None  # (N, R_max): every seeded inverse-cdf draw, made up front
+    if generators is not None and sampler == "inverse_cdf" and do_sample:
+        uniforms = seeded_uniforms(generators, group_size=G, steps=max_new_tokens, device=device)
     steps = 0
     while True:
         scores = logits[:, -1].to(dtype=torch.float32, copy=True)  # (N, V)
@@ -252,7 +259,11 @@ def sample_tokens(
             if top_p < 1.0:
                 scores = _top_p_filter(scores, top_p)
             probs = torch.softmax(scores, dim=-1)  # (N, V)
-            if sampler == "multinomial":
+            if uniforms is not None:
+                nxt = draw_with_uniforms(probs, uniforms[:, steps])  # (N,)
+            elif generators is not None:
+                nxt = draw_seeded(probs, generators, group_size=G, sampler=sampler)  # (N,)
+            elif sampler == "multinomial":
                 nxt = torch.multinomial(probs, num_samples=1).squeeze(1)  # (N,)
             else:
                 nxt = draw_inverse_cdf(probs)  # (N,)
@@ -291,6 +302,7 @@ def generate_rollout(
     sampler: str = "inverse_cdf",
     top_k: int = 0,
     record_logps: bool = False,
+    generators: list[torch.Generator] | None = None,
 ) -> Rollout:
     """Sample ``group_size`` responses per left-padded prompt of ``prompts`` (one batched decode).
 
@@ -300,8 +312,12 @@ def generate_rollout(
     same tokens as HF ``generate`` for the same seed), or ``generate`` itself when the model's generation
     config asks for other logits processors. ``record_logps``: keep the sampling distribution's log-probs
     of the response tokens (:attr:`Rollout.rollout_logps`; ``rl.rollout.recorder`` on the ``generate``
-    path).
+    path). ``generators``: one per prompt, each prompt's responses drawn from its own generator
+    (:mod:`rl.rollout.seeded`; on the ``generate`` path through a :class:`~rl.rollout.seeded.SeededSampler`).
     """
+    if generators is not None and len(generators) != prompts["input_ids"].shape[0]:
+        raise ValueError(f"need one generator per prompt: {prompts['input_ids'].shape[0]} prompts, "
+                         f"{len(generators)} generators")  # fmt: skip
     if group_size < 1 or max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1 or top_k < 0:
         raise ValueError(
             f"need group_size >= 1, max_new_tokens >= 1, temperature > 0, 0 < top_p <= 1; got {group_size}, "
@@ -322,17 +338,19 @@ def generate_rollout(
             if decode_loop_supported(model):
                 out = sample_tokens(
                     model, prompts, group_size=group_size, eos_id=eos_id, pad_id=pad_id, sampler=sampler,
-                    top_k=top_k, record=steps if record_logps else None, **sampling,
+                    top_k=top_k, record=steps if record_logps else None, generators=generators, **sampling,
                 )  # fmt: skip  # (B*G, P + R), prompt-major
             else:
                 extra: dict[str, Any] = dict(do_sample=True, top_k=top_k, **sampling)
-                if record_logps:
+                if record_logps or generators is not None:
                     from rl.rollout.recorder import sampling_processors
 
+                    seeded = None if generators is None else SeededSampler(generators, group_size=group_size)
                     extra, recorder = sampling_processors(
-                        model, temperature=temperature, top_k=top_k, top_p=top_p
+                        model, temperature=temperature, top_k=top_k, top_p=top_p, sampler=seeded
                     )
                     extra["max_new_tokens"] = max_new_tokens
+                    recorder = recorder if record_logps else None
                 out = model.generate(
                     input_ids=ids, attention_mask=attn, **images, num_return_sequences=group_size,
                     pad_token_id=pad_id, eos_token_id=eos_id, **extra,

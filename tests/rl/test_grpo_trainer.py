@@ -252,9 +252,9 @@ def test_pope_question_prompts_show_one_image(tmp_path, dirs):
     assert _records(tmp_path / "pq")[-1]["step"] == 2
 
 
-def test_multi_process_launch_is_refused_with_one_line(tmp_path, dirs, monkeypatch, capsys):
+def test_prompts_that_do_not_split_over_the_processes_are_refused(tmp_path, dirs, monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun / accelerate launch set in every process
-    assert _run(dirs, tmp_path / "o") == 2
+    assert _run(dirs, tmp_path / "o", "data.prompts_per_step=3") == 2
     err = capsys.readouterr().err.strip()
-    assert "rl grpo runs in one process" in err and "WORLD_SIZE=1" in err and "\n" not in err
+    assert "data.prompts_per_step=3 must be divisible by 2 processes" in err and "\n" not in err
     assert not (tmp_path / "o").exists()  # refused before writing anything
