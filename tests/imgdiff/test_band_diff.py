@@ -135,6 +135,7 @@ def test_texture_just_above_a_cell_is_in_the_band():
     assert not diff(flat, b - a + flat).same  # without the texture the bump is found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("levels", [1, 2])
 @pytest.mark.parametrize(
     "case_name", ["text_shift_right", "text_sub_0.5_0", "patch_16x16_24_grey_jpeg", "patch_64x64_40_colour"]
