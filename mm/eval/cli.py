@@ -1,13 +1,18 @@
 """``mm eval``: POPE and CHAIR on files or on a model.
 
     mm eval pope --questions Q.jsonl --answers A.jsonl --parser original [--json]
+    mm eval pope --model DIR --questions Q.jsonl --image-folder IMGS [--answers-out A.jsonl] [--json]
     mm eval pope --model DIR --data DIR --split adversarial [--parser original] [--json]
     mm eval pope-build --objects O.json --split adversarial --out Q.jsonl --seed 0
     mm eval chair --captions C.json --objects O.json --vocab coco [--json]
+    mm eval chair --model DIR --objects O.json --image-folder IMGS --vocab coco [--captions-out C.json]
     mm eval chair --model DIR --data DIR [--json]
 
-With ``--model`` the questions / captions come from the held-out notes of ``--data`` and the model
-answers them (:mod:`mm.eval.runners`: greedy, batched, KV cache).
+``--model`` is any folder :func:`mm.model.adapter.load_adapter` takes (a NoteVLM, or a transformers
+LLaVA / Qwen2-VL / Idefics3 ... with its processor). With ``--questions`` / ``--objects`` the model
+answers the user's POPE questions or captions the user's images; with ``--data`` the questions /
+captions come from the held-out notes of a world folder. Generation goes through the adapter
+(:mod:`mm.eval.runners`: the model's chat template, greedy, batched, KV cache).
 
 Scoring lives in :mod:`mm.eval.pope` / :mod:`mm.eval.chair` and takes plain dicts and lists, so
 a model runner only has to produce ``{question_id: answer}`` or ``[{"image_id", "caption"}]``.
@@ -18,8 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 import warnings
+from pathlib import Path
 from typing import Any
 
 from mm.errors import UserError
@@ -38,7 +46,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="eval_command", required=True, metavar="EVAL")
 
     p = sub.add_parser("pope", help="score POPE answers against questions", description=_doc("pope"))
-    p.add_argument("--questions", help="POPE questions JSONL (question_id, image, text, label)")
+    p.add_argument(
+        "--questions", help="POPE questions JSONL (question_id, image, text, label); with --model: asked"
+    )
     p.add_argument("--answers", help="answers JSONL (question_id, text)")
     p.add_argument(
         "--parser",
@@ -48,6 +58,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     _model_args(p)
+    _files_model_args(p, "questions")
+    p.add_argument(
+        "--post-prompt",
+        default="",
+        help="with --model --questions: text appended to each question (default none; LLaVA-1.5 and "
+        "lmms-eval use '\\nAnswer the question using a single word or phrase.')",
+    )
+    p.add_argument(
+        "--answers-out",
+        help="with --model: write the answers JSONL (question_id, image, prompt, text, label)",
+    )
     p.add_argument(
         "--split",
         default="adversarial",
@@ -73,7 +94,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--captions",
         help='captions JSON [{"image_id", "caption"}] or {id: caption}',
     )
-    c.add_argument("--objects", help="ground-truth objects JSON {image_id: [objects]}")
+    c.add_argument(
+        "--objects",
+        help="ground-truth objects JSON {image_id: [objects]} or COCO instances; "
+        "with --model: the images to caption",
+    )
     c.add_argument(
         "--vocab",
         default=None,
@@ -82,6 +107,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     c.add_argument("--json", action="store_true", help="print one JSON object (with per_caption)")
     _model_args(c)
+    _files_model_args(c, "objects")
+    c.add_argument(
+        "--prompt",
+        default=None,
+        help="with --model: the captioning prompt (default 'Please describe this image in detail.' with "
+        "--objects; the world's caption prompt with --data)",
+    )
+    c.add_argument("--captions-out", help='with --model: write the captions JSON [{"image_id", "caption"}]')
 
     from mm.eval.claims import cli as claims_cli
 
@@ -97,8 +130,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("on a model (instead of files)")
-    g.add_argument("--model", help="NoteVLM folder (OUT/model of `mm train` / `rl dpo`)")
-    g.add_argument("--data", help="note folder whose held-out notes are evaluated")
+    g.add_argument(
+        "--model",
+        help="model folder: a NoteVLM (OUT/model of `mm train` / `rl dpo`) or any transformers "
+        "image-text-to-text folder with its processor (LLaVA, Qwen2-VL, Idefics3, ...)",
+    )
+    g.add_argument("--data", help="world note folder whose held-out notes are evaluated (world form)")
     g.add_argument("--eval-split", default="test", help="note split to evaluate (default test)")
     g.add_argument("--notes", type=int, default=200, help="at most this many notes (default 200; 0 = all)")
     g.add_argument("--batch-size", type=int, default=64, help="generation batch size (default 64)")
@@ -108,22 +145,85 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help='generation length (default 8 for POPE, room for "A fork: no"; 96 for CHAIR)',
     )
+    g.add_argument(
+        "--device", default=None, help="where the model runs (default cuda when present, else cpu)"
+    )
+    g.add_argument(
+        "--dtype", default=None, help="weights' dtype: float32, bfloat16, float16 (default as saved)"
+    )
 
 
-def _mode(args: argparse.Namespace, file_flags: tuple[str, str]) -> str:
-    """``"model"`` or ``"files"``; a clear error when the two kinds of input are mixed or incomplete."""
-    files = [f for f in file_flags if getattr(args, f) is not None]
-    if args.model is not None or args.data is not None:
-        if args.model is None or args.data is None or files:
+def _files_model_args(p: argparse.ArgumentParser, source: str) -> None:
+    g = p.add_argument_group(f"on a model and your files (--model DIR --{source} FILE)")
+    g.add_argument(
+        "--image-folder",
+        default=None,
+        help=f"folder the image paths / ids of --{source} are relative to (default: that file's folder)",
+    )
+    g.add_argument(
+        "--limit", type=int, default=0, help=f"only the first N entries of --{source} (default 0 = all)"
+    )
+
+
+def _mode(args: argparse.Namespace, source: str, scored: str, out_flag: str) -> str:
+    """``"files"`` (score files), ``"model-files"`` (a model on the user's files) or ``"world"`` (a model
+    on a world folder); a clear error when the kinds of input are mixed or incomplete."""
+    src, done = getattr(args, source), getattr(args, scored)
+    model_only = [f for f in ("image_folder", out_flag) if getattr(args, f) is not None]
+    forms = (
+        f"--model DIR --{source} FILE [--image-folder IMGS] (your files) or --model DIR --data DIR (a world)"
+    )
+    if args.model is None:
+        if args.data is not None:
+            raise UserError(f"--data {args.data} needs --model DIR: pass --model DIR and --data DIR")
+        if model_only:
+            flag = model_only[0].replace("_", "-")
+            raise UserError(f"--{flag} needs --model DIR: on a model pass {forms}")
+        if src is None or done is None:
+            first, second = sorted((source, scored), key=lambda f: f != "questions" and f != "captions")
+            raise UserError(f"pass --{first} and --{second} (files), or on a model {forms}")
+        return "files"
+    if done is not None:
+        raise UserError(
+            f"on a model the model writes the {scored}: got --model {args.model} plus --{scored} {done}; "
+            f"drop --{scored} (--{out_flag.replace('_', '-')} FILE saves the model's)"
+        )
+    if args.data is not None:
+        if src is not None or args.image_folder is not None:
+            extra = "--" + source if src is not None else "--image-folder"
             raise UserError(
-                f"on a model pass --model DIR and --data DIR (and not --{' / --'.join(file_flags)}); "
-                f"got --model={args.model} --data={args.data}"
-                + (f" plus --{', --'.join(files)}" if files else "")
+                f"on a model pass --model DIR and --data DIR (a world) or {forms.split(' or ')[0]}; "
+                f"got --data {args.data} plus {extra}"
             )
-        return "model"
-    if len(files) != 2:
-        raise UserError(f"pass --{file_flags[0]} and --{file_flags[1]} (files) or --model DIR --data DIR")
-    return "files"
+        return "world"
+    if src is None:
+        raise UserError(f"on a model pass --model DIR and --data DIR (a world), or {forms.split(' or ')[0]}")
+    return "model-files"
+
+
+def _check_out(path: str | None) -> None:
+    """Fail before a model runs when an output file cannot be written where asked."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{p} is a folder; pass the path of the file to write")
+    if not p.parent.is_dir():
+        raise UserError(f"{p}: folder {p.parent} does not exist; create it first")
+
+
+def _write_json(obj: Any, path: str) -> None:
+    """Write ``obj`` as JSON atomically (temp file in the same folder, then rename)."""
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _doc(which: str) -> str:
@@ -157,19 +257,8 @@ _PARSER_SOURCE = {
 
 
 def _run_pope(args: argparse.Namespace) -> int:
-    if _mode(args, ("questions", "answers")) == "model":
-        # function-level: the runners import torch and transformers (seconds); scoring files needs neither
-        from mm.eval.runners import held_out_notes, load_model, run_pope
-
-        notes = held_out_notes(args.data, split=args.eval_split, limit=args.notes or None)
-        model, processor = load_model(args.model)
-        res = run_pope(
-            model, processor, notes, args.data, split=args.split, parser=args.parser, seed=args.seed,
-            batch_size=args.batch_size, max_new_tokens=args.max_new_tokens or 8,
-        )  # fmt: skip
-        n_questions = res["n_questions"]
-        where = f"model {args.model} on {len(notes)} {args.eval_split} notes, split={args.split}"
-    else:
+    mode = _mode(args, "questions", "answers", "answers_out")
+    if mode == "files":
         questions = read_pope_questions(args.questions)
         answers = read_pope_answers(args.answers)
         labels = {str(q["question_id"]): q["label"] for q in questions}
@@ -177,6 +266,35 @@ def _run_pope(args: argparse.Namespace) -> int:
         res = pope_scores(labels, answers, parser=args.parser, units=units)
         n_questions = len(labels)
         where = ""
+    else:
+        # function-level: the runners import torch and transformers (seconds); scoring files needs neither
+        from mm.eval.model_inputs import pope_items
+        from mm.eval.runners import held_out_notes, load_eval_adapter, run_pope, run_pope_files
+
+        _check_out(args.answers_out)
+        new_tokens = args.max_new_tokens or 8
+        if mode == "world":
+            notes = held_out_notes(args.data, split=args.eval_split, limit=args.notes or None)
+            adapter = load_eval_adapter(args.model, device=args.device, dtype=args.dtype)
+            res = run_pope(
+                adapter, None, notes, args.data, split=args.split, parser=args.parser, seed=args.seed,
+                batch_size=args.batch_size, max_new_tokens=new_tokens,
+            )  # fmt: skip
+            where = f"model {args.model} on {len(notes)} {args.eval_split} notes, split={args.split}"
+        else:
+            pope_items(
+                args.questions, args.image_folder, limit=args.limit or None
+            )  # bad input: before loading
+            adapter = load_eval_adapter(args.model, device=args.device, dtype=args.dtype)
+            res = run_pope_files(
+                adapter, args.questions, args.image_folder, parser=args.parser, post_prompt=args.post_prompt,
+                limit=args.limit or None, batch_size=args.batch_size, max_new_tokens=new_tokens,
+            )  # fmt: skip
+            res["model"], res["questions"] = args.model, args.questions
+            where = f"model {args.model} ({adapter.family}) on {args.questions}"
+        n_questions = res["n_questions"]
+        if args.answers_out:
+            write_jsonl(res["answers"], args.answers_out)
     _print_warnings(res["warnings"])
     if args.json:
         print(json.dumps(res))
@@ -213,23 +331,51 @@ def _run_build(args: argparse.Namespace) -> int:
 
 
 def _run_chair(args: argparse.Namespace) -> int:
-    if _mode(args, ("captions", "objects")) == "model":
-        # function-level: the runners import torch and transformers (seconds); scoring files needs neither
-        from mm.eval.runners import held_out_notes, load_model, run_chair
-
-        args.vocab = args.vocab or "world"
-        notes = held_out_notes(args.data, split=args.eval_split, limit=args.notes or None)
-        model, processor = load_model(args.model)
-        res = run_chair(
-            model, processor, notes, args.data, batch_size=args.batch_size,
-            max_new_tokens=args.max_new_tokens or 96, vocab=args.vocab,
-        )  # fmt: skip
-    else:
+    mode = _mode(args, "objects", "captions", "captions_out")
+    if mode == "files":
         args.vocab = args.vocab or "coco"
         captions, objects, file_warnings = read_chair_files(args.captions, args.objects)
         vocab = Vocabulary.coco() if args.vocab == "coco" else Vocabulary.world()
         res = chair_scores(captions, objects, vocab)
         res["warnings"] = file_warnings + res["warnings"]
+    else:
+        # function-level: the runners import torch and transformers (seconds); scoring files needs neither
+        from mm.eval.model_inputs import chair_items
+        from mm.eval.runners import (
+            FILES_CAPTION_PROMPT,
+            held_out_notes,
+            load_eval_adapter,
+            run_chair,
+            run_chair_files,
+        )
+
+        _check_out(args.captions_out)
+        new_tokens = args.max_new_tokens or 96
+        if mode == "world":
+            args.vocab = args.vocab or "world"
+            notes = held_out_notes(args.data, split=args.eval_split, limit=args.notes or None)
+            adapter = load_eval_adapter(args.model, device=args.device, dtype=args.dtype)
+            res = run_chair(
+                adapter, None, notes, args.data, prompt=args.prompt, batch_size=args.batch_size,
+                max_new_tokens=new_tokens, vocab=args.vocab,
+            )  # fmt: skip
+        else:
+            args.vocab = args.vocab or "coco"
+            chair_items(
+                args.objects, args.image_folder, limit=args.limit or None
+            )  # bad input: before loading
+            adapter = load_eval_adapter(args.model, device=args.device, dtype=args.dtype)
+            res = run_chair_files(
+                adapter, args.objects, args.image_folder, vocab=args.vocab,
+                prompt=args.prompt or FILES_CAPTION_PROMPT, limit=args.limit or None,
+                batch_size=args.batch_size, max_new_tokens=new_tokens,
+            )  # fmt: skip
+            res["model"], res["objects"] = args.model, args.objects
+        if args.captions_out:
+            _write_json(
+                [{"image_id": r["image_id"], "caption": r["caption"]} for r in res["per_caption"]],
+                args.captions_out,
+            )
     _print_warnings(res["warnings"])
     if args.json:
         print(json.dumps(res))

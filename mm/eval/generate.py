@@ -1,7 +1,12 @@
-"""Batched greedy generation with a NoteVLM (or a PeftModel of one): captions and yes/no answers.
+"""Batched greedy generation: captions and yes/no answers.
 
     captions = generate_captions(model, processor, notes, prompt="Describe the note.", root=folder)
     answers = answer_questions(model, processor, notes, ["Is there a fork in image 1?", ...], root=folder)
+    texts = adapter_generate(adapter, [["a.jpg"], ["b.png"]], ["Is there a cup?", ...], batch_size=16)
+
+:func:`generate` drives a NoteVLM (or a PeftModel of one) with its NoteProcessor directly;
+:func:`adapter_generate` drives any model behind :class:`mm.model.adapter.VLMAdapter` (NoteVLM or a
+transformers family: its chat template, greedy, KV cache), opening image files one batch at a time.
 
 Batches are left padded (so every row's new tokens start at the same position) and decoded greedily with
 the KV cache; the images are encoded once, on the prefill step. An item of ``notes`` is an
@@ -16,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from mm.errors import UserError
 
 
 def note_images(item: Any, root: str | Path | None = None) -> list[Any]:
@@ -102,3 +109,45 @@ def answer_questions(
         model, processor, notes, list(questions), batch_size=batch_size,
         max_new_tokens=max_new_tokens, root=root,
     )  # fmt: skip
+
+
+def open_image(path: str | Path, where: str = "") -> Any:
+    """An image file as an RGB PIL image; an unreadable file is a `UserError` naming ``where``."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return im.convert("RGB")
+    except (OSError, UnidentifiedImageError, ValueError) as e:
+        raise UserError(f"{where + ': ' if where else ''}cannot read image {path}: {e}") from None
+
+
+def adapter_generate(
+    adapter: Any,
+    images: Sequence[Sequence[str | Path]],
+    prompts: Sequence[str],
+    *,
+    batch_size: int = 32,
+    max_new_tokens: int = 64,
+    where: Sequence[str] | None = None,
+) -> list[str]:
+    """Greedy answer to ``prompts[i]`` about the image files ``images[i]`` through a `VLMAdapter`.
+
+    Images are opened (RGB) one batch at a time; ``where[i]`` (e.g. ``FILE:LINE``) names item ``i`` in
+    the error for an unreadable image.
+    """
+    from mm.model.adapter import Sample
+
+    if len(images) != len(prompts):
+        raise ValueError(f"need one prompt per item, got {len(images)} items and {len(prompts)} prompts")
+    if batch_size < 1 or max_new_tokens < 1:
+        raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size}, {max_new_tokens}")
+    out: list[str] = []
+    for start in range(0, len(images), batch_size):
+        chunk = range(start, min(len(images), start + batch_size))
+        samples = [
+            Sample(images=[open_image(p, where[i] if where else "") for p in images[i]], text=prompts[i])
+            for i in chunk
+        ]
+        out.extend(adapter.generate(samples, max_new_tokens=max_new_tokens))
+    return out
