@@ -3,7 +3,8 @@
     items = pope_items("pope_coco_adversarial.jsonl", "val2014")  # [PopeItem(where, question, image)]
     items = chair_items("instances_val2014.json", "val2014")      # [ChairItem(where, image_id, image, ...)]
 
-Every image is checked to exist before a model is loaded; a problem stops with ``FILE:LINE: what``.
+Every image is checked to exist and to be an image file (its header) before a model is loaded; a
+problem stops with ``FILE:LINE: what``.
 
 Image files of POPE questions: the question's ``image`` (a path relative to the image folder, or
 absolute). Image files of CHAIR objects, in this order: the ``file_name`` of a COCO instances file's
@@ -52,6 +53,20 @@ class ChairItem:
     """Ground-truth object names."""
 
 
+def check_image(path: Path, where: str, checked: set[Path]) -> None:
+    """A `UserError` naming ``where`` unless ``path`` opens as an image (header only; once per path)."""
+    from PIL import Image, UnidentifiedImageError
+
+    if path in checked:
+        return
+    try:
+        with Image.open(path):
+            pass
+    except (OSError, UnidentifiedImageError) as e:
+        raise UserError(f"{where}: cannot read image {path}: {e}") from None
+    checked.add(path)
+
+
 def default_image_folder(path: str | Path, image_folder: str | Path | None) -> Path:
     """``image_folder``, else the folder of ``path``; an error when it is not a folder."""
     folder = Path(image_folder) if image_folder is not None else Path(path).parent
@@ -65,11 +80,13 @@ def default_image_folder(path: str | Path, image_folder: str | Path | None) -> P
 def pope_items(
     path: str | Path, image_folder: str | Path | None = None, *, limit: int | None = None
 ) -> list[PopeItem]:
-    """POPE questions (``question_id``, ``image``, ``text``, ``label``) of ``path`` with their image files."""
+    """POPE questions (``question_id``, ``image``, ``text``, ``label``) of ``path`` with their image files
+    (the first ``limit``; the whole file is validated, only their images are checked)."""
     folder = default_image_folder(path, image_folder)
     questions = read_pope_questions(path)
-    items = []
-    for (line, _), q in zip(read_jsonl(path), questions):
+    items, checked = [], set()
+    located = list(zip(read_jsonl(path), questions))
+    for (line, _), q in located[:limit] if limit else located:
         where = f"{path}:{line}"
         for key in ("image", "text"):
             if not isinstance(q.get(key), str) or not q[key].strip():
@@ -77,10 +94,11 @@ def pope_items(
         image = folder / q["image"]
         if not image.is_file():
             raise UserError(f"{where}: image {q['image']!r} not found in {folder} (looked for {image})")
+        check_image(image, where, checked)
         items.append(PopeItem(where=where, question=q, image=image))
     if not items:
         raise UserError(f"{path}: no questions; nothing to evaluate")
-    return items[:limit] if limit else items
+    return items
 
 
 def _coco_file_names(data: Any) -> dict[str, str]:
@@ -114,14 +132,16 @@ def find_image(folder: Path, image_id: str, file_name: str | None = None) -> tup
 def chair_items(
     path: str | Path, image_folder: str | Path | None = None, *, limit: int | None = None
 ) -> list[ChairItem]:
-    """The images of an objects file (``{image_id: [objects]}`` or COCO instances) with their files."""
+    """The images of an objects file (``{image_id: [objects]}`` or COCO instances) with their files (the
+    first ``limit`` images)."""
     folder = default_image_folder(path, image_folder)
     objects = read_objects(path)
     data, lines = read_json(path)
     names = _coco_file_names(data)
     coco = bool(names) or (isinstance(data, dict) and "annotations" in data)
-    items = []
-    for i, (image_id, objs) in enumerate(objects.items()):
+    items, checked = [], set()
+    entries = list(objects.items())
+    for i, (image_id, objs) in enumerate(entries[:limit] if limit else entries):
         where = f"{path}:{lines.member('images', i) if coco else lines.item(i)}"
         image, tried = find_image(folder, image_id, names.get(image_id))
         if image is None:
@@ -130,7 +150,8 @@ def chair_items(
                 f"{where}: image_id {image_id!r}: no image file in {folder} (tried {shown}); "
                 "name the files after the ids or pass --image-folder"
             )
+        check_image(image, where, checked)
         items.append(ChairItem(where=where, image_id=image_id, image=image, objects=objs))
     if not items:
         raise UserError(f"{path}: no images; nothing to caption")
-    return items[:limit] if limit else items
+    return items
