@@ -45,7 +45,9 @@ from mm.eval.pope import DEFAULT_TEMPLATE, PopeBuildConfig, build_questions, pop
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="eval_command", required=True, metavar="EVAL")
 
-    p = sub.add_parser("pope", help="score POPE answers against questions", description=_doc("pope"))
+    p = sub.add_parser(
+        "pope", help="score POPE answers, or a model's answers to POPE questions", description=_doc("pope")
+    )
     p.add_argument(
         "--questions", help="POPE questions JSONL (question_id, image, text, label); with --model: asked"
     )
@@ -73,9 +75,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--split",
         default="adversarial",
         choices=("random", "popular", "adversarial"),
-        help="with --model: POPE negative sampling (default adversarial)",
+        help="with --data: POPE negative sampling (default adversarial)",
     )
-    p.add_argument("--seed", type=int, default=0, help="with --model: question sampling seed (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="with --data: question sampling seed (default 0)")
 
     b = sub.add_parser(
         "pope-build", help="build POPE questions from object annotations", description=_doc("build")
@@ -89,7 +91,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--template", default=None, help="question template with {object} (default: POPE's)")
     b.add_argument("--per-image", type=int, default=None, help="at most N present objects per image")
 
-    c = sub.add_parser("chair", help="CHAIR_s / CHAIR_i / recall of captions", description=_doc("chair"))
+    c = sub.add_parser(
+        "chair", help="CHAIR_s / CHAIR_i / recall of captions, or of a model's", description=_doc("chair")
+    )
     c.add_argument(
         "--captions",
         help='captions JSON [{"image_id", "caption"}] or {id: caption}',
@@ -136,8 +140,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "image-text-to-text folder with its processor (LLaVA, Qwen2-VL, Idefics3, ...)",
     )
     g.add_argument("--data", help="world note folder whose held-out notes are evaluated (world form)")
-    g.add_argument("--eval-split", default="test", help="note split to evaluate (default test)")
-    g.add_argument("--notes", type=int, default=200, help="at most this many notes (default 200; 0 = all)")
+    g.add_argument("--eval-split", default="test", help="with --data: note split to evaluate (default test)")
+    g.add_argument(
+        "--notes", type=int, default=200, help="with --data: at most this many notes (default 200; 0 = all)"
+    )
     g.add_argument("--batch-size", type=int, default=64, help="generation batch size (default 64)")
     g.add_argument(
         "--max-new-tokens",
@@ -228,9 +234,15 @@ def _write_json(obj: Any, path: str) -> None:
 
 def _doc(which: str) -> str:
     return {
-        "pope": "Score POPE answers; answers are joined to questions by question_id.",
+        "pope": "Score POPE answers; answers are joined to questions by question_id. "
+        "Forms: --questions Q --answers A (files); --model DIR --questions Q [--image-folder IMGS] (the "
+        "model answers your POPE questions); --model DIR --data WORLD (questions from held-out world notes). "
+        "DIR: a NoteVLM or any transformers image-text-to-text folder with its processor.",
         "build": "Write POPE questions: present objects as 'yes', as many absent as 'no' (seeded).",
-        "chair": "CHAIR_s, CHAIR_i, recall and mean caption length (original CHAIR conventions).",
+        "chair": "CHAIR_s, CHAIR_i, recall and mean caption length (original CHAIR conventions). "
+        "Forms: --captions C --objects O (files); --model DIR --objects O [--image-folder IMGS] (the model "
+        "captions each image of O); --model DIR --data WORLD (held-out world notes). "
+        "DIR: a NoteVLM or any transformers image-text-to-text folder with its processor.",
     }[which]
 
 
