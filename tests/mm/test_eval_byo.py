@@ -252,3 +252,23 @@ def test_help_names_both_model_forms(capsys):
             main(["eval", sub, "--help"])
         out = capsys.readouterr().out
         assert all(f in out for f in flags) and "transformers" in out
+
+
+def test_world_form_answers_equal_the_direct_notevlm_path(folders, tmp_path):
+    """The world form now generates through the adapter; its answers and captions are the ones the
+    direct NoteVLM path (`mm.eval.generate`, used before) gives, so its numbers are unchanged."""
+    from mm.data.prompts import CAPTION_PROMPT
+    from mm.eval.generate import answer_questions, generate_captions, note_images
+    from mm.eval.runners import held_out_notes, load_model, pope_questions, run_chair, run_pope
+
+    data = make_data_dir(tmp_path)
+    notes = held_out_notes(data)
+    model, processor = load_model(folders["notevlm"], device="cpu")
+    res = run_pope(model, processor, notes, data, split="random", seed=1, max_new_tokens=4, batch_size=3)
+    questions, _ = pope_questions(notes, split="random", seed=1)
+    items = [[str(data / q["image"])] for q in questions]
+    direct = answer_questions(model, processor, items, [q["text"] for q in questions], 3, 4)
+    assert [a["text"] for a in res["answers"]] == direct and len(direct) == 10
+    chair = run_chair(model, processor, notes, data, max_new_tokens=6, batch_size=2)
+    caps = generate_captions(model, processor, [note_images(n, data) for n in notes], CAPTION_PROMPT, 2, 6)
+    assert [r["caption"] for r in chair["per_caption"]] == caps
