@@ -3,7 +3,8 @@
 The commands are read from the README's ``recipe`` block and run as written, in a scratch folder laid
 out like the README's ``data/`` (a few LLaVA-Pretrain and LLaVA-1.5-mix records, RLAIF-V records with
 an image file and with inline bytes, a POPE question file, COCO val images and an instances file), with
-``$LM`` / ``$VISION`` a tiny Qwen2 and SigLIP (tests/helpers/pretrained_parts.py) and ``$R`` the
+``$LM`` / ``$VISION`` a tiny Qwen2 (tests/helpers/pretrained_parts.py) and a tiny full SigLIP folder
+(vision and text towers, as the hub's SigLIP checkpoints), and ``$R`` the
 recipe's configs with the same keys and tiny values (model sizes, steps, batch sizes).
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers.pretrained_parts import LM_DIMS, causal_lm_folder, hf_vision_folder
+from tests.helpers.pretrained_parts import LM_DIMS, causal_lm_folder
 from tests.mm.adapter_helpers import random_image
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,6 +93,25 @@ def recipe_commands(readme: Path, env: dict[str, str]) -> list[list[str]]:
             argv = argv[2:]
         commands.append(argv)
     return commands
+
+
+def siglip_full_folder(out: Path, *, seed: int = 0) -> Path:
+    """A tiny random full `SiglipModel` folder (vision + text towers, as google/siglip-base-patch16-224 is)
+    with a SigLIP preprocessor config: 32 px images, 8 px patches (16 patches)."""
+    import torch
+    from transformers import SiglipConfig, SiglipModel
+
+    dims = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+    config = SiglipConfig(
+        text_config={**dims, "vocab_size": 64, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0},
+        vision_config={**dims, "image_size": 32, "patch_size": 8},
+    )
+    torch.manual_seed(seed)
+    SiglipModel(config).save_pretrained(str(out))
+    pre = {"image_processor_type": "SiglipImageProcessor", "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
+           "size": {"height": 32, "width": 32}}  # fmt: skip
+    (out / "preprocessor_config.json").write_text(json.dumps(pre))
+    return out
 
 
 def _jpg(path: Path, seed: int, size: tuple[int, int] = (40, 32)) -> None:
@@ -196,7 +216,7 @@ def test_recipe_end_to_end_on_tiny_stand_ins(tmp_path, monkeypatch, capsys):
 
     parts = tmp_path / "parts"
     lm = causal_lm_folder(parts / "qwen2", "qwen2")
-    vision = hf_vision_folder(parts / "siglip", "hf_siglip")
+    vision = siglip_full_folder(parts / "siglip")
     configs = tmp_path / "configs"
     configs.mkdir()
     for name, small in SMALL.items():
@@ -220,6 +240,7 @@ def test_recipe_end_to_end_on_tiny_stand_ins(tmp_path, monkeypatch, capsys):
     align_cfg = yaml.safe_load((work / "runs/recipe/align/config.yaml").read_text())
     assert align_cfg["model"]["text"]["pretrained"] == str(lm)
     assert align_cfg["model"]["vision"]["pretrained"] == str(vision)
+    _assert_parts_loaded(work / "runs/recipe/align/model", lm, vision)
     for stage in ("align", "sft", "dpo"):
         assert (work / "runs/recipe" / stage / "model" / "config.json").is_file(), stage
     assert (work / "runs/recipe/sft/adapter").is_dir() and (work / "runs/recipe/dpo/adapter").is_dir()
@@ -230,3 +251,26 @@ def test_recipe_end_to_end_on_tiny_stand_ins(tmp_path, monkeypatch, capsys):
     chair = json.loads(outputs[-1])
     assert chair["n_captions"] == 3 and chair["vocab"] == "coco"
     assert len(json.loads((work / "runs/recipe/chair.json").read_text())) == 3
+
+
+def _param(model: Any, suffix: str, *, skip: str = "") -> Any:
+    """The one parameter of ``model`` whose name ends with ``suffix`` (names containing ``skip`` ignored)."""
+    found = [v for k, v in model.named_parameters() if k.endswith(suffix) and not (skip and skip in k)]
+    assert len(found) == 1, (suffix, len(found))
+    return found[0]
+
+
+def _assert_parts_loaded(folder: Path, lm: Path, vision: Path) -> None:
+    """The aligned model's tower and LM weights are the pretrained parts' (both frozen during align)."""
+    import torch
+    from transformers import AutoModelForCausalLM, SiglipVisionModel
+
+    from mm.model import NoteVLMForConditionalGeneration
+
+    model = NoteVLMForConditionalGeneration.from_pretrained(str(folder))
+    tower = SiglipVisionModel.from_pretrained(str(vision))
+    text = AutoModelForCausalLM.from_pretrained(str(lm))
+    patch = "patch_embedding.weight"
+    assert torch.equal(_param(model, patch), _param(tower, patch))
+    q = "layers.0.self_attn.q_proj.weight"  # the LM's (the tower has one too)
+    assert torch.equal(_param(model, q, skip="vision"), _param(text, q))
