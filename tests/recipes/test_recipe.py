@@ -274,3 +274,25 @@ def _assert_parts_loaded(folder: Path, lm: Path, vision: Path) -> None:
     assert torch.equal(_param(model, patch), _param(tower, patch))
     q = "layers.0.self_attn.q_proj.weight"  # the LM's (the tower has one too)
     assert torch.equal(_param(model, q, skip="vision"), _param(text, q))
+
+
+def test_recipe_refuses_an_lm_of_another_architecture(tmp_path, capsys):
+    """align.yaml pins Qwen2.5-0.5B's architecture: another LM folder is one line naming both values."""
+    from mm.cli import main
+    from tests.helpers.eval_model import make_data_dir
+
+    lm = causal_lm_folder(tmp_path / "lm", "qwen2")
+    data = make_data_dir(tmp_path, split="train")
+    capsys.readouterr()
+    argv = [
+        "train",
+        "--config",
+        str(RECIPES / "align.yaml"),
+        "--data",
+        str(data),
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert main([*argv, "--no-progress", "--set", f"model.text.pretrained={lm}"]) == 2
+    err = capsys.readouterr().err
+    assert "hidden_size=896 (folder: 32)" in err and err.count("\n") == 1
