@@ -294,9 +294,8 @@ def _run_pope(args: argparse.Namespace) -> int:
             )  # fmt: skip
             where = f"model {args.model} on {len(notes)} {args.eval_split} notes, split={args.split}"
         else:
-            pope_items(
-                args.questions, args.image_folder, limit=args.limit or None
-            )  # bad input: before loading
+            # bad input stops here, before the model loads
+            pope_items(args.questions, args.image_folder, limit=args.limit or None)
             adapter = load_eval_adapter(args.model, device=args.device, dtype=args.dtype)
             res = run_pope_files(
                 adapter, args.questions, args.image_folder, parser=args.parser, post_prompt=args.post_prompt,
@@ -373,9 +372,8 @@ def _run_chair(args: argparse.Namespace) -> int:
             )  # fmt: skip
         else:
             args.vocab = args.vocab or "coco"
-            chair_items(
-                args.objects, args.image_folder, limit=args.limit or None
-            )  # bad input: before loading
+            # bad input stops here, before the model loads
+            chair_items(args.objects, args.image_folder, limit=args.limit or None)
             adapter = load_eval_adapter(args.model, device=args.device, dtype=args.dtype)
             res = run_chair_files(
                 adapter, args.objects, args.image_folder, vocab=args.vocab,

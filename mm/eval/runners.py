@@ -230,7 +230,10 @@ def run_pope_files(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         res = pope_scores(
-            labels, {it.question["question_id"]: t for it, t in zip(items, texts)}, parser=parser
+            labels,
+            {it.question["question_id"]: t for it, t in zip(items, texts)},
+            parser=parser,
+            units={it.question["question_id"]: it.question["image"] for it in items},  # resample images
         )
     res["n_questions"] = len(items)
     res["answers"] = [
