@@ -30,7 +30,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "read_pair_file", "rlaif_v_pair", "rlhf_v_pair",
     ),  # fmt: skip
     "rl.pairs.injection": ("ALSO_TEMPLATES", "choose_injected", "inject_object", "injection_pairs"),
-    "rl.pairs.onpolicy": ("onpolicy_pairs", "rank_pair", "sample_responses"),
+    "rl.pairs.onpolicy": (
+        "labeler_scorer", "onpolicy_pairs", "rank_pair", "sample_responses", "scene_scorer",
+    ),  # fmt: skip
     "rl.pairs.correction": ("correction_pairs", "strip_objects"),
     "rl.pairs.questions": ("question_pairs",),
     "rl.pairs.corruption": ("corrupt_pairs", "load_pixels", "pair_images"),
