@@ -154,9 +154,9 @@ def visibility_mask(
     return torch.where(allowed, zero, torch.finfo(dtype).min)
 
 
-def layout_ids(input_ids: torch.Tensor, *, image_token_id: int, tokens_per_image: int) -> tuple[
-    torch.Tensor, torch.Tensor
-]:
+def layout_ids(
+    input_ids: torch.Tensor, *, image_token_id: int, tokens_per_image: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Image and segment ids (B, T) of NoteVLM sequences, from their runs of `<image>` placeholders.
 
     The j-th `<image>` token of a row belongs to image ``j // tokens_per_image`` (NoteProcessor writes

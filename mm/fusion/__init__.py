@@ -50,7 +50,9 @@ class FusionConfig:
         if self.scope not in FUSION_SCOPES:
             raise ValueError(f"fusion scope must be one of {FUSION_SCOPES}, got {self.scope!r}")
         if self.scope == "note" and self.kind == "mlp":
-            raise ValueError("fusion scope 'note' needs kind qformer or resampler (mlp maps each patch alone)")
+            raise ValueError(
+                "fusion scope 'note' needs kind qformer or resampler (mlp maps each patch on its own)"
+            )
         if self.budget < 1:
             raise ValueError(f"fusion budget must be >= 1, got {self.budget}")
 

@@ -92,7 +92,7 @@ class NoteVLMConfig(PreTrainedConfig):
 
     @property
     def multi_image(self) -> MultiImageConfig:
-        """The note-level settings (`max_images`, `visibility`, `image_index_embeddings`) as one typed config."""
+        """The note fields (`max_images`, `visibility`, `image_index_embeddings`) as one typed config."""
         try:
             return MultiImageConfig(
                 max_images=self.max_images,

@@ -247,7 +247,9 @@ class NoteVLMModel(NoteVLMPreTrainedModel):
                 "input_ids contain `<image>` placeholders but no pixel_values were given; "
                 "pass the note's images"
             )
-        attention_mask = self.note_attention_mask(input_ids, attention_mask, segment_ids, cache, inputs_embeds)
+        attention_mask = self.note_attention_mask(
+            input_ids, attention_mask, segment_ids, cache, inputs_embeds
+        )  # (B, T), or (B, 1, T, T) under visibility "own"
         return self.language_model(
             attention_mask=attention_mask,
             position_ids=position_ids,
@@ -256,7 +258,6 @@ class NoteVLMModel(NoteVLMPreTrainedModel):
             **{_CACHE_FIELD: cache},
             **kwargs,
         )
-
 
     def note_attention_mask(
         self,
