@@ -1,4 +1,4 @@
-"""`mm compare-fusion` scores: recall by photo position (golden), t intervals (golden), variants, summaries."""
+"""`mm compare-fusion` scores: recall by photo position and t intervals (golden), variants, summaries."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from mm.train.compare_metrics import mean_interval, recall_by_position, summariz
 def test_recall_by_position_golden():
     mentioned = [{"cat", "fork"}, {"cup"}, {"dog"}]
     photos = [
-        [{"cat", "dog"}, {"fork", "cat"}, {"knife"}],  # 1st: cat, dog (1 of 2); later only: fork, knife (1 of 2)
+        [{"cat", "dog"}, {"fork", "cat"}, {"knife"}],  # 1st: cat, dog (1 of 2); later: fork, knife (1 of 2)
         [{"cup"}, {"plate"}],  # 1st: cup (1 of 1); later: plate (0 of 1)
         [{"dog"}],  # one photo: skipped
     ]
