@@ -154,3 +154,27 @@ def test_own_changes_the_prompt_layout_result_and_errors():
     model.language_model.config._attn_implementation = "flex_attention"
     with pytest.raises(ValueError, match="attn_implementation"):
         model(input_ids=ids, pixel_values=px)
+
+
+def test_rl_rollout_decode_loop_equals_generate_under_own():
+    """The policy path (rl's prefill + lean decode loop) gives generate's greedy tokens under "own", and a
+    full-sequence forward over prompt + completion (how log-probs are scored) agrees with its steps."""
+    from rl.trainers.rollout import sample_tokens
+
+    model = tiny_model(seed=5, visibility="own")
+    proc = tiny_processor()
+    notes = [random_images(3), random_images(2, seed=1)]
+    inputs = proc(notes, ["describe the note", "is there a cat"], padding_side="left")
+    kw = dict(eos_id=2, pad_id=0)
+    with torch.no_grad():
+        ref = model.generate(**inputs, max_new_tokens=5, do_sample=False, pad_token_id=0, eos_token_id=2)
+        out = sample_tokens(model, inputs, group_size=1, max_new_tokens=5, do_sample=False, **kw)
+        assert torch.equal(out[:, : ref.shape[1]], ref)
+        P = inputs["input_ids"].shape[1]
+        full_mask = torch.cat([inputs["attention_mask"], torch.ones_like(ref[:, P:])], dim=1)
+        position = (full_mask.cumsum(-1) - 1).clamp(min=0)  # as generate numbers left-padded rows
+        logits = model(
+            input_ids=ref, attention_mask=full_mask, position_ids=position,
+            pixel_values=inputs["pixel_values"], image_mask=inputs["image_mask"],
+        ).logits  # fmt: skip
+    assert torch.equal(logits[:, P - 1 : -1].argmax(-1), ref[:, P:])
