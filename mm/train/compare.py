@@ -6,7 +6,8 @@ scope), an align stage from it (fusion only) and an SFT stage from the aligned m
 all with the same recipes and notes. Then the SFT model is scored on held-out notes: greedy captions
 (object recall, recall by photo position 1st vs 2nd-4th, precision, CHAIR_i; :mod:`mm.train.compare_metrics`)
 and POPE (adversarial, per-photo questions). The table: means over seeds with 95% t intervals; tokens per
-note (K x mean photos of the held-out notes), fusion parameters and FLOPs per note, SFT step time.
+note (K x mean photos of the held-out notes), fusion parameters, fusion FLOPs for a note of the held-out
+mean photo count (rounded), SFT step time.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("precision", "object precision", "{:.3f}"),
     ("chair_i", "CHAIR_i", "{:.3f}"),
     ("pope_f1", "POPE F1 (adv.)", "{:.3f}"),
-    ("fusion_params", "fusion params", "{:,}"),
+    ("fusion_params", "fusion params", "{:,.0f}"),
     ("fusion_flops_per_note", "fusion GFLOPs/note", "{:.3f}"),
     ("step_seconds", "SFT s/step", "{:.3f}"),
 )
@@ -51,6 +52,8 @@ TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
 
 GROUP_KEYS = ("kind", "budget", "scope", "visibility")
 """What makes a variant; rows of the same variant and different seeds are averaged."""
+EXACT_KEYS = ("tokens_per_note", "fusion_params", "fusion_flops_per_note")
+"""Columns that do not vary with the seed: shown without an interval."""
 
 
 @dataclass
@@ -164,7 +167,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             if k == "fusion_flops_per_note" and value is not None:
                 value, ci = value / 1e9, None if ci is None else ci / 1e9
             cell = fmt.format(value) if value is not None else "n/a"
-            if ci is not None and k != "fusion_params":
+            if ci is not None and k not in EXACT_KEYS:
                 cell += " ± " + fmt.format(ci)
             cells.append(cell)
         lines.append("| " + " | ".join(cells) + " |")
