@@ -178,3 +178,20 @@ def test_rl_rollout_decode_loop_equals_generate_under_own():
             pixel_values=inputs["pixel_values"], image_mask=inputs["image_mask"],
         ).logits  # fmt: skip
     assert torch.equal(logits[:, P - 1 : -1].argmax(-1), ref[:, P:])
+
+
+def test_training_under_own_segment_gradient_never_reaches_other_photos():
+    """Backward through the 4D mask: segment 1's logits give photo 0's pixels exactly zero gradient (and
+    photo 1's a nonzero one); the LM loss trains with gradient checkpointing on."""
+    model = tiny_model(visibility="own").train()
+    ids, px = _interleaved(), _pixels(3).requires_grad_(True)
+    seg1 = (layout_ids(ids, image_token_id=IMG, tokens_per_image=K)[1][0] == 1).nonzero().flatten()
+    model(input_ids=ids, pixel_values=px).logits[0, seg1].square().sum().backward()
+    assert torch.all(px.grad[0, 0] == 0) and torch.all(px.grad[0, 2] == 0)
+    assert px.grad[0, 1].abs().sum() > 0
+    model.zero_grad()
+    model.gradient_checkpointing_enable()
+    labels = ids.masked_fill(ids == IMG, -100)
+    loss = model(input_ids=ids, pixel_values=px.detach(), labels=labels).loss
+    loss.backward()
+    assert torch.isfinite(loss) and model.fusion.fc1.weight.grad.abs().sum() > 0
