@@ -8,8 +8,11 @@ output ``tokens`` (B, N, K, D) with ``token_mask`` (B, N, K) comes from :mod:`mm
 - :class:`NotePooler`: masked mean over the valid images' tokens, then a Linear -> (B, D_out), the
   note-level embedding used for retrieval.
 - :func:`visibility_mask` builds the LM attention mask of a packed sequence (text + image tokens):
-  mode "all" (causal; every text token sees every earlier image token) or "own" (a text token of
-  segment s sees only the tokens of image s, plus all earlier text tokens).
+  mode "all" (causal; every token sees every earlier token) or "own" (image s and the text of segment
+  s form a branch that sees only itself and shared text: no image sees another image and no segment
+  sees another segment's text, so nothing of image t reaches a token of segment s != t, not even
+  through the hidden states of other tokens; shared text sees everything before it).
+- :func:`layout_ids` derives image and segment ids from a NoteVLM token sequence (`<image>` runs).
 
 Padded image slots contribute nothing anywhere: they are zero, masked out of attention and of the
 pooled mean, and receive exactly zero gradient.
@@ -32,7 +35,10 @@ class MultiImageConfig:
     max_images: int = 4
     """Most image slots per note; the index embedding table has this many rows."""
     visibility: str = "all"
-    """Text->image visibility: "all" (every text token sees all images) or "own" (its segment's image)."""
+    """Visibility in the LM: "all" (plain causal) or "own" (photo + segment branches that never see each
+    other; shared text sees everything before it)."""
+    index_embeddings: bool = False
+    """Add a learned embedding of slot n to every fusion token of image n (:class:`ImageIndexEmbedding`)."""
 
     def __post_init__(self) -> None:
         if self.max_images < 1:
@@ -50,14 +56,17 @@ def _check_tokens(tokens: torch.Tensor, token_mask: torch.Tensor) -> None:
         )
 
 
-class ImageIndexEmbedding(nn.Module):
-    """Add a learned per-slot embedding ``E[n]`` to every token of image n; padded tokens stay 0."""
+class ImageIndexEmbedding(nn.Embedding):
+    """Add a learned per-slot embedding ``E[n]`` (row n of ``weight``) to every token of image n.
+
+    An ``nn.Embedding`` (``weight`` is (max_images, D)), so a model holding it as ``image_index`` saves
+    the tensor ``image_index.weight``. Padded tokens stay exactly 0.
+    """
 
     def __init__(self, *, max_images: int = 4, dim: int):
-        super().__init__()
+        super().__init__(max_images, dim)
         self.max_images = max_images
-        self.embedding = nn.Embedding(max_images, dim)
-        nn.init.normal_(self.embedding.weight, std=0.02)
+        nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, tokens: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
         _check_tokens(tokens, token_mask)
@@ -67,7 +76,7 @@ class ImageIndexEmbedding(nn.Module):
                 f"a note has {N} image slots but max_images={self.max_images}; "
                 "raise max_images or drop images from the note"
             )
-        idx = self.embedding.weight[:N]  # (N, D)
+        idx = self.weight[:N].to(tokens.dtype)  # (N, D)
         keep = token_mask[..., None].to(tokens.dtype)  # (B, N, K, 1)
         return (tokens + idx[None, :, None, :]) * keep  # (B, N, K, D)
 
@@ -104,16 +113,19 @@ def visibility_mask(
     Args:
         image_ids: (B, T) long; the image index of each image token, -1 for text tokens.
         segment_ids: (B, T) long; for text tokens in mode "own", the image whose segment the token
-            belongs to, or -1 for text that may see every image (e.g. a shared prompt). Needed
-            only for mode "own"; ignored on image tokens.
-        mode: "all": plain causal attention (every text token sees every earlier image token).
-            "own": causal, but a text token of segment s sees only image s's tokens among the images.
+            belongs to, or -1 for shared text that sees, and is seen by, everything (e.g. a shared
+            prompt). Needed only for mode "own"; ignored on image tokens.
+        mode: "all": plain causal attention (every token sees every earlier token).
+            "own": causal, and a token of group g (image g, or text of segment g) sees only keys of group
+            g and shared text (segment -1); shared text sees everything before it. So image tokens do not
+            see other images, and a segment sees neither other images nor other segments' text.
         attention_mask: (B, T) 1/True for real tokens, 0/False for padding (padding keys are hidden).
         additive: False -> bool mask, True = may attend (SDPA convention). True -> float mask of
             ``dtype`` with 0 where allowed and ``finfo(dtype).min`` elsewhere (eager attention).
 
-    Image tokens attend causally like any token. Each query always sees itself, so no row is
-    empty (a fully masked row would give NaN in softmax).
+    Shared text written after image t carries image t to every later token, segments included: put a
+    photo's own text right after it, or give the separators after image t segment t. Each query always
+    sees itself, so no row is empty (a fully masked row would give NaN in softmax).
     """
     if mode not in VISIBILITY_MODES:
         raise ValueError(f"visibility mode must be one of {VISIBILITY_MODES}, got {mode!r}")
@@ -126,12 +138,10 @@ def visibility_mask(
     if mode == "own":
         if segment_ids is None or segment_ids.shape != (B, T):
             got = None if segment_ids is None else tuple(segment_ids.shape)
-            raise ValueError(f"mode 'own' needs segment_ids of shape (B, T)=({B}, {T}), got {got}")
-        q_text = (image_ids < 0)[:, :, None]  # (B, T, 1)
-        k_image = (image_ids >= 0)[:, None, :]  # (B, 1, T)
-        q_seg = segment_ids[:, :, None]  # (B, T, 1)
-        sees_image = (q_seg < 0) | (q_seg == image_ids[:, None, :])  # (B, T, T)
-        allowed = allowed & ~(q_text & k_image & ~sees_image)
+            raise ValueError(f"mode {mode!r} needs segment_ids of shape (B, T)=({B}, {T}), got {got}")
+        group = torch.where(image_ids >= 0, image_ids, segment_ids)  # (B, T); -1 = shared text
+        q_g, k_g = group[:, :, None], group[:, None, :]  # (B, T, 1), (B, 1, T)
+        allowed = allowed & ((q_g < 0) | (k_g < 0) | (q_g == k_g))
     if attention_mask is not None:
         if attention_mask.shape != (B, T):
             raise ValueError(f"attention_mask must be (B, T)=({B}, {T}), got {tuple(attention_mask.shape)}")
@@ -142,3 +152,28 @@ def visibility_mask(
         return allowed
     zero = torch.zeros((), dtype=dtype, device=device)
     return torch.where(allowed, zero, torch.finfo(dtype).min)
+
+
+def layout_ids(
+    input_ids: torch.Tensor, *, image_token_id: int, tokens_per_image: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Image and segment ids (B, T) of NoteVLM sequences, from their runs of `<image>` placeholders.
+
+    The j-th `<image>` token of a row belongs to image ``j // tokens_per_image`` (NoteProcessor writes
+    each image as K consecutive placeholders, images in slot order). Text between image s and image
+    s + 1 (the separators, and any per-photo text of an interleaved note) is segment s; text before the
+    first image and after the last one is shared (-1), so the prompt and the answer of the usual layout
+    (all images, then the prompt) see every image in every mode.
+
+    Returns ``(image_ids, segment_ids)``: image ids are -1 on text; segment ids are -1 on images.
+    """
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (B, T), got shape {tuple(input_ids.shape)}")
+    is_img = input_ids == image_token_id  # (B, T)
+    count = is_img.long().cumsum(1)  # (B, T) placeholders up to and including t
+    image_ids = torch.where(is_img, (count - 1) // tokens_per_image, -1)  # (B, T)
+    n_images = count[:, -1:] // tokens_per_image  # (B, 1)
+    before = count // tokens_per_image - 1  # (B, T) index of the last image completed at t (-1: none)
+    last = before >= n_images - 1  # (B, T) at or after the last image
+    segment_ids = torch.where(is_img | (before < 0) | last, -1, before)  # (B, T)
+    return image_ids, segment_ids

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mm.fusion.base import FusionModule
+from mm.fusion.base import FUSION_SCOPES, FusionModule
 from mm.fusion.mlp import MLPProjector
 from mm.fusion.qformer import QFormer
 from mm.fusion.resampler import Resampler
@@ -40,10 +40,19 @@ class FusionConfig:
     """qformer: cross-attention in every n-th block (BLIP-2 uses 2). Ignored by the others."""
     mlp_ratio: float = 4.0
     """FFN hidden size / width in qformer/resampler blocks. Ignored by mlp."""
+    scope: str = "image"
+    """qformer/resampler: "image" (each image's K queries read that image) or "note" (every slot's K
+    queries read all the note's images, with slot embeddings). mlp supports "image" only."""
 
     def __post_init__(self) -> None:
         if self.kind not in _REGISTRY:
             raise ValueError(f"unknown fusion kind {self.kind!r}; known kinds: {', '.join(FUSION_KINDS)}")
+        if self.scope not in FUSION_SCOPES:
+            raise ValueError(f"fusion scope must be one of {FUSION_SCOPES}, got {self.scope!r}")
+        if self.scope == "note" and self.kind == "mlp":
+            raise ValueError(
+                "fusion scope 'note' needs kind qformer or resampler (mlp maps each patch on its own)"
+            )
         if self.budget < 1:
             raise ValueError(f"fusion budget must be >= 1, got {self.budget}")
 
@@ -59,6 +68,8 @@ class FusionConfig:
         }
         if self.kind == "qformer":
             kw["cross_attention_freq"] = self.cross_attention_freq
+        if self.scope != "image":  # only when set, so per-image configs and checkpoints read as before
+            kw["scope"] = self.scope
         return kw
 
 
@@ -112,6 +123,7 @@ def describe_kinds(
 
 __all__ = [
     "FUSION_KINDS",
+    "FUSION_SCOPES",
     "FusionConfig",
     "FusionModule",
     "MLPProjector",

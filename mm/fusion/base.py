@@ -6,18 +6,29 @@ A fusion module maps each image's patches ``(P, D_v)`` to exactly ``K`` LM-space
 zeros. So a padded slot gets output zero and token-mask False, is never attended to, and receives
 exactly zero gradient; and since images are fused independently, permuting a note's images
 permutes the outputs.
+
+Scope ``"note"`` (qformer and resampler): the K queries of every image slot attend over the patches of
+*all* the note's real images at once (:meth:`FusionModule.fuse_notes`), with a learned slot embedding on
+the queries and on each image's patches, so a note's N x K tokens can split the work across photos
+(a repeated object need not be encoded N times). Still K tokens per image slot; padded slots are
+zeroed before fusion, hidden from every attention and zeroed after it, so they get zero output and zero
+gradient. Permuting images no longer permutes outputs exactly (slot embeddings tag positions).
 """
 
 from __future__ import annotations
 
 import torch
+from einops import repeat
 from torch import nn
+
+FUSION_SCOPES = ("image", "note")
 
 
 class FusionModule(nn.Module):
     """Base class: ``forward(patches (B, N, P, D_v), image_mask (B, N)) -> (B, N, K, D_lm), (B, N, K)``."""
 
     kind: str = ""
+    scope: str = "image"
 
     def __init__(self, *, budget: int, d_vision: int, d_model: int, grid: tuple[int, int]):
         super().__init__()
@@ -34,6 +45,14 @@ class FusionModule(nn.Module):
     def fuse_images(self, x: torch.Tensor) -> torch.Tensor:
         """(M, P, D_v) patches of M real images -> (M, K, D_lm) tokens."""
         raise NotImplementedError
+
+    def fuse_notes(self, x: torch.Tensor, image_mask: torch.Tensor) -> torch.Tensor:
+        """Scope "note": (B, N, P, D_v) patches (padded slots zero), (B, N) mask -> (B, N, K, D_lm)."""
+        raise NotImplementedError(f"{self.kind} fusion has no note scope")
+
+    def flops_per_note(self, images: int) -> int:
+        """Analytic matmul FLOPs to fuse a note of ``images`` images (per image x images by default)."""
+        return self.flops_per_image() * images
 
     def flops_per_image(self) -> int:
         """Analytic matmul FLOPs (2 x multiply-adds) to fuse one image."""
@@ -55,6 +74,12 @@ class FusionModule(nn.Module):
         if image_mask.shape != (B, N):
             raise ValueError(f"image_mask must be (B, N_img)=({B}, {N}), got {tuple(image_mask.shape)}")
         image_mask = image_mask.to(torch.bool)
+        if self.scope == "note":
+            keep = image_mask[:, :, None, None]  # (B, N, 1, 1)
+            x = torch.where(keep, patches, torch.zeros((), dtype=patches.dtype, device=patches.device))
+            fused = self.fuse_notes(x, image_mask)  # (B, N, K, D_lm)
+            out = torch.where(keep, fused, torch.zeros((), dtype=fused.dtype, device=fused.device))
+            return out, image_mask[:, :, None].expand(B, N, self.budget).clone()
         out = patches.new_zeros(B, N, self.budget, self.d_model)  # (B, N, K, D_lm)
         if bool(image_mask.any()):
             real = patches[image_mask]  # (M, P, D_v): only real slots, so padded ones get no gradient
@@ -71,9 +96,43 @@ class FusionModule(nn.Module):
         per_image = self.flops_per_image()
         return {
             "kind": self.kind,
+            "scope": self.scope,
             "params": self.num_parameters(),
             "tokens_per_image": self.budget,
             "tokens_per_note": self.budget * images_per_note,
             "flops_per_image": per_image,
-            "flops_per_note": per_image * images_per_note,
+            "flops_per_note": self.flops_per_note(images_per_note),
         }
+
+
+class NoteSlots(nn.Module):
+    """Scope "note" helpers: slot embeddings on queries and patches, flattening and key masks."""
+
+    def __init__(self, *, max_images: int, dim: int, kv_dim: int):
+        super().__init__()
+        if max_images < 1:
+            raise ValueError(f"note-scope fusion needs max_images >= 1, got {max_images}")
+        self.max_images = max_images
+        self.query_slot = nn.Parameter(torch.randn(max_images, dim) * 0.02)  # (N_max, D)
+        self.patch_slot = nn.Parameter(torch.randn(max_images, kv_dim) * 0.02)  # (N_max, D_kv)
+
+    def flatten(
+        self, queries: torch.Tensor, x: torch.Tensor, image_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """queries (K, D), x (B, N, P, D_kv), image_mask (B, N) -> the note's flat queries (B, N*K, D),
+        slot-tagged patches (B, N*P, D_kv), query mask (B, N*K) and key mask (B, N*P)."""
+        B, N, P, _ = x.shape
+        K = queries.shape[0]
+        if N > self.max_images:
+            raise ValueError(
+                f"note-scope fusion was built for max_images={self.max_images}, got {N} image slots; "
+                "build it with the model's max_images"
+            )
+        q = queries[None, None] + self.query_slot[:N, None][None]  # (1, N, K, D)
+        q = repeat(q, "1 n k d -> b (n k) d", b=B)  # (B, N*K, D)
+        kv = (x + self.patch_slot[:N, None][None].to(x.dtype)).flatten(1, 2)  # (B, N*P, D_kv)
+        # a note without images keeps all keys visible (its outputs are zeroed) so no row is all-masked
+        real = image_mask | ~image_mask.any(dim=1, keepdim=True)  # (B, N)
+        q_mask = repeat(real, "b n -> b (n k)", k=K)  # (B, N*K)
+        k_mask = repeat(real, "b n -> b (n p)", p=P)  # (B, N*P)
+        return q, kv, q_mask, k_mask

@@ -23,8 +23,9 @@ def linear_flops(tokens: int, d_in: int, d_out: int) -> int:
 class Attention(nn.Module):
     """Multi-head attention with separate q/k/v/o projections (self- or cross-attention).
 
-    ``forward(q_in, kv_in, k_extra=None)``: ``k_extra`` is added to the keys' input only (Qwen-VL
-    adds patch position embeddings to keys, not values).
+    ``forward(q_in, kv_in, k_extra=None, key_mask=None)``: ``k_extra`` is added to the keys' input only
+    (Qwen-VL adds patch position embeddings to keys, not values); ``key_mask`` (M, L) hides keys (every
+    row needs at least one visible key).
     """
 
     def __init__(self, *, dim: int, heads: int, kv_dim: int | None = None):
@@ -38,13 +39,20 @@ class Attention(nn.Module):
         self.v = nn.Linear(kv_dim, dim)
         self.o = nn.Linear(dim, dim)
 
-    def forward(self, q_in: torch.Tensor, kv_in: torch.Tensor, k_extra: torch.Tensor | None = None):
-        # q_in (M, Q, D), kv_in (M, L, D_kv)
+    def forward(
+        self,
+        q_in: torch.Tensor,
+        kv_in: torch.Tensor,
+        k_extra: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
+    ):
+        # q_in (M, Q, D), kv_in (M, L, D_kv), key_mask (M, L) bool: True = may be attended
         k_in = kv_in if k_extra is None else kv_in + k_extra
         q = rearrange(self.q(q_in), "m q (h d) -> m h q d", h=self.heads)  # (M, H, Q, d)
         k = rearrange(self.k(k_in), "m l (h d) -> m h l d", h=self.heads)  # (M, H, L, d)
         v = rearrange(self.v(kv_in), "m l (h d) -> m h l d", h=self.heads)  # (M, H, L, d)
-        out = F.scaled_dot_product_attention(q, k, v)  # (M, H, Q, d)
+        mask = None if key_mask is None else key_mask[:, None, None, :]  # (M, 1, 1, L)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (M, H, Q, d)
         return self.o(rearrange(out, "m h q d -> m q (h d)"))  # (M, Q, D)
 
     def flops(self, q_len: int, kv_len: int) -> int:

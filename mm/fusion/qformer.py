@@ -9,6 +9,9 @@ cross-attention from queries to patches in every ``cross_attention_freq``-th blo
 Deviations: pre-LayerNorm residual blocks (BLIP-2 uses BERT's post-LN) for stable training of
 tiny randomly initialised models; no text branch (the ITC/ITG/ITM heads belong to pretraining);
 the query width ``dim`` is configurable (BLIP-2: 768).
+
+``scope="note"`` (see :mod:`mm.fusion.base`): the N x K queries of a note (each tagged with its slot)
+self-attend across slots and cross-attend to the patches of all the note's real images.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mm.fusion.base import FusionModule
+from mm.fusion.base import FUSION_SCOPES, FusionModule, NoteSlots
 from mm.fusion.layers import Attention, FeedForward, linear_flops
 
 
@@ -34,12 +37,18 @@ class QFormerLayer(nn.Module):
         self.ln_ffn = nn.LayerNorm(dim)
         self.ffn = FeedForward(dim=dim, mlp_ratio=mlp_ratio)
 
-    def forward(self, q: torch.Tensor, patches: torch.Tensor) -> torch.Tensor:
-        # q (M, K, D), patches (M, P, D_v)
+    def forward(
+        self,
+        q: torch.Tensor,
+        patches: torch.Tensor,
+        q_mask: torch.Tensor | None = None,
+        k_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # q (M, K, D), patches (M, P, D_v); q_mask (M, K), k_mask (M, P) hide padded queries / patches
         h = self.ln_self(q)
-        q = q + self.self_attn(h, h)
+        q = q + self.self_attn(h, h, key_mask=q_mask)
         if self.cross:
-            q = q + self.cross_attn(self.ln_cross(q), patches)
+            q = q + self.cross_attn(self.ln_cross(q), patches, key_mask=k_mask)
         return q + self.ffn(self.ln_ffn(q))  # (M, K, D)
 
     def flops(self, k: int, p: int) -> int:
@@ -64,8 +73,13 @@ class QFormer(FusionModule):
         heads: int = 4,
         cross_attention_freq: int = 2,
         mlp_ratio: float = 4.0,
+        scope: str = "image",
+        max_images: int = 4,
     ):
         super().__init__(budget=budget, d_vision=d_vision, d_model=d_model, grid=grid)
+        if scope not in FUSION_SCOPES:
+            raise ValueError(f"qformer scope must be one of {FUSION_SCOPES}, got {scope!r}")
+        self.scope = scope
         if layers < 1 or cross_attention_freq < 1:
             raise ValueError(
                 "qformer needs layers >= 1 and cross_attention_freq >= 1, "
@@ -87,6 +101,23 @@ class QFormer(FusionModule):
         )
         self.ln_out = nn.LayerNorm(dim)
         self.proj = nn.Linear(dim, d_model)
+        # created last so that scope "image" builds (and draws random numbers) exactly as before
+        self.slots = NoteSlots(max_images=max_images, dim=dim, kv_dim=d_vision) if scope == "note" else None
+
+    def fuse_notes(self, x: torch.Tensor, image_mask: torch.Tensor) -> torch.Tensor:
+        # x (B, N, P, D_v) with padded slots zero, image_mask (B, N)
+        B, N = x.shape[:2]
+        q, kv, q_mask, k_mask = self.slots.flatten(self.queries, self.ln_vision(x), image_mask)
+        for layer in self.layers:
+            q = layer(q, kv, q_mask, k_mask)  # (B, N*K, D)
+        out = self.proj(self.ln_out(q))  # (B, N*K, D_lm)
+        return out.reshape(B, N, self.budget, -1)  # (B, N, K, D_lm)
+
+    def flops_per_note(self, images: int) -> int:
+        if self.scope == "image":
+            return self.flops_per_image() * images
+        K, P = self.budget * images, self.num_patches * images
+        return sum(layer.flops(K, P) for layer in self.layers) + linear_flops(K, self.dim, self.d_model)
 
     def fuse_images(self, x: torch.Tensor) -> torch.Tensor:
         # x (M, P, D_v)

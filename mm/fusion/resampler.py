@@ -10,6 +10,9 @@ This module: ``kv_proj`` (D_v -> dim, as Qwen-VL), LayerNorms on queries and pat
 LayerNorm and a projection to the LM width. Deviations: Qwen-VL uses one layer and no FFN
 (``layers=1`` gets close); Flamingo also lets latents attend to themselves by concatenating them
 to the keys, which we omit so every query reads only the image.
+
+``scope="note"`` (see :mod:`mm.fusion.base`): the N x K latents of a note (each tagged with its slot)
+cross-attend to the patches of all the note's real images (each image's patches tagged with its slot).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mm.fusion.base import FusionModule
+from mm.fusion.base import FUSION_SCOPES, FusionModule, NoteSlots
 from mm.fusion.layers import Attention, FeedForward, factor_grid, linear_flops, sincos_2d
 
 
@@ -32,9 +35,16 @@ class ResamplerLayer(nn.Module):
         self.ln_ffn = nn.LayerNorm(dim)
         self.ffn = FeedForward(dim=dim, mlp_ratio=mlp_ratio)
 
-    def forward(self, lat: torch.Tensor, q_pos: torch.Tensor, x: torch.Tensor, k_pos: torch.Tensor):
-        # lat (M, K, D), q_pos (K, D), x (M, P, D), k_pos (P, D)
-        lat = lat + self.attn(self.ln_q(lat) + q_pos, self.ln_kv(x), k_extra=k_pos)
+    def forward(
+        self,
+        lat: torch.Tensor,
+        q_pos: torch.Tensor,
+        x: torch.Tensor,
+        k_pos: torch.Tensor,
+        k_mask: torch.Tensor | None = None,
+    ):
+        # lat (M, K, D), q_pos (K, D), x (M, P, D), k_pos (P, D), k_mask (M, P) hides padded patches
+        lat = lat + self.attn(self.ln_q(lat) + q_pos, self.ln_kv(x), k_extra=k_pos, key_mask=k_mask)
         return lat + self.ffn(self.ln_ffn(lat))  # (M, K, D)
 
     def flops(self, k: int, p: int) -> int:
@@ -57,8 +67,13 @@ class Resampler(FusionModule):
         layers: int = 2,
         heads: int = 4,
         mlp_ratio: float = 4.0,
+        scope: str = "image",
+        max_images: int = 4,
     ):
         super().__init__(budget=budget, d_vision=d_vision, d_model=d_model, grid=grid)
+        if scope not in FUSION_SCOPES:
+            raise ValueError(f"resampler scope must be one of {FUSION_SCOPES}, got {scope!r}")
+        self.scope = scope
         if layers < 1:
             raise ValueError(f"resampler needs layers >= 1, got {layers}")
         dim = d_model if dim is None else dim
@@ -74,6 +89,27 @@ class Resampler(FusionModule):
         )
         self.ln_out = nn.LayerNorm(dim)
         self.proj = nn.Linear(dim, d_model)
+        # created last so that scope "image" builds (and draws random numbers) exactly as before
+        self.slots = NoteSlots(max_images=max_images, dim=dim, kv_dim=dim) if scope == "note" else None
+
+    def fuse_notes(self, x: torch.Tensor, image_mask: torch.Tensor) -> torch.Tensor:
+        # x (B, N, P, D_v) with padded slots zero, image_mask (B, N)
+        B, N = x.shape[:2]
+        x = self.kv_proj(x)  # (B, N, P, D)
+        lat, kv, _, k_mask = self.slots.flatten(self.queries, x, image_mask)  # (B, N*K, D), (B, N*P, D)
+        q_pos, k_pos = self.positions(x.device, x.dtype)  # (K, D), (P, D)
+        q_pos, k_pos = q_pos.repeat(N, 1), k_pos.repeat(N, 1)  # (N*K, D), (N*P, D)
+        for layer in self.layers:
+            lat = layer(lat, q_pos, kv, k_pos, k_mask)
+        out = self.proj(self.ln_out(lat))  # (B, N*K, D_lm)
+        return out.reshape(B, N, self.budget, -1)  # (B, N, K, D_lm)
+
+    def flops_per_note(self, images: int) -> int:
+        if self.scope == "image":
+            return self.flops_per_image() * images
+        K, P = self.budget * images, self.num_patches * images
+        f = linear_flops(P, self.d_vision, self.dim) + linear_flops(K, self.dim, self.d_model)
+        return f + sum(layer.flops(K, P) for layer in self.layers)
 
     def fuse_images(self, x: torch.Tensor) -> torch.Tensor:
         # x (M, P, D_v)

@@ -14,6 +14,7 @@ from transformers import AutoConfig, PreTrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
 from mm.config import from_dict, to_dict
+from mm.multi_image import MultiImageConfig
 from mm.vision import VisionConfig, resolve_pretrained
 
 # A tiny Qwen2 for tests and the demo; real runs set `text_config` explicitly.
@@ -60,6 +61,11 @@ class NoteVLMConfig(PreTrainedConfig):
     """Add a learned embedding of the slot index n to every fusion token of image n (`image_index`), so
     the LM can tell "the second photo" from the first without counting `<im_start>` tokens. It trains
     and is saved with the fusion."""
+    visibility: str = "all"
+    """What the LM's tokens may attend to (`mm.multi_image.visibility_mask`): "all" (plain causal) or "own"
+    (each photo, and the text between it and the next photo, form a branch no other photo or branch sees;
+    the prompt after the last photo sees all). Segments come from the `<image>` layout
+    (`mm.multi_image.layout_ids`) or from the `segment_ids` argument of `forward`."""
 
     def __post_init__(self, **kwargs: Any) -> None:
         self.vision_config = dict(self.vision_config or {})
@@ -76,12 +82,25 @@ class NoteVLMConfig(PreTrainedConfig):
             )
         if self.max_images < 1:
             raise ValueError(f"NoteVLMConfig.max_images must be >= 1, got {self.max_images}")
+        _ = self.multi_image  # validates visibility
         vocab = self.text_config.vocab_size
         if not 0 <= self.image_token_id < vocab:
             raise ValueError(
                 f"NoteVLMConfig.image_token_id={self.image_token_id} is outside the LM vocabulary "
                 f"[0, {vocab}); set it to the tokenizer's `<image>` id or grow text_config.vocab_size"
             )
+
+    @property
+    def multi_image(self) -> MultiImageConfig:
+        """The note fields (`max_images`, `visibility`, `image_index_embeddings`) as one typed config."""
+        try:
+            return MultiImageConfig(
+                max_images=self.max_images,
+                visibility=self.visibility,
+                index_embeddings=self.image_index_embeddings,
+            )
+        except ValueError as e:
+            raise ValueError(f"NoteVLMConfig: {e}") from e
 
     def to_dict(self) -> dict[str, Any]:
         """As transformers', without the vision tower's source path: a saved model holds its weights and

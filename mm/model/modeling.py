@@ -8,6 +8,12 @@ Deviations from LLaVA: a note has up to `max_images` images (`pixel_values` is (
 
 Image features are computed only when `pixel_values` is given, i.e. on the prefill step of cached
 generation (transformers drops `pixel_values` from later steps); decode steps only embed new tokens.
+
+Multi-image notes (`mm.multi_image`): optional slot index embeddings on the fusion tokens, and the LM's
+visibility mode (`config.visibility`). For "own", every forward that holds the note's
+`<image>` tokens (training, scoring, the prefill of cached generation, each step of uncached generation)
+gets a 4D mask (B, 1, T, T) built from the `<image>` layout; decode steps of cached generation keep the 2D
+mask, since text after the last photo is shared and sees everything in every mode.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from mm.config import from_dict
 from mm.fusion import build_fusion
 from mm.model.configuration import NoteVLMConfig
+from mm.multi_image import ImageIndexEmbedding, layout_ids, visibility_mask
 from mm.vision import VisionConfig, build_vision_tower
 
 # transformers >= 5.24 names the KV cache `cache` (argument and output field); earlier versions
@@ -32,15 +39,18 @@ _CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__
 
 
 def build_vision_and_fusion(config: NoteVLMConfig) -> tuple[nn.Module, nn.Module]:
-    """The vision tower and fusion module described by ``config``."""
+    """The vision tower and fusion module described by ``config`` (a note-scope fusion gets max_images)."""
     tower = build_vision_tower(from_dict(VisionConfig, dict(config.vision_config), "vision_config"))
+    kwargs = dict(config.fusion_kwargs)
+    if kwargs.get("scope") == "note":
+        kwargs.setdefault("max_images", config.max_images)
     fusion = build_fusion(
         config.fusion_kind,
         budget=config.fusion_budget,
         d_vision=tower.dim,
         d_model=config.text_config.hidden_size,
         grid=tower.grid,
-        **config.fusion_kwargs,
+        **kwargs,
     )
     return tower, fusion
 
@@ -133,9 +143,10 @@ class NoteVLMModel(NoteVLMPreTrainedModel):
         super().__init__(config)
         self.vision_tower, self.fusion = build_vision_and_fusion(config)
         self.language_model = AutoModel.from_config(config.text_config)
+        multi = config.multi_image
         self.image_index = (
-            nn.Embedding(config.max_images, config.text_config.hidden_size)
-            if config.image_index_embeddings
+            ImageIndexEmbedding(max_images=multi.max_images, dim=config.text_config.hidden_size)
+            if multi.index_embeddings
             else None
         )
         self.post_init()
@@ -168,10 +179,9 @@ class NoteVLMModel(NoteVLMPreTrainedModel):
         if image_mask.shape != (B, N):
             raise ValueError(f"image_mask must be (B, N)=({B}, {N}), got {tuple(image_mask.shape)}")
         patches = self.vision_tower(pixel_values.to(self.dtype), image_mask)  # (B, N, P, Dv)
-        tokens, _ = self.fusion(patches, image_mask)  # (B, N, K, D)
+        tokens, token_mask = self.fusion(patches, image_mask)  # (B, N, K, D), (B, N, K)
         if self.image_index is not None:
-            idx = self.image_index.weight[:N].to(tokens.dtype)  # (N, D)
-            tokens = tokens + idx[None, :, None, :] * image_mask[:, :, None, None].to(tokens.dtype)
+            tokens = self.image_index(tokens, token_mask)  # (B, N, K, D); padded slots stay 0
         return tokens, image_mask
 
     def merge_image_tokens(
@@ -209,11 +219,14 @@ class NoteVLMModel(NoteVLMPreTrainedModel):
         past_key_values: Any = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        segment_ids: torch.LongTensor | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast:
         """Decoder hidden states (B, T, D) with the `<image>` placeholders filled by fusion tokens.
 
         The KV cache may come as ``cache`` (transformers >= 5.24) or ``past_key_values``.
+        ``segment_ids`` (B, T), for visibility "own" only: the photo each text token belongs
+        to (-1 = shared text); None derives them from the `<image>` layout (`mm.multi_image.layout_ids`).
         """
         if cache is not None and past_key_values is not None and cache is not past_key_values:
             raise ValueError("pass the KV cache as `cache` or as `past_key_values`, not both")
@@ -234,6 +247,9 @@ class NoteVLMModel(NoteVLMPreTrainedModel):
                 "input_ids contain `<image>` placeholders but no pixel_values were given; "
                 "pass the note's images"
             )
+        attention_mask = self.note_attention_mask(
+            input_ids, attention_mask, segment_ids, cache, inputs_embeds
+        )  # (B, T), or (B, 1, T, T) under visibility "own"
         return self.language_model(
             attention_mask=attention_mask,
             position_ids=position_ids,
@@ -242,6 +258,58 @@ class NoteVLMModel(NoteVLMPreTrainedModel):
             **{_CACHE_FIELD: cache},
             **kwargs,
         )
+
+    def note_attention_mask(
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        segment_ids: torch.Tensor | None,
+        cache: Any,
+        inputs_embeds: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """The LM's attention mask under ``config.visibility``: the 2D mask as given for "all" and for decode
+        steps, else a 4D (B, 1, T, T) mask (bool for sdpa, additive for eager) from the `<image>` layout."""
+        mode = self.config.visibility
+        if mode == "all":
+            if segment_ids is not None:
+                raise ValueError("segment_ids only apply to visibility 'own'; this model's config has 'all'")
+            return attention_mask
+        if attention_mask is not None and attention_mask.dim() == 4:
+            return attention_mask  # a caller-built 4D mask is used as given
+        if input_ids is None:
+            raise ValueError(f"visibility {mode!r} needs input_ids (the `<image>` layout), not inputs_embeds")
+        past = cache.get_seq_length() if cache is not None else 0
+        has_images = bool((input_ids == self.config.image_token_id).any())
+        if past > 0:
+            if has_images or segment_ids is not None:
+                raise ValueError(
+                    f"visibility {mode!r}: `<image>` tokens or segment_ids after cached tokens (chunked "
+                    "prefill) are not supported; prefill the whole prompt in one forward"
+                )
+            return attention_mask  # decode steps: text after the last photo is shared (sees everything)
+        impl = self.language_model.config._attn_implementation
+        if impl not in ("sdpa", "eager"):
+            raise ValueError(
+                f"visibility {mode!r} needs a 4D attention mask, which attn_implementation={impl!r} does not "
+                "take; load the model with attn_implementation='sdpa' or 'eager'"
+            )
+        image_ids, derived = layout_ids(
+            input_ids, image_token_id=self.config.image_token_id, tokens_per_image=self.config.fusion_budget
+        )  # (B, T), (B, T)
+        if segment_ids is not None and segment_ids.shape != input_ids.shape:
+            raise ValueError(
+                f"segment_ids must be (B, T)={tuple(input_ids.shape)} like input_ids, got "
+                f"{tuple(segment_ids.shape)}"
+            )
+        segments = derived if segment_ids is None else segment_ids.to(input_ids.device)
+        return visibility_mask(
+            image_ids,
+            segments,
+            mode=mode,
+            attention_mask=attention_mask,
+            additive=impl == "eager",
+            dtype=inputs_embeds.dtype,
+        )  # (B, 1, T, T)
 
 
 class NoteVLMForConditionalGeneration(NoteVLMPreTrainedModel, GenerationMixin):
@@ -309,12 +377,14 @@ class NoteVLMForConditionalGeneration(NoteVLMPreTrainedModel, GenerationMixin):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        segment_ids: torch.LongTensor | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
         """Logits (B, T, V) and, with ``labels`` (B, T; -100 = ignored; shifted inside), the LM loss.
 
         Shapes: input_ids (B, T); attention_mask (B, T); pixel_values (B, N, 3, H, W); image_mask (B, N).
         The KV cache may come as ``cache`` (transformers >= 5.24) or ``past_key_values``.
+        ``segment_ids`` (B, T): see :meth:`NoteVLMModel.forward` (visibility "own").
         """
         out = self.model(
             input_ids=input_ids,
@@ -326,6 +396,7 @@ class NoteVLMForConditionalGeneration(NoteVLMPreTrainedModel, GenerationMixin):
             past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            segment_ids=segment_ids,
             **kwargs,
         )
         hidden = out.last_hidden_state  # (B, T, D)

@@ -1,10 +1,12 @@
-"""``mm compare-fusion``: train mlp / qformer / resampler at the same K on the same notes; write a table.
+"""``mm compare-fusion``: train fusion kinds / scopes / visibility modes at the same K on the same notes.
 
     mm compare-fusion --config configs/mm/compare_tiny.yaml [--out DIR] [--data DIR] [--set key=value ...]
 
-Writes OUT/<kind>/{pretrain,align,sft}/ (each a normal run folder), OUT/compare.md and OUT/compare.json
-(the table is rewritten after every kind, so a partial comparison is readable). The world data is
-generated into ``sft.data.folder`` when it is missing.
+Writes OUT/<variant>/{pretrain,align,sft}/ (normal run folders; <variant> as
+`mm.train.compare.variant_folder`, e.g. `qformer-note-own-s1`), OUT/compare.md (one row per variant, mean
+and 95% interval over seeds) and OUT/compare.json (one row per variant and seed); the table is rewritten
+after every run, so a partial comparison is readable. The world data is generated into
+``sft.data.folder`` when it is missing.
 """
 
 from __future__ import annotations
@@ -42,11 +44,18 @@ def run(args: argparse.Namespace) -> int:
         generate_world(folder, cfg.sft.data.generate_notes, cfg.sft.data.generate_seed)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    rows = []
+    rows: list[dict] = []
+    pretrained: dict = {}
     header = f"# Fusion comparison at K={cfg.budget} on {folder}\n\n"
-    for kind in cfg.kinds:
-        rows.append(compare.run_kind(cfg, kind, folder=folder, out=out / kind, show_progress=args.progress))
-        md, _ = compare.write_table(rows, out, header)
-        print(json.dumps(rows[-1]))
+    for seed in cfg.seeds:
+        for kind, scope, visibility in cfg.variants():
+            name = compare.variant_folder(kind, scope, visibility, seed)
+            row = compare.run_variant(
+                cfg, kind, folder=folder, out=out / name, scope=scope, visibility=visibility, seed=seed,
+                pretrained=pretrained, show_progress=args.progress,
+            )  # fmt: skip
+            rows.append(row)
+            md, _ = compare.write_table(rows, out, header)
+            print(json.dumps(row))
     print(md.read_text())
     return 0

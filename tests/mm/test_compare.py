@@ -73,3 +73,32 @@ def test_compare_config_errors(tmp_path, capsys, override, message):
     cfg = _config(tmp_path / "c.yaml")
     rc = main(["compare-fusion", "--config", str(cfg), "--out", str(tmp_path / "o"), "--set", override])
     assert rc == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compare_scopes_and_visibility_columns(tmp_path):
+    world = make_world(tmp_path / "notes", notes=32)
+    out = tmp_path / "cmp"
+    sets = ["kinds=[resampler]", "scopes=[image, note]", "visibilities=[all, own]"]
+    assert main(["compare-fusion", "--config", str(_config(tmp_path / "c.yaml")), "--out", str(out),
+                 "--data", str(world), "--set", *sets]) == 0  # fmt: skip
+    rows = json.loads((out / "compare.json").read_text())
+    assert [(r["scope"], r["visibility"]) for r in rows] == [
+        ("image", "all"), ("image", "own"), ("note", "all"), ("note", "own")
+    ]
+    for r in rows:
+        for k in ("recall_first", "recall_later", "chair_i", "pope_f1", "tokens_per_note", "step_seconds"):
+            assert k in r
+        assert 0.0 <= r["pope_f1"] <= 1.0 and r["step_seconds"] > 0 and r["tokens_per_note"] >= 4
+        cfg = json.loads((out / compare_folder(r) / "sft" / "model" / "config.json").read_text())
+        assert cfg["visibility"] == r["visibility"]
+        assert cfg["fusion_kwargs"].get("scope", "image") == r["scope"]
+    assert not (out / "resampler-own" / "pretrain").exists()  # "own" reuses the "all" pretraining
+    md = (out / "compare.md").read_text()
+    assert "recall 1st photo" in md and "POPE F1" in md and "| resampler | 4 | note | own | 1 |" in md
+
+
+def compare_folder(row):
+    from mm.train.compare import variant_folder
+
+    return variant_folder(row["kind"], row["scope"], row["visibility"], row["seed"])

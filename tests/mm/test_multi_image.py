@@ -34,7 +34,7 @@ def test_padded_images_zero_gradient_end_to_end(kind):
     out.square().sum().backward()
     assert torch.all(px.grad[~mask] == 0)
     assert torch.all(px.grad[mask].abs().flatten(1).sum(-1) > 0)
-    assert torch.all(index.embedding.weight.grad[3] == 0)  # slot 3 is padded in every note
+    assert torch.all(index.weight.grad[3] == 0)  # slot 3 is padded in every note
     junk = px.detach().clone()
     junk[~mask] = torch.rand_like(junk[~mask]) * 50
     out2 = index(*fusion(tower(junk, mask), mask))  # same grad mode as `out`: same kernels, exact equality
@@ -61,7 +61,7 @@ def test_index_embedding_adds_slot_rows_and_rejects_too_many_images():
     tokens = torch.zeros(1, 2, 4, 3)
     mask = torch.tensor([[True, False]])[:, :, None].expand(1, 2, 4)
     out = index(tokens, mask)
-    assert torch.equal(out[0, 0], index.embedding.weight[0].expand(4, 3))
+    assert torch.equal(out[0, 0], index.weight[0].expand(4, 3))
     assert torch.all(out[0, 1] == 0)
     with pytest.raises(ValueError, match="max_images=2"):
         index(torch.zeros(1, 3, 4, 3), torch.ones(1, 3, 4, dtype=torch.bool))
@@ -92,8 +92,10 @@ def test_visibility_mask_golden_all_and_own():
     assert m_all.shape == (1, 1, 6, 6) and torch.equal(m_all[0, 0], causal)
     m_own = visibility_mask(image_ids, segment_ids, mode="own")[0, 0]
     expect = causal.clone()
+    expect[2, 0] = expect[2, 1] = False  # image 1 must not see image 0
     expect[3, 2] = False  # segment-0 text must not see image 1
     expect[4, 0] = expect[4, 1] = False  # segment-1 text must not see image 0
+    expect[4, 3] = False  # ... nor segment-0 text (which saw image 0)
     assert torch.equal(m_own, expect)
     add = visibility_mask(image_ids, segment_ids, mode="own", additive=True, dtype=torch.float32)[0, 0]
     assert add.dtype == torch.float32
@@ -162,8 +164,10 @@ def _naive_visibility(image_ids, segment_ids, mode, attention_mask):
         for i in range(T):
             for j in range(T):
                 ok = j <= i and bool(attention_mask[b, j])
-                if mode == "own" and image_ids[b, i] < 0 <= image_ids[b, j]:
-                    ok = ok and (segment_ids[b, i] < 0 or segment_ids[b, i] == image_ids[b, j])
+                if mode == "own":
+                    gi = int(image_ids[b, i]) if image_ids[b, i] >= 0 else int(segment_ids[b, i])
+                    gj = int(image_ids[b, j]) if image_ids[b, j] >= 0 else int(segment_ids[b, j])
+                    ok = ok and (gi < 0 or gj < 0 or gi == gj)
                 out[b, 0, i, j] = ok or i == j
     return out
 

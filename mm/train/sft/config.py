@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from mm.fusion import FusionConfig
 from mm.model.configuration import TINY_TEXT_CONFIG
 from mm.model.pretrained_lm import check_text_section
+from mm.multi_image import VISIBILITY_MODES
 from mm.train.config import BatchRunConfig, OptimConfig
 from mm.train.tasks import ANSWER_STYLES, CAPTION_PROMPT, IMAGE_CAPTION_PROMPT, TASK_KINDS
 from mm.vision import VisionConfig
@@ -35,9 +36,13 @@ class ModelConfig:
     """Tokenizer folder (save_pretrained); None = the project tokenizer (mm.data.tokenizer.load_tokenizer)."""
     image_index_embeddings: bool = False
     """Add a learned per-image index embedding to each image's fusion tokens (NoteVLMConfig field)."""
+    visibility: str = "all"
+    """LM visibility of a note's photos: "all" or "own" (NoteVLMConfig field; mm.multi_image)."""
 
     def __post_init__(self) -> None:
         check_text_section(self.text)
+        if self.visibility not in VISIBILITY_MODES:
+            raise ValueError(f"model.visibility must be one of {VISIBILITY_MODES}, got {self.visibility!r}")
         if self.text.get("pretrained") is not None and self.tokenizer is not None:
             raise ValueError(
                 "model.text.pretrained brings its own tokenizer; drop model.tokenizer or "
