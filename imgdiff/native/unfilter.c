@@ -7,7 +7,7 @@
  * src:   rows * (1 + n) bytes, each row a filter-type byte then n filtered bytes (inflated PNG data)
  * out:   rows * n bytes, the unfiltered rows (samples as stored: 16-bit ones big-endian)
  * above: n bytes, the unfiltered row above the first one (zeros for an image's first row)
- * bpp:   bytes per complete pixel (1 to 8)
+ * bpp:   bytes per pixel: 1, 2, 3, 4, 6 or 8 (8/16-bit gray, gray+alpha, RGB, RGBA); n a multiple of it
  * Returns 0, or -1 at the first row with a filter type above 4 (its output is then undefined).
  */
 #include <stddef.h>
@@ -22,6 +22,36 @@ static inline int paeth(int a, int b, int c) {
     int near = pb < pa ? b : a;
     int dist = pb < pa ? pb : pa;
     return pc < dist ? c : near;
+}
+
+/* One byte of a Paeth row with the left (A) and up-left (C) bytes of its channel held in registers,
+ * so that a pixel's chain never waits on the store of the pixel before it. */
+#define PAETH_STEP(A, C, k)                                   \
+    do {                                                      \
+        int b_ = up[i + (k)];                                 \
+        A = (uint8_t)(x[i + (k)] + paeth(A, b_, C));          \
+        o[i + (k)] = (uint8_t)A;                              \
+        C = b_;                                               \
+    } while (0)
+
+/* Paeth rows of 3- and 4-byte pixels (8-bit RGB, RGBA), bytes i >= bpp; n is a multiple of bpp. */
+static void paeth3(const uint8_t *x, uint8_t *o, const uint8_t *up, size_t n) {
+    int a0 = o[0], a1 = o[1], a2 = o[2], c0 = up[0], c1 = up[1], c2 = up[2];
+    for (size_t i = 3; i + 3 <= n; i += 3) {
+        PAETH_STEP(a0, c0, 0);
+        PAETH_STEP(a1, c1, 1);
+        PAETH_STEP(a2, c2, 2);
+    }
+}
+
+static void paeth4(const uint8_t *x, uint8_t *o, const uint8_t *up, size_t n) {
+    int a0 = o[0], a1 = o[1], a2 = o[2], a3 = o[3], c0 = up[0], c1 = up[1], c2 = up[2], c3 = up[3];
+    for (size_t i = 4; i + 4 <= n; i += 4) {
+        PAETH_STEP(a0, c0, 0);
+        PAETH_STEP(a1, c1, 1);
+        PAETH_STEP(a2, c2, 2);
+        PAETH_STEP(a3, c3, 3);
+    }
 }
 
 int imgdiff_unfilter(const uint8_t *src, uint8_t *out, size_t rows, size_t n, size_t bpp,
@@ -44,7 +74,13 @@ int imgdiff_unfilter(const uint8_t *src, uint8_t *out, size_t rows, size_t n, si
             for (; i < n; i++) o[i] = (uint8_t)(x[i] + ((o[i - bpp] + up[i]) >> 1));
         } else if (kind == 4) {
             for (; i < bpp && i < n; i++) o[i] = (uint8_t)(x[i] + up[i]);
-            for (; i < n; i++) o[i] = (uint8_t)(x[i] + paeth(o[i - bpp], up[i], up[i - bpp]));
+            if (bpp == 3) {
+                paeth3(x, o, up, n);
+            } else if (bpp == 4) {
+                paeth4(x, o, up, n);
+            } else {
+                for (; i < n; i++) o[i] = (uint8_t)(x[i] + paeth(o[i - bpp], up[i], up[i - bpp]));
+            }
         } else {
             return -1;
         }
