@@ -101,9 +101,9 @@ def unfilter(
     h, w, c = png.height, png.width, CHANNELS[png.colour]
     y0, y1 = rows if rows is not None else (0, h)
     start = y0 if above is not None else chain_start(filters, y0)
-    if max(filters[start:y1], default=NONE) >= AVG:
-        from imgdiff import png_spng
+    from imgdiff import png_spng
 
+    if max(filters[start:y1], default=NONE) >= AVG or png_spng.native_unfilter() is not None:
         got = png_spng.unfilter_rows(png, buf, start, y1, above)
         return None if got is None else got[y0 - start :]
     try:

@@ -24,35 +24,36 @@ static inline int paeth(int a, int b, int c) {
     return pc < dist ? c : near;
 }
 
-/* One byte of a Paeth row with the left (A) and up-left (C) bytes of its channel held in registers,
- * so that a pixel's chain never waits on the store of the pixel before it. */
-#define PAETH_STEP(A, C, k)                                   \
-    do {                                                      \
-        int b_ = up[i + (k)];                                 \
-        A = (uint8_t)(x[i + (k)] + paeth(A, b_, C));          \
-        o[i + (k)] = (uint8_t)A;                              \
-        C = b_;                                               \
+/* One byte of a Sub, Avg or Paeth row with the left (A) and up-left (C) bytes of its channel held in
+ * registers, so that a pixel's chain never waits on the store of the pixel before it. */
+#define SUB_STEP(A, C, k) (A = (uint8_t)(x[i + (k)] + A), o[i + (k)] = (uint8_t)A, (void)C)
+#define AVG_STEP(A, C, k) (A = (uint8_t)(x[i + (k)] + ((A + up[i + (k)]) >> 1)), o[i + (k)] = (uint8_t)A, (void)C)
+#define PAETH_STEP(A, C, k)                                                               \
+    (b = up[i + (k)], A = (uint8_t)(x[i + (k)] + paeth(A, b, C)), o[i + (k)] = (uint8_t)A, C = b)
+
+/* Bytes i >= bpp of a row of 3- or 4-byte pixels (8-bit RGB, RGBA); n is a multiple of bpp. */
+#define ROW3(STEP)                                                                        \
+    do {                                                                                  \
+        int a0 = o[0], a1 = o[1], a2 = o[2], c0 = up[0], c1 = up[1], c2 = up[2], b;       \
+        for (size_t i = 3; i + 3 <= n; i += 3) {                                          \
+            STEP(a0, c0, 0);                                                              \
+            STEP(a1, c1, 1);                                                              \
+            STEP(a2, c2, 2);                                                              \
+        }                                                                                 \
+        (void)b;                                                                          \
     } while (0)
-
-/* Paeth rows of 3- and 4-byte pixels (8-bit RGB, RGBA), bytes i >= bpp; n is a multiple of bpp. */
-static void paeth3(const uint8_t *x, uint8_t *o, const uint8_t *up, size_t n) {
-    int a0 = o[0], a1 = o[1], a2 = o[2], c0 = up[0], c1 = up[1], c2 = up[2];
-    for (size_t i = 3; i + 3 <= n; i += 3) {
-        PAETH_STEP(a0, c0, 0);
-        PAETH_STEP(a1, c1, 1);
-        PAETH_STEP(a2, c2, 2);
-    }
-}
-
-static void paeth4(const uint8_t *x, uint8_t *o, const uint8_t *up, size_t n) {
-    int a0 = o[0], a1 = o[1], a2 = o[2], a3 = o[3], c0 = up[0], c1 = up[1], c2 = up[2], c3 = up[3];
-    for (size_t i = 4; i + 4 <= n; i += 4) {
-        PAETH_STEP(a0, c0, 0);
-        PAETH_STEP(a1, c1, 1);
-        PAETH_STEP(a2, c2, 2);
-        PAETH_STEP(a3, c3, 3);
-    }
-}
+#define ROW4(STEP)                                                                        \
+    do {                                                                                  \
+        int a0 = o[0], a1 = o[1], a2 = o[2], a3 = o[3];                                   \
+        int c0 = up[0], c1 = up[1], c2 = up[2], c3 = up[3], b;                            \
+        for (size_t i = 4; i + 4 <= n; i += 4) {                                          \
+            STEP(a0, c0, 0);                                                              \
+            STEP(a1, c1, 1);                                                              \
+            STEP(a2, c2, 2);                                                              \
+            STEP(a3, c3, 3);                                                              \
+        }                                                                                 \
+        (void)b;                                                                          \
+    } while (0)
 
 int imgdiff_unfilter(const uint8_t *src, uint8_t *out, size_t rows, size_t n, size_t bpp,
                      const uint8_t *above) {
@@ -66,18 +67,30 @@ int imgdiff_unfilter(const uint8_t *src, uint8_t *out, size_t rows, size_t n, si
             for (; i < n; i++) o[i] = x[i];
         } else if (kind == 1) {
             for (; i < bpp && i < n; i++) o[i] = x[i];
-            for (; i < n; i++) o[i] = (uint8_t)(x[i] + o[i - bpp]);
+            if (bpp == 3) {
+                ROW3(SUB_STEP);
+            } else if (bpp == 4) {
+                ROW4(SUB_STEP);
+            } else {
+                for (; i < n; i++) o[i] = (uint8_t)(x[i] + o[i - bpp]);
+            }
         } else if (kind == 2) {
             for (; i < n; i++) o[i] = (uint8_t)(x[i] + up[i]);
         } else if (kind == 3) {
             for (; i < bpp && i < n; i++) o[i] = (uint8_t)(x[i] + (up[i] >> 1));
-            for (; i < n; i++) o[i] = (uint8_t)(x[i] + ((o[i - bpp] + up[i]) >> 1));
+            if (bpp == 3) {
+                ROW3(AVG_STEP);
+            } else if (bpp == 4) {
+                ROW4(AVG_STEP);
+            } else {
+                for (; i < n; i++) o[i] = (uint8_t)(x[i] + ((o[i - bpp] + up[i]) >> 1));
+            }
         } else if (kind == 4) {
             for (; i < bpp && i < n; i++) o[i] = (uint8_t)(x[i] + up[i]);
             if (bpp == 3) {
-                paeth3(x, o, up, n);
+                ROW3(PAETH_STEP);
             } else if (bpp == 4) {
-                paeth4(x, o, up, n);
+                ROW4(PAETH_STEP);
             } else {
                 for (; i < n; i++) o[i] = (uint8_t)(x[i] + paeth(o[i - bpp], up[i], up[i - bpp]));
             }
