@@ -5,8 +5,9 @@
 The C source is compiled for baseline x86-64 (SSE2) into one ``.text`` section, which is checked to
 hold nothing that would need a loader: no relocation, no other section with bytes (data, constants,
 jump tables), no call, and the one function at offset 0. The section's bytes are written as hex
-below a header line holding the SHA-256 of the source, which ``tests/imgdiff`` compares with the
-source so that the two cannot drift apart.
+below two header lines: the SHA-256 of the source, which ``tests/imgdiff`` compares with the source
+so that the two cannot drift apart, and the compiler's version (with the same gcc, the tests rebuild
+the code and compare it byte for byte).
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ def source_digest(path: str = SOURCE) -> str:
     """SHA-256 (hex) of the C source, as recorded in the header of the hex file."""
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
+
+
+def compiler() -> str:
+    """First line of ``gcc --version``, as recorded in the header of the hex file."""
+    return _run("gcc", "--version").splitlines()[0].strip()
 
 
 def _run(*cmd: str) -> str:
@@ -65,7 +71,8 @@ def main() -> int:
     code = build()
     lines = [code[i : i + 32].hex() for i in range(0, len(code), 32)]
     with open(OUTPUT, "w") as f:
-        f.write(f"# sha256 of unfilter.c: {source_digest()}\n" + "\n".join(lines) + "\n")
+        f.write(f"# sha256 of unfilter.c: {source_digest()}\n# compiler: {compiler()}\n")
+        f.write("\n".join(lines) + "\n")
     print(f"wrote {len(code)} bytes of machine code to {OUTPUT}")
     return 0
 

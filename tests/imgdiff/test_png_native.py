@@ -3,6 +3,7 @@ built from the current source, it gives the exact pixels of every filter type an
 same as libspng, which stays the fallback), and the paths without it still work."""
 
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -30,6 +31,17 @@ def test_code_is_built_from_the_current_source():
     assert header.strip() == f"# sha256 of unfilter.c: {build_unfilter.source_digest()}"
     code = png_spng.read_native_code()
     assert 256 < len(code) < 16384
+
+
+def test_code_rebuilds_byte_for_byte_with_the_recorded_compiler():
+    """With the gcc named in the header, the build script's checks pass and its code is the file's."""
+    with open(png_spng.NATIVE_CODE) as f:
+        recorded = f.read().splitlines()[1].removeprefix("# compiler: ")
+    if not all(shutil.which(tool) for tool in ("gcc", "objdump", "objcopy", "nm")):
+        pytest.skip("gcc and binutils are not installed")
+    if build_unfilter.compiler() != recorded:
+        pytest.skip(f"another gcc than the recorded {recorded!r}")
+    assert build_unfilter.build() == png_spng.read_native_code()
 
 
 @pytest.mark.skipif(not NATIVE_HOST, reason="the prebuilt code is x86-64 Linux only")
