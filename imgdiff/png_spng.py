@@ -2,9 +2,9 @@
 rows re-wrapped as a small PNG.
 
 The native kernel (:func:`native_unfilter`) is ``imgdiff/native/unfilter.c`` (a branch-free Paeth
-predictor, 1.5-1.9x libspng's speed on a Paeth-filtered 4K photo, RGBA-RGB) compiled ahead of time into x86-64
-machine code that needs no loader: one function, no relocation, no call, no data
-(``imgdiff/native/build_unfilter.py`` checks that and writes ``unfilter_x86_64.hex``). On Linux
+predictor: ~2.4x libspng's speed on a Paeth-filtered 4K RGB photo, benchmarks/README.md) compiled
+ahead of time into x86-64 machine code that needs no loader: one function, no relocation, no call,
+no data (``imgdiff/native/build_unfilter.py`` checks that and writes ``unfilter_x86_64.hex``). On Linux
 x86-64 it is copied into an anonymous mapping that is then made read-only and executable
 (``mprotect``) and called through ``ctypes``, which releases the GIL; elsewhere, or where the OS
 refuses executable mappings, libspng does the work as below.
