@@ -6,8 +6,9 @@ benchmarks/README.md:
 - full decoders on the file: imagecodecs' libpng / libspng / APNG, OpenCV, Pillow, and
   :func:`imgdiff.png.decode` (ISA-L inflate + unfilter);
 - the inflate alone (ISA-L, :func:`imgdiff.png_pair_inflate.inflate_one`);
-- unfilters of the inflated rows: libspng through ctypes (:mod:`imgdiff.png_spng`), the same
-  wrapper through imagecodecs' public ``png_decode``, libspng per filter type (every row set to it);
+- unfilters of the inflated rows: the native kernel (:mod:`imgdiff.png_spng`, x86-64 Linux; whole
+  image and per filter type), libspng through ctypes, the same wrapper through imagecodecs' public
+  ``png_decode``, libspng per filter type (every row set to it);
 - a Numba kernel (scalar Paeth): start-up (``import numba`` + the first call from its cache) and the
   kernel, in fresh subprocesses after one run that fills the cache.
 
@@ -127,11 +128,28 @@ def main(argv: list[str] | None = None) -> int:
         ),
         ("imgdiff.png.decode (file: ISA-L + unfilter)", best_cpu(lambda: png.decode(data), args.runs)),
         ("ISA-L inflate alone", best_cpu(lambda: png_pair_inflate.inflate_one(layout, data), args.runs)),
+    ]
+    raw = (
+        np.frombuffer(buf, np.uint8, count=layout.height * layout.row_bytes).reshape(layout.height, -1).copy()
+    )
+    if png_spng.native_unfilter() is not None:
+        native = best_cpu(lambda: png.unfilter(layout, buf, filters), args.runs)
+        rows.append(("unfilter: native kernel", native))
+        for kind, name in enumerate(("None", "Sub", "Up", "Avg", "Paeth")):
+            raw[:, 0] = kind
+            rows.append(
+                (
+                    f"unfilter: native kernel, every row {name}",
+                    best_cpu(lambda: png_spng.unfilter_rows(layout, raw, 0, layout.height), args.runs),
+                )
+            )
+    png_spng._NATIVE[:] = [None]  # the rows below: libspng and NumPy, as off x86-64 Linux
+    rows.append(
         (
             "unfilter: libspng via ctypes, stored wrapper",
             best_cpu(lambda: png.unfilter(layout, buf, filters), args.runs),
-        ),
-    ]
+        )
+    )
     lib = png_spng._LIB[:]
     png_spng._LIB[:] = [None]  # the public-API fallback
     rows.append(
@@ -141,9 +159,6 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     png_spng._LIB[:] = lib
-    raw = (
-        np.frombuffer(buf, np.uint8, count=layout.height * layout.row_bytes).reshape(layout.height, -1).copy()
-    )
     for kind, name in enumerate(("None", "Sub", "Up", "Avg", "Paeth")):
         raw[:, 0] = kind
         rows.append(

@@ -313,10 +313,14 @@ def _same_files(args):
 
 
 def _import_kernels() -> None:
-    """Import what the diff needs after the inflate (NumPy, the diff modules, the band unfilter's
-    ``imagecodecs.delta_decode``: ~4 ms to load); run in a thread while the images inflate."""
+    """Import what the diff needs after the inflate (NumPy, the diff modules, and the band unfilter:
+    the native kernel, else ``imagecodecs.delta_decode``, ~4 ms to load); run in a thread while the
+    images inflate."""
     try:
-        from imagecodecs import delta_decode  # noqa: F401
+        from imgdiff import png_spng
+
+        if png_spng.native_unfilter() is None:
+            from imagecodecs import delta_decode  # noqa: F401
 
         import imgdiff.api  # noqa: F401
         import imgdiff.band_diff  # noqa: F401

@@ -13,7 +13,8 @@ when they carry transparency; gray+alpha becomes RGBA; 1/2/4-bit gray becomes 8-
 
 Decoders (their speeds: benchmarks/README.md): gray/RGB/RGBA 8- and 16-bit PNGs go through
 :mod:`imgdiff.png` (ISA-L inflate, which needs no NumPy and releases the GIL; None/Sub/Up rows
-unfiltered by NumPy, Avg/Paeth rows by libspng, :mod:`imgdiff.png_spng`), faster than any full
+unfiltered by a native kernel on x86-64 Linux, else None/Sub/Up rows by NumPy and Avg/Paeth rows by
+libspng, :mod:`imgdiff.png_spng`), faster than any full
 decoder at hand, so :func:`read_pair` decodes both images of a pair in two threads while the CLI
 imports NumPy; palette, gray+alpha and 1/2/4-bit PNGs go through OpenCV (which expands them to RGB(A)
 with transparency as alpha), as does every PNG when imagecodecs is missing. The other formats

@@ -239,7 +239,8 @@ def _columns(span_a, span_b, window) -> tuple[int, int]:
 
 def _finish_both(infos, data, staged, rows):
     """:func:`_finish` of both images: in two threads when there are many rows to unfilter
-    (``imagecodecs.delta_decode`` releases the GIL: a whole 4K image is ~10-25 ms each), else here."""
+    (the native kernel, ``imagecodecs.delta_decode`` and libspng release the GIL: a whole 4K image is
+    ~8-60 ms each), else here."""
     many = rows is None or rows[1] - rows[0] >= PARALLEL_ROWS
     if not many:
         return [_finish(infos[i], data[i], staged[i], rows) for i in (0, 1)]

@@ -2,10 +2,11 @@
 
 A 4K RGB PNG spends its decode time in inflate (zlib: ~80-110 ms; ISA-L via PyPI ``isal``: ~20-45 ms)
 and in the per-row unfilter. :func:`inflate` needs no NumPy, so the CLI starts it in a thread while
-NumPy is still being imported; :func:`unfilter` undoes the None, Sub and Up filters with
-``imagecodecs.delta_decode`` (a cumulative sum modulo 256: Sub along the row with a distance of one
-pixel, Up down a run of rows) and hands rows that use Avg or Paeth, which depend on the unfiltered
-left neighbour and cannot be vectorised, to libspng (:mod:`imgdiff.png_spng`). OpenCV writes every
+NumPy is still being imported; :func:`unfilter` hands the rows to the native kernel of
+:mod:`imgdiff.png_spng` (every filter type; x86-64 Linux) where it runs. Elsewhere it undoes the None,
+Sub and Up filters with ``imagecodecs.delta_decode`` (a cumulative sum modulo 256: Sub along the row
+with a distance of one pixel, Up down a run of rows) and hands rows that use Avg or Paeth, which
+depend on the unfiltered left neighbour and cannot be vectorised, to libspng. OpenCV writes every
 row with Sub; libpng's and Pillow's adaptive choice mixes all five (photos: almost every row Paeth).
 
 Validation is what libpng checks: the chunks (:func:`imgdiff.png_format.layout`), then a zlib stream
@@ -92,7 +93,8 @@ def unfilter(
     ``(h, W, C)`` uint8/uint16 in RGB(A) order, native byte order, for the rows ``rows = (y0, y1)``
     (default: all). Rows above ``y0`` are unfiltered as far as a chain of rows that read the row
     above needs them (:func:`chain_start`), unless ``above`` gives the unfiltered row ``y0 - 1``
-    (shape ``(W[, C])``). Rows with Avg or Paeth go to :func:`imgdiff.png_spng.unfilter_rows`. None
+    (shape ``(W[, C])``). Rows go to :func:`imgdiff.png_spng.unfilter_rows` when its native kernel
+    runs, or when they hold Avg or Paeth (libspng); else NumPy undoes None/Sub/Up. None
     when imagecodecs is missing (use a full decoder then)."""
     import numpy as np
 
@@ -101,9 +103,9 @@ def unfilter(
     h, w, c = png.height, png.width, CHANNELS[png.colour]
     y0, y1 = rows if rows is not None else (0, h)
     start = y0 if above is not None else chain_start(filters, y0)
-    if max(filters[start:y1], default=NONE) >= AVG:
-        from imgdiff import png_spng
+    from imgdiff import png_spng
 
+    if max(filters[start:y1], default=NONE) >= AVG or png_spng.native_unfilter() is not None:
         got = png_spng.unfilter_rows(png, buf, start, y1, above)
         return None if got is None else got[y0 - start :]
     try:

@@ -5,8 +5,8 @@ file, the CRC of every critical chunk, an IEND chunk); :func:`stream` joins the 
 one zlib stream; :func:`common_prefix` measures how far two files are byte-identical. Any failure
 raises :class:`PngDataError` with a one-line problem that :mod:`imgdiff.io` turns into its error
 message. This module imports no other imgdiff module: the decoder (:mod:`imgdiff.png`), the shared
-inflate of a pair (:mod:`imgdiff.png_pair_inflate`) and the libspng unfilter (:mod:`imgdiff.png_spng`)
-build on it, and none of it needs NumPy.
+inflate of a pair (:mod:`imgdiff.png_pair_inflate`) and the native/libspng unfilter
+(:mod:`imgdiff.png_spng`) build on it, and none of it needs NumPy.
 
 Buffers are anonymous ``mmap`` s advised for transparent huge pages (:func:`new_buffer`): a fresh 25 MB
 buffer otherwise costs ~6,000 page faults, which can cost as much as the inflate itself.
