@@ -7,7 +7,8 @@ ahead of time into x86-64 machine code that needs no loader: one function, no re
 no data (``imgdiff/native/build_unfilter.py`` checks that and writes ``unfilter_x86_64.hex``). On Linux
 x86-64 it is copied into an anonymous mapping that is then made read-only and executable
 (``mprotect``) and called through ``ctypes``, which releases the GIL; elsewhere, or where the OS
-refuses executable mappings, libspng does the work as below.
+refuses executable mappings, or with ``IMGDIFF_NATIVE=0`` in the environment, libspng does the work as
+below.
 
 The Avg and Paeth filters predict a byte from its left neighbour, so a row is a chain of dependent
 steps (Paeth: a branchy choice among three neighbours per byte) that NumPy cannot vectorise; the
@@ -81,6 +82,10 @@ NATIVE_CODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native",
 PROT_READ, PROT_EXEC = 1, 4
 
 
+NATIVE_ENV = "IMGDIFF_NATIVE"
+"""Set to ``0`` to never map the native kernel (libspng unfilters instead; same pixels, slower)."""
+
+
 def read_native_code(path: str = NATIVE_CODE) -> bytes:
     """The machine code of the native kernel (the hex file without its ``#`` header line)."""
     with open(path) as f:
@@ -92,6 +97,8 @@ def _load_native():
     code (kept alive with it), or None off Linux x86-64 or when any step fails."""
     if sys.platform != "linux" or os.uname().machine != "x86_64":
         return None
+    if os.environ.get(NATIVE_ENV, "1") == "0":
+        return None  # the user opted out: libspng does the work
     try:
         import mmap
 

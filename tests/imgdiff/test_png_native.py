@@ -112,3 +112,9 @@ def test_without_the_native_kernel_the_decode_is_unchanged(monkeypatch):
     data = _encode(img, [4, 3, 2, 1, 0])
     monkeypatch.setattr(png_spng, "_NATIVE", [None])
     np.testing.assert_array_equal(png.decode(data), img)
+
+
+def test_the_native_kernel_can_be_turned_off(monkeypatch):
+    """IMGDIFF_NATIVE=0: no executable mapping is made (libspng unfilters instead)."""
+    monkeypatch.setenv(png_spng.NATIVE_ENV, "0")
+    assert png_spng._load_native() is None
