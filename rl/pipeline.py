@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from mm.errors import UserError
+from mm.model.pretrained_lm import text_hidden_size
 from rl.pipeline_seeds import run_seeds
 from rl.pipeline_stages import (
     POST_STAGES,
@@ -189,7 +190,7 @@ def resolve(cfg: PipelineConfig, out: Path) -> dict[str, Any]:
             raise UserError(
                 f"{name}.config {getattr(cfg, name).config} has train.stage={res[name].train.stage!r}"
             )
-    d, h = res["pretrain"].model.d_model, res["align"].model.text.get("hidden_size")
+    d, h = res["pretrain"].model.d_model, text_hidden_size(res["align"].model.text)
     if d != h:
         raise UserError(
             f"align model.text.hidden_size={h} must equal pretrain model.d_model={d} (align starts from the "

@@ -94,6 +94,17 @@ def load_lm_tokenizer(folder: str | Path) -> Any:
     return tok
 
 
+def text_hidden_size(text: dict[str, Any]) -> int | None:
+    """The LM width a ``model.text`` section gives: the pretrained folder's ``hidden_size`` (read from its
+    config.json) when ``pretrained`` is set, else the section's own ``hidden_size`` (None if absent)."""
+    pretrained = text.get("pretrained")
+    if pretrained is None:
+        return text.get("hidden_size")
+    config = json.loads((_folder(pretrained, "model.text.pretrained") / "config.json").read_text())
+    hidden = config.get("hidden_size", config.get("text_config", {}).get("hidden_size"))
+    return None if hidden is None else int(hidden)
+
+
 def lm_text_config(folder: str | Path, tokenizer: Any) -> dict[str, Any]:
     """The folder's LM config as a dict, its vocabulary grown to hold every tokenizer id."""
     from transformers import AutoConfig

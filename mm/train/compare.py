@@ -21,6 +21,7 @@ from mm.data.format import read_notes
 from mm.data.tokenizer import load_tokenizer
 from mm.eval.runners import held_out_notes, load_model, run_chair, run_pope
 from mm.fusion import FUSION_KINDS, FUSION_SCOPES, build_fusion_from_config
+from mm.model.pretrained_lm import text_hidden_size
 from mm.multi_image import VISIBILITY_MODES
 from mm.train import pretrain, sft
 from mm.train.compare_metrics import recall_by_position, summarize
@@ -93,7 +94,7 @@ class CompareConfig:
             raise ValueError("no variant to run: mlp has scope 'image' only; add 'image' to scopes")
         if self.budget < 1 or self.align_steps < 0:
             raise ValueError(f"need budget >= 1 and align_steps >= 0, got {self.budget}, {self.align_steps}")
-        d, h = self.pretrain.model.d_model, self.sft.model.text.get("hidden_size")
+        d, h = self.pretrain.model.d_model, text_hidden_size(self.sft.model.text)
         if d != h:
             raise ValueError(
                 f"sft.model.text.hidden_size={h} must equal pretrain.model.d_model={d} (the fusion is shared)"

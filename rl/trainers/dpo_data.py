@@ -48,7 +48,9 @@ class PairBatcher:
             key = tuple(p.images)
             if key not in self._images:
                 note = SimpleNamespace(id=p.note_id, images=list(p.images))
-                self._images[key] = load_note_images([note], root, processor.image_size)[0]  # (n, 3, S, S) u8
+                self._images[key] = load_note_images(
+                    [note], root, processor.image_size, resize=processor.resize, fill=processor.image_mean
+                )[0]  # (n, 3, S, S) u8
         self._prompt: dict[tuple[int, str], list[int]] = {}
 
     def __len__(self) -> int:

@@ -52,7 +52,9 @@ class PromptSet:
             raise UserError(
                 f"no prompts: the notes give no {cfg.tasks} prompts; check data.tasks and the notes"
             )
-        self.images = load_note_images(notes, root, processor.image_size)
+        self.images = load_note_images(
+            notes, root, processor.image_size, resize=processor.resize, fill=processor.image_mean
+        )
 
     def __len__(self) -> int:
         return len(self.prompts)

@@ -306,3 +306,18 @@ def test_train_save_load_without_sources_or_notelens(parts, tmp_path, text, visi
     assert run.returncode == 0, run.stderr[-3000:]
     line = next(x for x in run.stdout.splitlines() if x.startswith("MAXDIFF"))
     assert float(line.split()[1]) == 0.0 and "transformers_modules" in line
+
+
+def test_text_hidden_size_reads_the_pretrained_folder(tmp_path):
+    """The pipeline's and the harness's width checks see a pretrained LM's width, not None."""
+    import json
+
+    from mm.model.pretrained_lm import text_hidden_size
+
+    folder = tmp_path / "lm"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 96}))
+    assert text_hidden_size({"pretrained": str(folder)}) == 96
+    assert text_hidden_size({"pretrained": str(folder), "hidden_size": 64}) == 96  # the folder wins
+    assert text_hidden_size({"model_type": "qwen2", "hidden_size": 64}) == 64
+    assert text_hidden_size({"model_type": "qwen2"}) is None
