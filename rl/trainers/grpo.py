@@ -53,9 +53,10 @@ from mm.data.format import read_notes
 from mm.errors import UserError
 from mm.train import common, loop
 from rl.advantages import group_advantages, rloo_advantages
+from rl.entropy import REMEDY_KEYS, remedied_policy_loss
 from rl.importance import truncated_is_weights, weighted_advantages
 from rl.kl import kl_estimate
-from rl.losses import aggregate_loss, policy_loss
+from rl.losses import aggregate_loss
 from rl.rewards import RewardConfig, batch_scores, mention_credits, resolve_vocab
 from rl.rollout.seeded import prompt_generators, prompt_seed
 from rl.sampling import fill_groups, overlong_penalty
@@ -160,10 +161,7 @@ def grpo_loss(
     adv = advantages.to(logps.dtype)
     if is_weights is not None:
         adv = weighted_advantages(adv, is_weights)  # (B, W): w_t * loss_t == loss_t(w_t * A)
-    loss, metrics = policy_loss(
-        logps, old, adv, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-        dual_clip=cfg.dual_clip, level=cfg.level, agg=cfg.agg, horizon=horizon,
-    )  # fmt: skip
+    loss, metrics = remedied_policy_loss(logps, old, adv, mask, entropy, cfg, horizon=horizon)
     m = mask.to(logps.dtype)
     if cfg.beta > 0:
         if ref_logps is None:
@@ -347,7 +345,7 @@ def shard_loss(
     return loss * w_loss, {
         **batch["metrics"],
         **{k: float(m[k]) * w_clip for k in keys},
-        **{k: float(m[k]) * by_tokens for k in ("approx_kl", "kl", "entropy") if k in m},
+        **{k: float(m[k]) * by_tokens for k in ("approx_kl", "kl", "entropy", *REMEDY_KEYS) if k in m},
     }
 
 

@@ -122,6 +122,24 @@ class AlgoConfig:
     """Weight of the dense per-mention credit (:func:`rl.rewards.mention_credits`: the caption reward
     spread over the words that earned it) added to each caption token's advantage, in reward units
     (0 = off, plain GRPO; needs ``level: token``)."""
+    loss_mode: str = "clip"
+    """Policy loss (:mod:`rl.entropy`): clip (PPO-clip), clip_cov or kl_cov (verl's Clip-Cov / KL-Cov,
+    entropy-collapse remedies; need ``level: token``; ignore ``dual_clip``; kl_cov ignores the clip range)."""
+    clip_cov_ratio: float = 0.0002
+    """Clip-Cov: share of response tokens whose gradient is dropped (verl clip_cov_ratio)."""
+    clip_cov_lb: float = 1.0
+    """Clip-Cov: lower bound of the covariance window tokens are drawn from (verl clip_cov_lb)."""
+    clip_cov_ub: float = 5.0
+    """Clip-Cov: upper bound of that window (verl clip_cov_ub)."""
+    kl_cov_ratio: float = 0.0002
+    """KL-Cov: share of response tokens (largest covariance) given the |log-ratio| penalty
+    (verl kl_cov_ratio)."""
+    ppo_kl_coef: float = 1.0
+    """KL-Cov: weight of that penalty (verl ppo_kl_coef)."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus subtracted from the loss (0 = off)."""
+    forking_top: float = 1.0
+    """Train only on this top share of response tokens by entropy, per batch (1 = all; 0.2 as Wang et al.)."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -158,6 +176,23 @@ class AlgoConfig:
                 self.mention_credit == 0 or self.level == "token",
                 "algo.mention_credit gives token-level advantages: it needs algo.level=token",
             ),
+        ]
+        checks += [
+            (
+                self.loss_mode in ("clip", "clip_cov", "kl_cov"),
+                f"algo.loss_mode must be clip, clip_cov or kl_cov, got {self.loss_mode!r}",
+            ),
+            (
+                self.loss_mode == "clip" or self.level == "token",
+                f"algo.loss_mode={self.loss_mode} works on token ratios: it needs algo.level=token",
+            ),
+            (
+                self.clip_cov_ratio > 0 and self.kl_cov_ratio > 0 and self.clip_cov_lb < self.clip_cov_ub,
+                "need algo.clip_cov_ratio > 0, algo.kl_cov_ratio > 0 and algo.clip_cov_lb < algo.clip_cov_ub",
+            ),
+            (self.ppo_kl_coef >= 0, f"algo.ppo_kl_coef must be >= 0, got {self.ppo_kl_coef}"),
+            (self.entropy_coef >= 0, f"algo.entropy_coef must be >= 0, got {self.entropy_coef}"),
+            (0 < self.forking_top <= 1, f"algo.forking_top must be in (0, 1], got {self.forking_top}"),
         ]
         for ok, message in checks:
             if not ok:
