@@ -79,9 +79,8 @@ def _verl_kl_cov(old_log_prob, log_prob, advantages, response_mask, kl_cov_ratio
         large_cov_idxs = torch.topk(cov_lst_all, k_percent_nums, largest=True).indices
         if len(large_cov_idxs) != 0:
             large_cov_idxs = all_valid_idx[large_cov_idxs]
-            pg_losses[large_cov_idxs // advantages.shape[1], large_cov_idxs % advantages.shape[1]] = pg_losses_kl[
-                large_cov_idxs // advantages.shape[1], large_cov_idxs % advantages.shape[1]
-            ]
+            rows, cols = large_cov_idxs // advantages.shape[1], large_cov_idxs % advantages.shape[1]
+            pg_losses[rows, cols] = pg_losses_kl[rows, cols]
     return _verl_masked_mean(pg_losses, response_mask), ppo_kl_abs
 
 
