@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from rl.losses import aggregate_loss, policy_loss
+from rl.losses import aggregate_loss, policy_loss, token_advantages
 
 __all__ = [
     "LOSS_MODES",
@@ -37,22 +37,6 @@ __all__ = [
 LOSS_MODES = ("clip", "clip_cov", "kl_cov")
 REMEDY_KEYS = ("clip_cov_frac", "kl_cov_frac", "forking_frac")
 """Token-averaged metrics the remedies add (each present only when its remedy is on)."""
-
-
-def _check(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor):
-    if logps.dim() != 2 or logps.shape != old_logps.shape or logps.shape != mask.shape:
-        raise ValueError(
-            f"logps, old_logps and mask must all be (B, T); got {tuple(logps.shape)}, "
-            f"{tuple(old_logps.shape)}, {tuple(mask.shape)}"
-        )
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)  # (B, 1)
-    if advantages.shape not in ((logps.shape[0], 1), logps.shape):
-        raise ValueError(
-            f"advantages must be (B,) or (B, T) with (B, T) = {tuple(logps.shape)}; "
-            f"got {tuple(advantages.shape)}"
-        )
-    return advantages.expand(logps.shape)  # (B, T)
 
 
 def _masked_mean(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -153,7 +137,7 @@ def clip_cov_loss(
     whose gradient was dropped, verl's ``pg_clipfrac``) and ``approx_kl``.
     """
     eps_high = eps_low if eps_high is None else eps_high
-    adv = _check(logps, old_logps, advantages, mask)  # (B, T)
+    adv = token_advantages(logps, old_logps, advantages, mask)  # (B, T)
     if ratio <= 0 or lb >= ub:
         raise ValueError(f"Clip-Cov needs ratio > 0 and lb < ub; got ratio={ratio}, lb={lb}, ub={ub}")
     valid = mask > 0  # (B, T)
@@ -199,7 +183,7 @@ def kl_cov_loss(
     fractions (0), ``kl_cov_frac`` (share of response tokens penalised) and ``approx_kl_abs`` (masked mean of
     ``|log pi - log pi_old|``, verl's ``ppo_kl``).
     """
-    adv = _check(logps, old_logps, advantages, mask)  # (B, T)
+    adv = token_advantages(logps, old_logps, advantages, mask)  # (B, T)
     if ratio <= 0 or kl_coef < 0:
         raise ValueError(f"KL-Cov needs ratio > 0 and kl_coef >= 0; got ratio={ratio}, kl_coef={kl_coef}")
     valid = mask > 0  # (B, T)

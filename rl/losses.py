@@ -238,6 +238,31 @@ def aggregate_loss(
     return token_sums.sum() / n_seqs / (mask.shape[-1] if horizon is None else horizon)
 
 
+def token_advantages(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    expand: bool = True,
+) -> torch.Tensor:
+    """Check the shapes of a policy-loss batch (``logps``, ``old_logps``, ``mask``: ``(B, T)``; advantages
+    ``(B,)`` or ``(B, T)``) and return the advantages as ``(B, T)`` (``expand``) or ``(B, 1)``/``(B, T)``."""
+    if logps.shape != old_logps.shape or logps.shape != mask.shape or logps.dim() != 2:
+        raise ValueError(
+            f"logps, old_logps and mask must all be (B, T); got {tuple(logps.shape)}, "
+            f"{tuple(old_logps.shape)}, {tuple(mask.shape)}"
+        )
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)  # (B, 1)
+    if advantages.shape not in ((logps.shape[0], 1), logps.shape):
+        raise ValueError(
+            f"advantages must be (B,) or (B, T) with (B, T) = {tuple(logps.shape)}; "
+            f"got {tuple(advantages.shape)}"
+        )
+    return advantages.expand(logps.shape) if expand else advantages
+
+
 def policy_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
@@ -280,18 +305,7 @@ def policy_loss(
         ``level="sequence"``, as TRL), and ``approx_kl`` = masked mean of ``log pi_old - log pi``.
     """
     eps_high = eps_low if eps_high is None else eps_high
-    if logps.shape != old_logps.shape or logps.shape != mask.shape or logps.dim() != 2:
-        raise ValueError(
-            f"logps, old_logps and mask must all be (B, T); got {tuple(logps.shape)}, "
-            f"{tuple(old_logps.shape)}, {tuple(mask.shape)}"
-        )
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)  # (B, 1)
-    if advantages.shape not in ((logps.shape[0], 1), logps.shape):
-        raise ValueError(
-            f"advantages must be (B,) or (B, T) with (B, T) = {tuple(logps.shape)}; "
-            f"got {tuple(advantages.shape)}"
-        )
+    advantages = token_advantages(logps, old_logps, advantages, mask, expand=False)  # (B, 1) or (B, T)
     if not (0 <= eps_low < 1 and eps_high >= 0):
         raise ValueError(
             f"need 0 <= eps_low < 1 and eps_high >= 0; got eps_low={eps_low}, eps_high={eps_high}"
