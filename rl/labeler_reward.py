@@ -19,7 +19,7 @@ to the same question: P(yes) for a "yes", 1 - P(yes) for a "no", 0 unparsed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,9 +101,14 @@ class LabelerReward:
     """``reward.source: labeler`` for :class:`rl.trainers.grpo.GRPOTrainer` (rows: ``Prompt`` objects of
     ``prompts``, a :class:`rl.trainers.grpo_data.PromptSet` whose notes' images sit under ``root``)."""
 
-    def __init__(self, *, labeler: Labeler, prompts: Any, root: str | Path, cfg: SourcedRewardConfig) -> None:
+    def __init__(
+        self, *, labeler: Labeler, cfg: SourcedRewardConfig, prompts: Any = None, root: str | Path = ".",
+        images: Callable[[Any], list[Any]] | None = None,
+    ) -> None:  # fmt: skip
+        """``images(row)``: the row's PIL images (default: :class:`PromptImages` of ``prompts`` under
+        ``root``); a row has ``text`` (its question) and ``label`` (None for a caption request)."""
         self.labeler, self.cfg = labeler, cfg
-        self.images = PromptImages(prompts, root)
+        self.images = images if images is not None else PromptImages(prompts, root)
         self.vocab = vocabulary(cfg.vocab)
 
     def _support(self, texts: Sequence[str], rows: Sequence[Any]) -> list[dict[str, float]]:

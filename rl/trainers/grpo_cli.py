@@ -54,7 +54,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--reward", default=None,
-        help="reward: hallucination, chair, yesno or module:function taking (prompt, completion, record)",
+        help="reward: hallucination, chair, yesno (ground truth in the records), labeler or rm:DIR "
+        "(no ground truth) or module:function taking (prompt, completion, record)",
     )  # fmt: skip
     parser.add_argument(
         "--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",

@@ -7,7 +7,8 @@ model interface of :mod:`mm.model.adapter` instead of NoteVLM's internals:
    rollout engine (:mod:`rl.rollout`: in process, or vLLM) samples ``G`` completions each and reports
    the log-probs of the distribution it sampled from when that is not the trainer's;
 2. the reward (:mod:`rl.trainers.grpo_rewards`: a built-in on the record's ground truth, or any
-   ``module:function``) scores each decoded completion;
+   ``module:function``; :mod:`rl.trainers.grpo_files_sourced`: a labeler VLM or a reward model, no ground
+   truth) scores each decoded completion;
 3. the sampled ids (never re-tokenised) are appended to the prompts by ``adapter.answer_batch``, the same
    layout for every family, and scored with one forward (:func:`adapter_token_logps`);
 4. when the engine sampled off the trainer's distribution (top-k / top-p, vLLM), each token's loss is
@@ -43,6 +44,7 @@ from rl.trainers.common import Reference, make_optimizer, start_run
 from rl.trainers.grpo import GRPO_PLOT_KEYS, compute_advantages, grpo_loss, shard_loss
 from rl.trainers.grpo_files_config import GRPOFilesConfig
 from rl.trainers.grpo_files_data import PromptImages, read_prompts
+from rl.trainers.grpo_files_sourced import SourcedFilesReward, build_sourced_reward, yesno_rows
 from rl.trainers.grpo_rewards import BuiltinReward, build_reward, call_reward
 from rl.trainers.grpo_shard import (
     counts,
@@ -149,10 +151,14 @@ class FilesGRPOTrainer(loop.StepTrainer):
         tok = self.adapter.tokenizer
         texts = [t.strip() for t in tok.batch_decode(comps.token_ids, skip_special_tokens=True)]
         records = [self.prompts.records[i] for i in mine for _ in range(G)]
-        rewards = torch.tensor(
-            [call_reward(self.reward, r.question, t, r.record) for r, t in zip(records, texts)]
-        )  # (b*G,)
         parts: dict[str, tuple[float, float]] = {}
+        if isinstance(self.reward, SourcedFilesReward):  # one batched call: labeler or reward model
+            rewards, means = self.reward.score([i for i in mine for _ in range(G)], texts)  # (b*G,)
+            parts = {k: (v * len(texts), float(len(texts))) for k, v in means.items()}
+        else:
+            rewards = torch.tensor(
+                [call_reward(self.reward, r.question, t, r.record) for r, t in zip(records, texts)]
+            )  # (b*G,)
         if isinstance(self.reward, BuiltinReward):
             for r, t in zip(records, texts):
                 for name, v in self.reward.score(t, r.record).components.items():
@@ -274,6 +280,8 @@ def prepare(cfg: GRPOFilesConfig) -> tuple[list[Any], Any]:
     records = read_prompts(cfg.data.prompts, cfg.data.image_folder or None)
     if isinstance(reward, BuiltinReward):
         reward.check([(r.where, r.record) for r in records])
+    elif reward is None:  # labeler / rm:DIR: only the records' tasks to check
+        yesno_rows(records)
     return records, reward
 
 
@@ -288,7 +296,7 @@ def train(
 ) -> dict[str, Any]:
     """Train; writes OUT/metrics.jsonl, OUT/curves.png, OUT/checkpoints/, OUT/model (a complete model folder
     with its processor, LoRA merged; the LoRA itself in OUT/model/adapter). Returns a summary."""
-    if records is None or reward is None:
+    if records is None:
         records, reward = prepare(cfg)
     out, device = start_run(cfg.train, out_dir, global_batch=cfg.data.prompts_per_step)
     adapter = load_adapter(cfg.model.path, device=device, dtype=_dtype(cfg.model.dtype))
@@ -310,7 +318,12 @@ def train(
     engine = build_engine(ro.engine, adapter, spec, **options)
     ref = Reference(model=adapter.model, needed=cfg.algo.beta > 0)
     opt, sched = make_optimizer(adapter.model, cfg.optim, cfg.train.steps)
-    trainer = FilesGRPOTrainer(cfg, adapter, engine, ref, PromptImages(records), reward)
+    images = PromptImages(records)
+    if reward is None:  # labeler / rm:DIR: built on the loaded device, before the policy changes
+        reward = build_sourced_reward(
+            cfg.reward, records=records, images=images, policy_folder=cfg.model.path, device=device
+        )
+    trainer = FilesGRPOTrainer(cfg, adapter, engine, ref, images, reward)
 
     def monitor(history: list[dict[str, Any]], record: dict[str, Any]) -> list[str]:
         return failure_warnings(history, record, max_new_tokens=ro.max_new_tokens)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rl.importance import IS_LEVELS
+from rl.labeler import LabelerConfig
 from rl.rewards import RewardConfig
 from rl.rollout.base import ENGINES
 from rl.trainers.common import OptimConfig, RunConfig
@@ -68,11 +69,15 @@ class FilesRewardConfig(RewardConfig):
     built-ins' weights (:class:`rl.rewards.RewardConfig`)."""
 
     fn: str = "hallucination"
-    """Built-in name (hallucination, chair, yesno) or a Python callable ``module:function`` taking
-    ``(prompt: str, completion: str, record: dict) -> float``. ``rl grpo --reward`` sets it."""
+    """Built-in name (hallucination, chair, yesno: they read the record's ``objects`` / ``answer``), a reward
+    without ground truth (labeler: claims verified by a labeler VLM; rm:DIR: an ``rl rm`` reward model; see
+    :mod:`rl.trainers.grpo_files_sourced`) or a Python callable ``module:function`` taking ``(prompt: str,
+    completion: str, record: dict) -> float``. ``rl grpo --reward`` sets it."""
     vocab: str = "auto"
-    """Object vocabulary of the CHAIR-style built-ins: auto (world when it names every record's objects,
-    else coco), world or coco."""
+    """Object vocabulary of the CHAIR-style built-ins and of the labeler's claims: auto (world when it names
+    every record's objects, else coco; coco for the labeler), world or coco."""
+    labeler: LabelerConfig = field(default_factory=LabelerConfig)
+    """The labeler of ``fn: labeler`` (its model "" = the policy's starting checkpoint)."""
 
 
 @dataclass(kw_only=True)

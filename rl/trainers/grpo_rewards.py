@@ -127,10 +127,18 @@ def import_reward(spec: str) -> RewardFn:
 
 def build_reward(cfg: Any) -> Any:
     """The reward of ``cfg`` (:class:`rl.trainers.grpo_files_config.FilesRewardConfig`): a
-    :class:`BuiltinReward` or an imported function (checked before anything is written)."""
+    :class:`BuiltinReward` or an imported function (checked before anything is written); None for the
+    ground-truth-free ``labeler`` / ``rm:DIR``, which need a loaded model
+    (:func:`rl.trainers.grpo_files_sourced.build_sourced_reward`)."""
     if cfg.fn in BUILTIN:
         weights = {k: getattr(cfg, k) for k in RewardConfig.__dataclass_fields__}
         return BuiltinReward(cfg.fn, RewardConfig(**weights))
+    if cfg.fn == "labeler" or cfg.fn.startswith("rm:"):
+        if cfg.fn.startswith("rm:") and not os.path.isdir(cfg.fn[3:]):
+            raise UserError(
+                f"reward {cfg.fn!r}: reward model folder {cfg.fn[3:]!r} not found (train one: rl rm)"
+            )
+        return None  # built by rl.trainers.grpo_files_sourced once the model is loaded
     return import_reward(cfg.fn)
 
 

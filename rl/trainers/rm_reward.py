@@ -4,7 +4,7 @@ a reward model gives no per-claim credit, so ``algo.mention_credit`` must be 0."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +19,19 @@ from rl.trainers.rm_model import RewardModel, load_reward_model
 class RewardModelReward:
     """Scores GRPO rows (``Prompt`` objects of a ``PromptSet`` whose note images sit under ``root``)."""
 
-    def __init__(self, *, rm: RewardModel, prompts: Any, root: str | Path, batch_size: int = 16) -> None:
+    def __init__(self, *, rm: RewardModel, prompts: Any = None, root: str | Path = ".", batch_size: int = 16,
+                 images: Callable[[Any], list[Any]] | None = None) -> None:  # fmt: skip
+        """``images(row)``: a row's PIL images (default: :class:`PromptImages` of ``prompts`` at ``root``)."""
         self.rm, self.batch_size = rm, batch_size
-        self.images = PromptImages(prompts, root)
+        self.images = images if images is not None else PromptImages(prompts, root)
 
     @classmethod
     def from_folder(
-        cls, folder: str | Path, *, prompts: Any, root: str | Path, device: Any
-    ) -> RewardModelReward:
-        """The reward model ``rl rm`` wrote to ``folder``, scoring ``prompts``."""
-        return cls(rm=load_reward_model(folder, device=device), prompts=prompts, root=root)
+        cls, folder: str | Path, *, device: Any, prompts: Any = None, root: str | Path = ".",
+        images: Callable[[Any], list[Any]] | None = None,
+    ) -> RewardModelReward:  # fmt: skip
+        """The reward model ``rl rm`` wrote to ``folder``, scoring ``prompts`` (or rows ``images`` reads)."""
+        return cls(rm=load_reward_model(folder, device=device), prompts=prompts, root=root, images=images)
 
     def score(self, texts: Sequence[str], rows: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
         """Rewards ``(B*G,)`` and their mean as ``reward_rm``."""
