@@ -277,10 +277,14 @@ class FlatImageBackend(AgentBackend):
         if "image_grid_thw" in out:
             grid = out["image_grid_thw"]  # (n, 3)
             sizes = [int(g.prod()) for g in grid]
-            return [{"pixel_values": p, "image_grid_thw": grid[i : i + 1]}
-                    for i, p in enumerate(torch.split(pixels, sizes))]  # fmt: skip
+            return [
+                {"pixel_values": p, "image_grid_thw": grid[i : i + 1]}
+                for i, p in enumerate(torch.split(pixels, sizes))
+            ]
         if pixels.shape[0] != n:
-            raise UserError(f"{self.adapter.family}: expected {n} rows of pixel_values, got {pixels.shape[0]}")
+            raise UserError(
+                f"{self.adapter.family}: expected {n} rows of pixel_values, got {pixels.shape[0]}"
+            )
         return [{"pixel_values": pixels[i : i + 1]} for i in range(n)]
 
     def _segment(self, out: dict[str, Any], n: int) -> Segment:

@@ -83,7 +83,9 @@ def rollout(
         for i in range(0, len(active), cfg.batch_size):
             chunk = active[i : i + cfg.batch_size]
             budgets = [_budget(t, cfg) for t in chunk]
-            turns = backend.generate([t.segment for t in chunk], max_new_tokens=max(budgets), sampling=cfg.sampling)
+            turns = backend.generate(
+                [t.segment for t in chunk], max_new_tokens=max(budgets), sampling=cfg.sampling
+            )
             for traj, turn, budget in zip(chunk, turns, budgets):
                 step(traj, _fit(turn, budget, backend), backend, registry, cfg)
         active = [t for t in active if not t.done and not _out_of_context(t, cfg)]
@@ -112,7 +114,9 @@ def _fit(turn: Turn, budget: int, backend: AgentBackend) -> Turn:
     return Turn(ids, turn.logps[: len(ids)], stop, backend.decode(ids))
 
 
-def step(traj: Trajectory, turn: Turn, backend: AgentBackend, registry: ToolRegistry, cfg: LoopConfig) -> None:
+def step(
+    traj: Trajectory, turn: Turn, backend: AgentBackend, registry: ToolRegistry, cfg: LoopConfig
+) -> None:
     """Append one policy turn; run its tool call and append the observation, or finish the trajectory."""
     traj.add_policy(turn.ids, turn.logps, turn.text)
     n = len(traj.turns)
@@ -142,7 +146,9 @@ def step(traj: Trajectory, turn: Turn, backend: AgentBackend, registry: ToolRegi
         traj.truncation = "max_tokens"
 
 
-def trajectory_batch(backend: AgentBackend, trajs: Sequence[Trajectory]) -> tuple[dict[str, Any], torch.Tensor]:
+def trajectory_batch(
+    backend: AgentBackend, trajs: Sequence[Trajectory]
+) -> tuple[dict[str, Any], torch.Tensor]:
     """Model inputs (B, T) of whole trajectories with ``response_mask`` (B, T), and the sampling-time
     log-probs (B, T) aligned with them (0 off the policy tokens); left padded."""
     batch = backend.model_inputs([t.segment for t in trajs], [t.response_mask for t in trajs])

@@ -146,9 +146,13 @@ def check_box(args: dict[str, Any]) -> ParseError | None:
     """A box lies in [0, 1] and is non-empty: x0 < x1 and y0 < y1 (its length is the schema's)."""
     x0, y0, x1, y1 = args["box"]
     if not all(0.0 <= v <= 1.0 for v in args["box"]):
-        return ParseError("bad_box", f"box {args['box']} is out of bounds; coordinates are fractions in [0, 1]")
+        return ParseError(
+            "bad_box", f"box {args['box']} is out of bounds; coordinates are fractions in [0, 1]"
+        )
     if not (x0 < x1 and y0 < y1):
-        return ParseError("bad_box", f"box {args['box']} is empty; give [x0, y0, x1, y1] with x0 < x1, y0 < y1")
+        return ParseError(
+            "bad_box", f"box {args['box']} is empty; give [x0, y0, x1, y1] with x0 < x1, y0 < y1"
+        )
     return None
 
 
@@ -188,7 +192,11 @@ COMPARE_SCHEMA = {
 
 def check_pair(args: dict[str, Any]) -> ParseError | None:
     a, b = args["images"]
-    return ParseError("bad_value", f"compare needs two different images, got {args['images']}") if a == b else None
+    return (
+        ParseError("bad_value", f"compare needs two different images, got {args['images']}")
+        if a == b
+        else None
+    )
 
 
 def compare(task: AgentTask, images: list[int]) -> str:
@@ -198,7 +206,8 @@ def compare(task: AgentTask, images: list[int]) -> str:
     i, j = images
     a, b = task.sources[i - 1], task.sources[j - 1]
     if a.shape != b.shape:
-        return f"error: images {i} and {j} differ in size ({a.shape[1]}x{a.shape[0]} vs {b.shape[1]}x{b.shape[0]})"
+        sizes = f"{a.shape[1]}x{a.shape[0]} vs {b.shape[1]}x{b.shape[0]}"
+        return f"error: images {i} and {j} differ in size ({sizes}); compare needs photos of one size"
     result = imgdiff.diff(a, b)
     if result.same:
         return f"no change between image {i} and image {j}"
@@ -225,9 +234,12 @@ def default_registry() -> ToolRegistry:
         "zoom", zoom, ZOOM_SCHEMA, description="crop a box of an image at full resolution", check=check_box
     )
     registry.register(
-        "compare", compare, COMPARE_SCHEMA, description="regions that changed between two images",
+        "compare",
+        compare,
+        COMPARE_SCHEMA,
+        description="regions that changed between two images",
         check=check_pair,
-    )  # fmt: skip
+    )
     return registry
 
 

@@ -65,10 +65,15 @@ class Trajectory:
     def start(cls, task: AgentTask, prompt: Segment) -> Trajectory:
         n = len(prompt.ids)
         return cls(
-            task=task, ids=list(prompt.ids), response_mask=[0] * n, logps=[0.0] * n,
-            images=list(prompt.images), extra={k: list(v) for k, v in prompt.extra.items()},
-            prompt_length=n, spans=[("prompt", 0, n)],
-        )  # fmt: skip
+            task=task,
+            ids=list(prompt.ids),
+            response_mask=[0] * n,
+            logps=[0.0] * n,
+            images=list(prompt.images),
+            extra={k: list(v) for k, v in prompt.extra.items()},
+            prompt_length=n,
+            spans=[("prompt", 0, n)],
+        )
 
     @property
     def segment(self) -> Segment:

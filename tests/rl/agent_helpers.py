@@ -23,8 +23,9 @@ def tiny_notevlm(seed: int = 0, max_images: int = 4):
     tok = load_tokenizer()
     text = dict(tiny_config().text_config.to_dict())
     text.update(vocab_size=(len(tok) + 15) // 16 * 16, max_position_embeddings=1024)
-    config = tiny_config(text_config=text, image_token_id=tok.convert_tokens_to_ids("<image>"),
-                         max_images=max_images)  # fmt: skip
+    config = tiny_config(
+        text_config=text, image_token_id=tok.convert_tokens_to_ids("<image>"), max_images=max_images
+    )
     torch.manual_seed(seed)
     model = NoteVLMForConditionalGeneration(config).eval()
     proc = NoteProcessor(tokenizer=tok, image_size=IMAGE_SIZE, tokens_per_image=K, max_length=1024)
@@ -47,8 +48,13 @@ def change_pair(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def task(n_images: int = 2, kind: str = "detail", task_id: str = "t0") -> AgentTask:
-    return AgentTask(task_id=task_id, kind=kind, sources=note_images(n_images), question="what colour is the cup",
-                     answer="red")  # fmt: skip
+    return AgentTask(
+        task_id=task_id,
+        kind=kind,
+        sources=note_images(n_images),
+        question="what colour is the cup",
+        answer="red",
+    )
 
 
 class ScriptedBackend(NoteVLMBackend):
