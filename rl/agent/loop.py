@@ -16,7 +16,7 @@ recorded log-probs are those of one forward over the concatenated ids.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,24 +68,38 @@ def prompt_text(task: AgentTask, registry: ToolRegistry, cfg: LoopConfig) -> str
     return (instructions(registry) if cfg.instructions else "") + task.question
 
 
+Policy = Callable[[Sequence[Trajectory], int], list[Turn]]
+"""Next turn of each trajectory, at most ``max_new_tokens`` ids each (default: the backend's model)."""
+
+
 def rollout(
     backend: AgentBackend,
     tasks: Sequence[AgentTask],
     cfg: LoopConfig,
     *,
     registry: ToolRegistry | None = None,
+    policy: Policy | None = None,
 ) -> list[Trajectory]:
-    """One trajectory per task (repeat a task in ``tasks`` for a group), in the order of ``tasks``."""
+    """One trajectory per task (repeat a task in ``tasks`` for a group), in the order of ``tasks``.
+
+    ``policy``: who writes the turns; None = the backend's model with ``cfg.sampling``
+    (``rl.agent.demos.scripted_policy`` replays demonstrations through the same loop and tools).
+    """
     registry = registry if registry is not None else TOOLS
+    if policy is None:
+
+        def policy(trajs: Sequence[Trajectory], max_new_tokens: int) -> list[Turn]:
+            return backend.generate(
+                [t.segment for t in trajs], max_new_tokens=max_new_tokens, sampling=cfg.sampling
+            )
+
     trajs = [Trajectory.start(t, backend.prompt(t.sources, prompt_text(t, registry, cfg))) for t in tasks]
     active = [t for t in trajs if not _out_of_context(t, cfg)]
     while active:
         for i in range(0, len(active), cfg.batch_size):
             chunk = active[i : i + cfg.batch_size]
             budgets = [_budget(t, cfg) for t in chunk]
-            turns = backend.generate(
-                [t.segment for t in chunk], max_new_tokens=max(budgets), sampling=cfg.sampling
-            )
+            turns = policy(chunk, max(budgets))
             for traj, turn, budget in zip(chunk, turns, budgets):
                 step(traj, _fit(turn, budget, backend), backend, registry, cfg)
         active = [t for t in active if not t.done and not _out_of_context(t, cfg)]
