@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from rl.agent.tools import ToolRegistry
+from typing import Any, Protocol
 
 TOOL_OPEN = "<tool>"
 TOOL_CLOSE = "</tool>"
@@ -71,6 +68,17 @@ class ParseError:
         return f"error: {self.message}"
 
 
+class Registry(Protocol):
+    """What parsing needs of a tool registry (``rl.agent.tools.ToolRegistry``)."""
+
+    @property
+    def names(self) -> list[str]: ...
+
+    def __contains__(self, name: object) -> bool: ...
+
+    def validate(self, name: str, args: dict[str, Any], *, n_images: int) -> ParseError | None: ...
+
+
 def is_call(text: str) -> bool:
     """Whether a policy turn is a tool call (it contains ``<tool>``)."""
     return TOOL_OPEN in text
@@ -88,7 +96,7 @@ def call_json(text: str) -> str | ParseError:
     return text[start:end]
 
 
-def parse_call(text: str, registry: ToolRegistry, *, n_images: int) -> ToolCall | ParseError:
+def parse_call(text: str, registry: Registry, *, n_images: int) -> ToolCall | ParseError:
     """Parse and validate the tool call in a policy turn against ``registry`` for a note of ``n_images``.
 
     Checks, in order: the tags, the JSON (an object with a string ``name``), that the tool is
