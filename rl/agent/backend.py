@@ -9,8 +9,8 @@ their images becomes model inputs (:meth:`AgentBackend.collate_images`).
 Families that take an image in the middle of a sequence (a zoom after the first turn):
 
 - ``notevlm``: ``<im_start> <image> x K <im_end>`` anywhere; ``pixel_values`` (B, N, 3, S, S) with an
-  ``image_mask`` (B, N); at most ``config.max_images`` images per trajectory, prompt images included
-  (visibility "all"; under "own" a zoom counts as one more photo).
+  ``image_mask`` (B, N); at most ``config.max_images`` images per trajectory, prompt images included;
+  visibility "all" only (under "own" a later zoom would change what earlier text attends to).
 - ``llava`` (fixed tokens per image, ``pixel_values`` (n_images, 3, H, W) over the batch) and
   ``qwen2_vl`` / ``qwen2_5_vl`` (``pixel_values`` rows per image from ``image_grid_thw``; M-RoPE
   positions computed by the model from the ids and grids, so a mid-sequence image is placed right).
@@ -234,7 +234,14 @@ class NoteVLMBackend(AgentBackend):
 
     def __init__(self, adapter: VLMAdapter) -> None:
         super().__init__(adapter)
-        self.max_images = int(adapter.base_model.config.max_images)
+        config = adapter.base_model.config
+        if config.visibility != "all":
+            raise UserError(
+                f"the agent loop needs a NoteVLM with visibility 'all', this one has {config.visibility!r}: "
+                "under 'own' a zoom image appended later would change what the earlier text attends to, so "
+                "sampling-time log-probs would not match the trajectory's; use a model trained with 'all'"
+            )
+        self.max_images = int(config.max_images)
 
     def prompt(self, images: Sequence[np.ndarray], text: str) -> Segment:
         proc = self.adapter.processor

@@ -83,6 +83,13 @@ def test_unsupported_family_is_named(tmp_path):
         backend_for(adapter)
 
 
+def test_notevlm_with_own_visibility_is_refused():
+    adapter = tiny_notevlm()
+    adapter.base_model.config.visibility = "own"
+    with pytest.raises(Exception, match="needs a NoteVLM with visibility 'all'"):
+        backend_for(adapter)
+
+
 def test_sampled_free_rollout_logps_equal_one_forward(notevlm):
     """The model's own sampled turns (no script), temperature 0.7: recorded = recomputed log-probs."""
     backend = backend_for(notevlm)
