@@ -87,8 +87,11 @@ def cut_turn(ids: Sequence[int], eos_ids: Sequence[int], decode: Any) -> tuple[l
     end = next((i + 1 for i, t in enumerate(ids) if t in eos), None)
     head = ids if end is None else ids[:end]
     if TOOL_CLOSE in decode(head):
-        k = next(k for k in range(1, len(head) + 1) if TOOL_CLOSE in decode(head[:k]))
-        return head[:k], "tool"
+        lo, hi = 1, len(head)  # the shortest prefix whose text holds the tag (a prefix keeps it once in)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if TOOL_CLOSE in decode(head[:mid]) else (mid + 1, hi)
+        return head[:lo], "tool"
     return head, "length" if end is None else "eos"
 
 

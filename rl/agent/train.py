@@ -70,6 +70,23 @@ def sft_loss(backend: AgentBackend, trajs: Sequence[Trajectory]) -> torch.Tensor
     return aggregate_loss(-logps, mask, mode="token-mean")
 
 
+def turn_token_advantages(trajs: Sequence[Trajectory], per_turn: Sequence[Sequence[float]]) -> torch.Tensor:
+    """Per-turn advantages (e.g. from turn-level simulator rewards) spread over each turn's policy
+    tokens: (B, T), left padded like :func:`rl.agent.loop.trajectory_batch`, 0 off policy tokens."""
+    if len(per_turn) != len(trajs):
+        raise ValueError(f"need one list of turn advantages per trajectory: {len(trajs)} vs {len(per_turn)}")
+    T = max(len(t.ids) for t in trajs)
+    out = torch.zeros(len(trajs), T)  # (B, T)
+    for b, (traj, values) in enumerate(zip(trajs, per_turn)):
+        spans = [(s, e) for kind, s, e in traj.spans if kind == "policy"]
+        if len(values) != len(spans):
+            raise ValueError(f"trajectory {b} has {len(spans)} turns but {len(values)} turn advantages")
+        pad = T - len(traj.ids)
+        for (start, end), value in zip(spans, values):
+            out[b, pad + start : pad + end] = float(value)
+    return out
+
+
 def grpo_loss(
     backend: AgentBackend,
     trajs: Sequence[Trajectory],
@@ -77,15 +94,19 @@ def grpo_loss(
     cfg: AgentGRPOConfig,
     *,
     temperature: float = 1.0,
+    advantages: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy loss of whole trajectories; ``trajs`` in groups of ``cfg.group_size`` per task,
-    ``rewards`` (B,). ``temperature``: the sampling temperature (old log-probs were taken under it)."""
+    ``rewards`` (B,). ``temperature``: the sampling temperature (old log-probs were taken under it).
+    ``advantages``: None = GRPO group advantages of ``rewards``; else (B,) or (B, T) given (e.g.
+    :func:`turn_token_advantages` for turn-level credit)."""
     if len(trajs) != rewards.shape[0] or len(trajs) % cfg.group_size:
         raise ValueError(
             f"need B rewards for B trajectories, B a multiple of group_size={cfg.group_size}; "
             f"got {len(trajs)} trajectories, {rewards.shape[0]} rewards"
         )
-    advantages = group_advantages(rewards.float(), group_size=cfg.group_size, scale=cfg.scale)  # (B,)
+    if advantages is None:
+        advantages = group_advantages(rewards.float(), group_size=cfg.group_size, scale=cfg.scale)  # (B,)
     batch, old = trajectory_batch(backend, trajs)  # (B, T) inputs, (B, T) old log-probs
     logps, mask = backend.adapter.token_logps(batch, temperature=temperature)  # (B, T)
     advantages = advantages.to(logps.device)

@@ -12,7 +12,15 @@ from rl.agent.backend import NoteVLMBackend, Sampling
 from rl.agent.demos import demo_turns, scripted_policy, tool_text
 from rl.agent.loop import LoopConfig, rollout, trajectory_batch
 from rl.agent.task import AgentTask
-from rl.agent.train import AgentGRPOConfig, answer_reward, grpo_loss, grpo_step, normalise_answer, sft_loss
+from rl.agent.train import (
+    AgentGRPOConfig,
+    answer_reward,
+    grpo_loss,
+    grpo_step,
+    normalise_answer,
+    sft_loss,
+    turn_token_advantages,
+)
 from tests.rl.agent_helpers import change_pair, note_images, tiny_notevlm
 
 LOOP = LoopConfig(max_turns=4, max_new_tokens=64, instructions=False)
@@ -185,3 +193,24 @@ def test_rewards_and_config_checks():
     backend, trajs = _sampled(tiny_notevlm(seed=9))
     with pytest.raises(ValueError, match="multiple of group_size=2"):
         grpo_loss(backend, trajs[:3], torch.zeros(3), AgentGRPOConfig(group_size=2))
+
+
+def test_turn_advantages_cover_exactly_each_turns_tokens():
+    backend = NoteVLMBackend(tiny_notevlm())
+    change, detail = _demos(backend, _tasks())
+    adv = turn_token_advantages([change, detail], [[0.5, -1.0], [2.0, 3.0]])
+    batch, _ = trajectory_batch(backend, [change, detail])
+    assert adv.shape == batch["response_mask"].shape
+    assert torch.equal(adv != 0, batch["response_mask"] == 1)
+    T = adv.shape[1]
+    for b, (traj, values) in enumerate(zip([change, detail], [[0.5, -1.0], [2.0, 3.0]])):
+        pad = T - len(traj.ids)
+        spans = [(s, e) for k, s, e in traj.spans if k == "policy"]
+        for (s, e), v in zip(spans, values):
+            assert adv[b, pad + s : pad + e].tolist() == [v] * (e - s)
+    loss, _ = grpo_loss(
+        backend, [change, detail], torch.zeros(2), AgentGRPOConfig(group_size=2), advantages=adv
+    )
+    assert torch.isfinite(loss)
+    with pytest.raises(ValueError, match="has 2 turns but 1 turn advantages"):
+        turn_token_advantages([change, detail], [[1.0], [1.0, 2.0]])
