@@ -75,6 +75,12 @@ class Sampling:
     top_p: float = 1.0
     """Nucleus sampling mass when sampling."""
 
+    def __post_init__(self) -> None:
+        if self.temperature <= 0 or not 0 < self.top_p <= 1:
+            raise ValueError(
+                f"Sampling needs temperature > 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}"
+            )
+
 
 def cut_turn(ids: Sequence[int], eos_ids: Sequence[int], decode: Any) -> tuple[list[int], str]:
     """A turn's generated ids -> the ids up to its end and why it ended (:data:`STOPS`).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl.agent.backend import OBS_CLOSE, OBS_OPEN, cut_turn
+from rl.agent.backend import OBS_CLOSE, OBS_OPEN, Sampling, cut_turn
 from rl.agent.loop import LoopConfig, rollout, summary, trajectory_batch
 from rl.agent.parse import ParseError, ToolCall
 from rl.agent.task import AgentTask
@@ -196,6 +196,13 @@ def test_cut_turn_stops_at_the_first_eos_or_tool_close(adapter):
     answer = backend.text_ids("red")
     assert cut_turn([*answer, eos, *call], [eos], backend.decode) == ([*answer, eos], "eos")
     assert cut_turn(answer, [eos], backend.decode) == (answer, "length")
+
+
+def test_sampling_rejects_bad_settings():
+    with pytest.raises(ValueError, match="temperature > 0"):
+        Sampling(do_sample=True, temperature=0.0)
+    with pytest.raises(ValueError, match="top_p <= 1"):
+        Sampling(top_p=1.5)
 
 
 @pytest.mark.parametrize("field", ["max_turns", "max_new_tokens", "max_tokens", "batch_size"])
