@@ -1,0 +1,340 @@
+"""How the agent loop talks to a model: token segments with images, batched generation, scoring batches.
+
+A trajectory is a list of token ids with images spliced in where their placeholders are. The loop never
+decodes and re-encodes policy tokens: the prompt and each observation are tokenised once, on their own,
+and appended as ids; generated ids are kept as generated. Each family says how an image becomes
+placeholder tokens plus model inputs (:meth:`AgentBackend.image_segment`) and how a batch of rows with
+their images becomes model inputs (:meth:`AgentBackend.collate_images`).
+
+Families that take an image in the middle of a sequence (a zoom after the first turn):
+
+- ``notevlm``: ``<im_start> <image> x K <im_end>`` anywhere; ``pixel_values`` (B, N, 3, S, S) with an
+  ``image_mask`` (B, N); at most ``config.max_images`` images per trajectory, prompt images included;
+  visibility "all" only (under "own" a later zoom would change what earlier text attends to).
+- ``llava`` (fixed tokens per image, ``pixel_values`` (n_images, 3, H, W) over the batch) and
+  ``qwen2_vl`` / ``qwen2_5_vl`` (``pixel_values`` rows per image from ``image_grid_thw``; M-RoPE
+  positions computed by the model from the ids and grids, so a mid-sequence image is placed right).
+- Not supported: families whose image inputs are padded per sample (Idefics3 / SmolVLM tiles with
+  ``pixel_attention_mask``, LLaVA-NeXT ``image_sizes``): :func:`backend_for` says so.
+
+Observations are plain text around the image, ``<obs>`` ... ``</obs>``, continuing the assistant turn
+(no chat-template role switch), so every family reads them the same way.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from mm.errors import UserError
+from mm.model.adapter import Sample, VLMAdapter
+from mm.model.adapter.batching import gather_logps
+from rl.agent.parse import TOOL_CLOSE
+
+OBS_OPEN = "\n<obs>"
+OBS_CLOSE = "</obs>\n"
+STOPS = ("tool", "eos", "length")
+"""Why a policy turn ended: a closed tool call, an eos token, or its token budget."""
+
+
+@dataclass
+class Segment:
+    """Token ids and the model inputs of the images whose placeholders they hold, in order."""
+
+    ids: list[int]
+    images: list[Any] = field(default_factory=list)
+    """Per-image model inputs (family-specific: a (3, S, S) tensor for NoteVLM, a dict of tensors else)."""
+    extra: dict[str, list[int]] = field(default_factory=dict)
+    """Other per-token inputs the processor returns (e.g. Qwen2-VL's ``mm_token_type_ids``)."""
+
+
+@dataclass
+class Turn:
+    """One policy turn as generated: its raw ids, their log-probs at sampling time, why it ended."""
+
+    ids: list[int]
+    logps: list[float]
+    stop: str
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """How a turn is generated."""
+
+    do_sample: bool = False
+    """Sample (else greedy)."""
+    temperature: float = 1.0
+    """Softmax temperature when sampling; the recorded log-probs use the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass when sampling."""
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0 or not 0 < self.top_p <= 1:
+            raise ValueError(
+                f"Sampling needs temperature > 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}"
+            )
+
+
+def cut_turn(ids: Sequence[int], eos_ids: Sequence[int], decode: Any) -> tuple[list[int], str]:
+    """A turn's generated ids -> the ids up to its end and why it ended (:data:`STOPS`).
+
+    The turn ends after the first eos, or after the token that completes the first ``</tool>``,
+    whichever comes first; otherwise it ran out of tokens ("length").
+    """
+    ids = [int(t) for t in ids]
+    eos = {int(e) for e in eos_ids}
+    end = next((i + 1 for i, t in enumerate(ids) if t in eos), None)
+    head = ids if end is None else ids[:end]
+    if TOOL_CLOSE in decode(head):
+        lo, hi = 1, len(head)  # the shortest prefix whose text holds the tag (a prefix keeps it once in)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if TOOL_CLOSE in decode(head[:mid]) else (mid + 1, hi)
+        return head[:lo], "tool"
+    return head, "length" if end is None else "eos"
+
+
+class ToolStop:
+    """A transformers stopping criterion: a row is done once its new tokens contain ``</tool>``."""
+
+    def __init__(self, decode: Any, prompt_length: int, window: int = 16) -> None:
+        self.decode, self.prompt_length, self.window = decode, prompt_length, window
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        new = input_ids[:, self.prompt_length :]  # (B, t)
+        tails = new[:, -self.window :].tolist()
+        done = [TOOL_CLOSE in self.decode(row) for row in tails]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)  # (B,)
+
+
+class AgentBackend(ABC):
+    """The loop's view of a model adapter (see the module docstring)."""
+
+    max_images: int | None = None
+    """Most images one trajectory can hold (None: no limit)."""
+
+    def __init__(self, adapter: VLMAdapter) -> None:
+        self.adapter = adapter
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.adapter.tokenizer
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return self.adapter.eos_token_ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def text_ids(self, text: str) -> list[int]:
+        """Token ids of a text on its own (no special tokens)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    # ------------------------------------------------------------------ family hooks
+    @abstractmethod
+    def prompt(self, images: Sequence[np.ndarray], text: str) -> Segment:
+        """The user turn (the note's images, then ``text``) and the generation prompt."""
+
+    @abstractmethod
+    def image_segment(self, image: np.ndarray) -> Segment:
+        """The placeholder tokens and model inputs of one new image, encoded at the tower's input size."""
+
+    @abstractmethod
+    def collate_images(self, rows: Sequence[Sequence[Any]]) -> dict[str, torch.Tensor]:
+        """The image inputs of a batch whose row ``b`` holds the images ``rows[b]``, in order."""
+
+    def generate_kwargs(self, prompt_length: int) -> dict[str, Any]:
+        """Extra keyword arguments of the model's `generate` for a batch of ``prompt_length`` columns
+        (none by default; e.g. a logits processor that forces scripted turns in tests)."""
+        return {}
+
+    # ------------------------------------------------------------------ shared
+    def observation(self, text: str, image: np.ndarray | None = None) -> Segment:
+        """``<obs>text[image]</obs>`` as non-policy tokens."""
+        seg = Segment(self.text_ids(OBS_OPEN + text))
+        if image is not None:
+            seg = join([seg, self.image_segment(image)])
+        return join([seg, Segment(self.text_ids(OBS_CLOSE))])
+
+    def model_inputs(self, rows: Sequence[Segment], masks: Sequence[Sequence[int]] | None = None) -> dict:
+        """Left-padded model inputs (B, T) of whole rows + their images; ``response_mask`` from ``masks``."""
+        T = max(len(r.ids) for r in rows)
+        B = len(rows)
+        pad = self.adapter.pad_token_id
+        ids = torch.full((B, T), pad, dtype=torch.long)
+        attention = torch.zeros(B, T, dtype=torch.long)
+        keys = sorted({k for r in rows for k in r.extra})
+        extra = {k: torch.zeros(B, T, dtype=torch.long) for k in keys}
+        response = torch.zeros(B, T, dtype=torch.long)
+        for b, row in enumerate(rows):
+            n = len(row.ids)
+            ids[b, T - n :] = torch.tensor(row.ids)
+            attention[b, T - n :] = 1
+            for k in keys:
+                extra[k][b, T - n :] = torch.tensor(row.extra[k])
+            if masks is not None:
+                response[b, T - n :] = torch.tensor(list(masks[b]))
+        batch = {"input_ids": ids, "attention_mask": attention, **extra}
+        if any(r.images for r in rows):
+            batch.update(self.collate_images([r.images for r in rows]))
+        if masks is not None:
+            batch["response_mask"] = response
+        return self.adapter.to_device(batch)
+
+    @torch.no_grad()
+    def generate(self, rows: Sequence[Segment], *, max_new_tokens: int, sampling: Sampling) -> list[Turn]:
+        """One policy turn for every row (batched, left padded): ids, sampling-time log-probs, stop."""
+        from transformers import StoppingCriteriaList
+
+        inputs = self.model_inputs(rows)
+        P = inputs["input_ids"].shape[1]
+        model = self.adapter.model
+        extra = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
+        was_training = model.training
+        model.eval()
+        try:
+            out = model.generate(
+                **inputs,
+                max_new_tokens=max_new_tokens,
+                do_sample=sampling.do_sample,
+                pad_token_id=self.adapter.pad_token_id,
+                eos_token_id=self.eos_token_ids,
+                stopping_criteria=StoppingCriteriaList([ToolStop(self.decode, P)]),
+                output_logits=True,
+                return_dict_in_generate=True,
+                **(extra if sampling.do_sample else {}),
+                **self.generate_kwargs(P),
+            )
+        finally:
+            model.train(was_training)
+        new = out.sequences[:, P:]  # (B, R)
+        logits = torch.stack(out.logits, dim=1)  # (B, R, V) raw logits
+        temperature = sampling.temperature if sampling.do_sample else 1.0
+        logps = gather_logps(logits, new, temperature=temperature).tolist()  # (B, R)
+        turns = []
+        for b in range(len(rows)):
+            ids, stop = cut_turn(new[b].tolist(), self.eos_token_ids, self.decode)
+            turns.append(Turn(ids, logps[b][: len(ids)], stop, self.decode(ids)))
+        return turns
+
+
+def join(segments: Sequence[Segment]) -> Segment:
+    """Concatenate segments (ids, images and per-token extras; a missing extra is 0 over its tokens)."""
+    keys = sorted({k for s in segments for k in s.extra})
+    out = Segment([], [], {k: [] for k in keys})
+    for s in segments:
+        out.ids += s.ids
+        out.images += s.images
+        for k in keys:
+            out.extra[k] += s.extra.get(k, [0] * len(s.ids))
+    return out
+
+
+class NoteVLMBackend(AgentBackend):
+    """NoteVLM: K ``<image>`` placeholders between ``<im_start>`` / ``<im_end>`` per image."""
+
+    def __init__(self, adapter: VLMAdapter) -> None:
+        super().__init__(adapter)
+        config = adapter.base_model.config
+        if config.visibility != "all":
+            raise UserError(
+                f"the agent loop needs a NoteVLM with visibility 'all', this one has {config.visibility!r}: "
+                "under 'own' a zoom image appended later would change what the earlier text attends to, so "
+                "sampling-time log-probs would not match the trajectory's; use a model trained with 'all'"
+            )
+        self.max_images = int(config.max_images)
+
+    def prompt(self, images: Sequence[np.ndarray], text: str) -> Segment:
+        proc = self.adapter.processor
+        return Segment(proc.prompt_ids(len(images), text), [proc.load_image(im) for im in images])
+
+    def image_segment(self, image: np.ndarray) -> Segment:
+        proc = self.adapter.processor
+        ids = [proc.im_start_id, *[proc.image_token_id] * proc.tokens_per_image, proc.im_end_id]
+        return Segment(ids, [proc.load_image(image)])
+
+    def collate_images(self, rows: Sequence[Sequence[Any]]) -> dict[str, torch.Tensor]:
+        S = self.adapter.processor.image_size
+        N = max(len(r) for r in rows)
+        pixels = torch.zeros(len(rows), N, 3, S, S)  # (B, N, 3, S, S)
+        mask = torch.zeros(len(rows), N, dtype=torch.bool)  # (B, N)
+        for b, images in enumerate(rows):
+            for i, im in enumerate(images):
+                pixels[b, i], mask[b, i] = im, True
+        return {"pixel_values": pixels, "image_mask": mask}
+
+
+IMAGE_MARKERS = {
+    "llava": "<image>",
+    "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+}
+"""Families whose image inputs are flat over the batch, and the marker the processor expands."""
+
+
+class FlatImageBackend(AgentBackend):
+    """Transformers families with per-image rows of ``pixel_values`` (+ ``image_grid_thw``), batch-flat."""
+
+    def __init__(self, adapter: VLMAdapter) -> None:
+        super().__init__(adapter)
+        self.marker = IMAGE_MARKERS[adapter.family]
+
+    def _split(self, out: dict[str, Any], n: int) -> list[dict[str, torch.Tensor]]:
+        """Processor image outputs for ``n`` images -> one dict per image."""
+        pixels = out["pixel_values"]
+        if "image_grid_thw" in out:
+            grid = out["image_grid_thw"]  # (n, 3)
+            sizes = [int(g.prod()) for g in grid]
+            return [
+                {"pixel_values": p, "image_grid_thw": grid[i : i + 1]}
+                for i, p in enumerate(torch.split(pixels, sizes))
+            ]
+        if pixels.shape[0] != n:
+            raise UserError(
+                f"{self.adapter.family}: expected {n} rows of pixel_values, got {pixels.shape[0]}"
+            )
+        return [{"pixel_values": pixels[i : i + 1]} for i in range(n)]
+
+    def _segment(self, out: dict[str, Any], n: int) -> Segment:
+        ids = out["input_ids"][0].tolist()
+        extra = {k: out[k][0].tolist() for k in ("mm_token_type_ids", "token_type_ids") if k in out}
+        return Segment(ids, self._split(out, n), extra)
+
+    def prompt(self, images: Sequence[np.ndarray], text: str) -> Segment:
+        out = self.adapter.build_prompts([Sample(images=[_pil(im) for im in images], text=text)])
+        return self._segment({k: v.cpu() for k, v in out.items()}, len(images))
+
+    def image_segment(self, image: np.ndarray) -> Segment:
+        out = self.adapter.processor(
+            text=[self.marker], images=[[_pil(image)]], return_tensors="pt", add_special_tokens=False
+        )
+        return self._segment(dict(out), 1)
+
+    def collate_images(self, rows: Sequence[Sequence[Any]]) -> dict[str, torch.Tensor]:
+        flat = [im for images in rows for im in images]
+        return {k: torch.cat([im[k] for im in flat]) for k in flat[0]}
+
+
+def _pil(image: Any) -> Any:
+    return Image.fromarray(image) if isinstance(image, np.ndarray) else image
+
+
+def backend_for(adapter: VLMAdapter) -> AgentBackend:
+    """The agent backend of an adapter's family, or a UserError naming the supported ones."""
+    if adapter.family == "notevlm":
+        return NoteVLMBackend(adapter)
+    if adapter.family in IMAGE_MARKERS:
+        return FlatImageBackend(adapter)
+    raise UserError(
+        f"the agent loop does not support family {adapter.family!r}: it needs images spliced into the middle "
+        f"of a sequence, done for notevlm, {', '.join(IMAGE_MARKERS)}; per-sample padded image inputs "
+        "(Idefics3 tiles, LLaVA-NeXT image_sizes) are not handled"
+    )

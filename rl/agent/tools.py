@@ -1,0 +1,262 @@
+"""The agent's tools and their registry: ``zoom``, ``compare`` (imgdiff), and user tools.
+
+    from rl.agent.tools import register_tool
+
+    def count_pixels(task, image, colour):          # task: the AgentTask; JSON arguments by keyword
+        return f"{...} pixels"                      # a str, or an Observation with an image
+
+    register_tool("count_pixels", count_pixels, {
+        "type": "object",
+        "properties": {"image": {"type": "integer", "x-image": True},
+                       "colour": {"type": "string", "enum": ["red", "blue"]}},
+        "required": ["image", "colour"],
+    }, description="count pixels of a colour")
+
+A tool is called with the task and its validated arguments (``rl.agent.schema``); it returns a text or an
+:class:`Observation` (text plus an optional image the policy's processor encodes at the tower's input
+size). An exception in a tool becomes an error observation; the loop goes on. Coordinates are normalised
+note coordinates (``rl.agent.parse``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rl.agent.parse import ParseError, ToolCall
+from rl.agent.schema import check_schema, validate_args
+from rl.agent.task import AgentTask
+
+MAX_LISTED_REGIONS = 8
+"""``compare`` lists at most this many changed regions (the largest first)."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a tool returns to the policy: text, and optionally an image (``(h, w, 3)`` uint8)."""
+
+    text: str
+    image: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A registered tool: ``fn(task, **args) -> str | Observation`` with a JSON schema of ``args``."""
+
+    name: str
+    fn: Callable[..., str | Observation]
+    schema: dict[str, Any]
+    description: str = ""
+    check: Callable[[dict[str, Any]], ParseError | None] | None = None
+    """Extra check after the schema (e.g. zoom's box order): a ParseError, or None when fine."""
+
+
+class ToolRegistry:
+    """Tools by name; validates calls (:meth:`validate`) and runs them (:meth:`run`)."""
+
+    def __init__(self, tools: Iterator[Tool] | list[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            self.add(tool)
+
+    def add(self, tool: Tool) -> None:
+        if not tool.name.isidentifier():
+            raise ValueError(f"tool name {tool.name!r} must be an identifier (letters, digits, _)")
+        if tool.name in self._tools:
+            raise ValueError(f"tool {tool.name!r} is already registered; pick another name")
+        if not callable(tool.fn):
+            raise TypeError(f"tool {tool.name!r}: fn must be callable, got {type(tool.fn).__name__}")
+        check_schema(tool.schema, where=f"tool {tool.name!r}")
+        self._tools[tool.name] = tool
+
+    def register(
+        self,
+        name: str,
+        fn: Callable[..., str | Observation],
+        schema: dict[str, Any],
+        *,
+        description: str = "",
+        check: Callable[[dict[str, Any]], ParseError | None] | None = None,
+    ) -> Tool:
+        """Add a tool (see the module docstring); returns it."""
+        tool = Tool(name=name, fn=fn, schema=schema, description=description, check=check)
+        self.add(tool)
+        return tool
+
+    def copy(self) -> ToolRegistry:
+        return ToolRegistry(list(self._tools.values()))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __getitem__(self, name: str) -> Tool:
+        return self._tools[name]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def validate(self, name: str, args: dict[str, Any], *, n_images: int) -> ParseError | None:
+        """The first problem of a call's arguments (schema, then the tool's check), or None."""
+        tool = self._tools[name]
+        problem = validate_args(tool.schema, args, n_images=n_images)
+        if problem is None and tool.check is not None:
+            return tool.check(args)
+        return problem
+
+    def run(self, call: ToolCall, task: AgentTask) -> Observation:
+        """Run a validated call; a tool's exception becomes an error observation."""
+        try:
+            out = self._tools[call.name].fn(task, **call.args)
+        except Exception as e:  # a tool's failure is the policy's observation, never the loop's crash
+            return Observation(f"error: {call.name} failed: {type(e).__name__}: {e}")
+        return out if isinstance(out, Observation) else Observation(str(out))
+
+    def describe(self) -> str:
+        """One line per tool for the policy's instructions: name, description, arguments."""
+        lines = []
+        for tool in self._tools.values():
+            args = ", ".join(tool.schema.get("properties", {}))
+            lines.append(f"{tool.name}({args}): {tool.description}".rstrip(": "))
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- zoom
+ZOOM_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "image": {"type": "integer", "x-image": True, "description": "note image, from 1"},
+        "box": {
+            "type": "array",
+            "items": {"type": "number"},
+            "minItems": 4,
+            "maxItems": 4,
+            "description": "[x0, y0, x1, y1], normalised to [0, 1]",
+        },
+    },
+    "required": ["image", "box"],
+}
+
+
+def check_box(args: dict[str, Any]) -> ParseError | None:
+    """A box lies in [0, 1] and is non-empty: x0 < x1 and y0 < y1 (its length is the schema's)."""
+    x0, y0, x1, y1 = args["box"]
+    if not all(0.0 <= v <= 1.0 for v in args["box"]):
+        return ParseError(
+            "bad_box", f"box {args['box']} is out of bounds; coordinates are fractions in [0, 1]"
+        )
+    if not (x0 < x1 and y0 < y1):
+        return ParseError(
+            "bad_box", f"box {args['box']} is empty; give [x0, y0, x1, y1] with x0 < x1, y0 < y1"
+        )
+    return None
+
+
+def box_pixels(box: list[float], width: int, height: int) -> tuple[int, int, int, int]:
+    """Normalised ``[x0, y0, x1, y1]`` -> pixel slice bounds (x0, y0, x1, y1), at least 1 px each way."""
+    x0, x1 = math.floor(box[0] * width), math.ceil(box[2] * width)
+    y0, y1 = math.floor(box[1] * height), math.ceil(box[3] * height)
+    x0, y0 = min(max(x0, 0), width - 1), min(max(y0, 0), height - 1)
+    return x0, y0, max(min(x1, width), x0 + 1), max(min(y1, height), y0 + 1)
+
+
+def zoom(task: AgentTask, image: int, box: list[float]) -> Observation:
+    """Crop ``box`` of note image ``image`` from its full-resolution source."""
+    src = task.sources[image - 1]  # (H, W, 3)
+    H, W = src.shape[:2]
+    x0, y0, x1, y1 = box_pixels(box, W, H)
+    crop = np.ascontiguousarray(src[y0:y1, x0:x1])  # (h, w, 3)
+    text = f"zoom of image {image} at {format_box(box)} ({x1 - x0}x{y1 - y0} px of the source):"
+    return Observation(text, crop)
+
+
+# ---------------------------------------------------------------------------- compare
+COMPARE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "images": {
+            "type": "array",
+            "items": {"type": "integer", "x-image": True},
+            "minItems": 2,
+            "maxItems": 2,
+            "description": "the two note images to compare, e.g. [1, 2]",
+        },
+    },
+    "required": ["images"],
+}
+
+
+def check_pair(args: dict[str, Any]) -> ParseError | None:
+    a, b = args["images"]
+    return (
+        ParseError("bad_value", f"compare needs two different images, got {args['images']}")
+        if a == b
+        else None
+    )
+
+
+def compare(task: AgentTask, images: list[int]) -> str:
+    """imgdiff (robust mode) on two note images: the changed regions, largest first, normalised."""
+    import imgdiff
+
+    i, j = images
+    a, b = task.sources[i - 1], task.sources[j - 1]
+    if a.shape != b.shape:
+        sizes = f"{a.shape[1]}x{a.shape[0]} vs {b.shape[1]}x{b.shape[0]}"
+        return f"error: images {i} and {j} differ in size ({sizes}); compare needs photos of one size"
+    result = imgdiff.diff(a, b)
+    if result.same:
+        return f"no change between image {i} and image {j}"
+    H, W = a.shape[:2]
+    regions = sorted(result.regions, key=lambda r: -r.pixels)
+    boxes = [
+        format_box([r.bbox[0] / W, r.bbox[1] / H, (r.bbox[2] + 1) / W, (r.bbox[3] + 1) / H])
+        for r in regions[:MAX_LISTED_REGIONS]
+    ]
+    n = len(regions)
+    more = f" (+{n - MAX_LISTED_REGIONS} smaller)" if n > MAX_LISTED_REGIONS else ""
+    return f"{n} region{'s' if n != 1 else ''} changed: {' '.join(boxes)}{more}"
+
+
+def format_box(box: list[float]) -> str:
+    """``[0.12, 0.5, 0.25, 0.75]`` with two decimals (the form the policy writes back into calls)."""
+    return "[" + ", ".join(f"{v:.2f}" for v in box) + "]"
+
+
+def default_registry() -> ToolRegistry:
+    """A fresh registry with ``zoom`` and ``compare``."""
+    registry = ToolRegistry()
+    registry.register(
+        "zoom", zoom, ZOOM_SCHEMA, description="crop a box of an image at full resolution", check=check_box
+    )
+    registry.register(
+        "compare",
+        compare,
+        COMPARE_SCHEMA,
+        description="regions that changed between two images",
+        check=check_pair,
+    )
+    return registry
+
+
+TOOLS = default_registry()
+"""The registry the loop uses by default; :func:`register_tool` adds to it."""
+
+
+def register_tool(
+    name: str,
+    fn: Callable[..., str | Observation],
+    schema: dict[str, Any],
+    *,
+    description: str = "",
+    check: Callable[[dict[str, Any]], ParseError | None] | None = None,
+    registry: ToolRegistry | None = None,
+) -> Tool:
+    """Register a user tool in :data:`TOOLS` (or ``registry``); see the module docstring."""
+    return (registry if registry is not None else TOOLS).register(
+        name, fn, schema, description=description, check=check
+    )

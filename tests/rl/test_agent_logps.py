@@ -1,0 +1,148 @@
+"""Real tiny models in the loop: a trajectory's sampling-time log-probs equal one forward pass over its
+concatenated ids (NoteVLM, LLaVA, Qwen2-VL, with zoom images spliced in mid-sequence), and the loss
+gradient is exactly zero on every logit that predicts an observation token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mm.model.adapter import load_adapter
+from rl.agent.backend import FlatImageBackend, NoteVLMBackend, Sampling, backend_for
+from rl.agent.loop import LoopConfig, rollout, trajectory_batch
+from rl.agent.task import AgentTask
+from rl.losses import policy_loss
+from tests.mm.adapter_helpers import build_family
+from tests.rl.agent_helpers import change_pair, forced, note_images, tiny_notevlm
+
+SCRIPT = {
+    "what changed": [
+        'first <tool>{"name": "compare", "images": [1, 2]}</tool>',
+        '<tool>{"name": "zoom", "image": 2, "box": [0.1, 0.1, 0.2, 0.3]}</tool>',
+        "a red square",
+    ],
+    "how many": ['<tool>{"name": "zoom", "image": 1, "box": [0.5, 0.5, 1, 1]}</tool>', "two cups"],
+    "what colour": ["blue"],
+}
+
+
+def _tasks() -> list[AgentTask]:
+    a, b = change_pair()
+    return [
+        AgentTask(task_id="c", kind="change", sources=(a, b), question="what changed", answer="a red square"),
+        AgentTask(
+            task_id="n", kind="detail", sources=note_images(1, seed=2), question="how many", answer="2"
+        ),
+        AgentTask(
+            task_id="d", kind="detail", sources=note_images(2, seed=3), question="what colour", answer="red"
+        ),
+    ]
+
+
+@pytest.fixture(scope="module")
+def notevlm():
+    return tiny_notevlm(seed=2)
+
+
+def _forced_rollout(adapter, backend_cls):
+    backend = forced(backend_cls, adapter, SCRIPT)
+    trajs = rollout(backend, _tasks(), LoopConfig(max_turns=4, instructions=False))
+    assert [t.answer for t in trajs] == ["a red square", "two cups", "blue"]
+    assert [len(t.images) for t in trajs] == [3, 2, 2]  # one zoom each in the first two
+    return backend, trajs
+
+
+def _assert_one_forward_parity(adapter, backend, trajs):
+    batch, old = trajectory_batch(backend, trajs)
+    with torch.no_grad():
+        logps, mask = adapter.token_logps(batch)
+    assert torch.equal(mask, batch["response_mask"])
+    assert bool((old[mask == 0] == 0).all()) and bool((old[mask == 1] < 0).all())
+    torch.testing.assert_close(logps, old, atol=2e-5, rtol=0)
+
+
+def test_notevlm_trajectory_logps_equal_one_forward(notevlm):
+    backend, trajs = _forced_rollout(notevlm, NoteVLMBackend)
+    _assert_one_forward_parity(notevlm, backend, trajs)
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+def test_hf_family_trajectory_logps_equal_one_forward(family, tmp_path):
+    adapter = load_adapter(build_family(family, tmp_path / family))
+    assert isinstance(backend_for(adapter), FlatImageBackend)
+    backend, trajs = _forced_rollout(adapter, FlatImageBackend)
+    batch, _ = trajectory_batch(backend, trajs)
+    images = batch.get("image_grid_thw", batch["pixel_values"])
+    assert images.shape[0] == 7  # 2 + 1 + 2 note images, 2 zooms, flat over the batch
+    _assert_one_forward_parity(adapter, backend, trajs)
+
+
+def test_unsupported_family_is_named(tmp_path):
+    adapter = load_adapter(build_family("idefics3", tmp_path / "idefics3"))
+    with pytest.raises(Exception, match="does not support family 'idefics3'"):
+        backend_for(adapter)
+
+
+def test_notevlm_with_own_visibility_is_refused():
+    adapter = tiny_notevlm()
+    adapter.base_model.config.visibility = "own"
+    with pytest.raises(Exception, match="needs a NoteVLM with visibility 'all'"):
+        backend_for(adapter)
+
+
+def test_sampled_free_rollout_logps_equal_one_forward(notevlm):
+    """The model's own sampled turns (no script), temperature 0.7: recorded = recomputed log-probs."""
+    backend = backend_for(notevlm)
+    torch.manual_seed(0)
+    cfg = LoopConfig(
+        max_turns=2, max_new_tokens=10, max_tokens=16, sampling=Sampling(do_sample=True, temperature=0.7)
+    )
+    trajs = rollout(backend, _tasks() * 2, cfg)
+    assert all(t.done for t in trajs) and all(1 <= t.policy_tokens <= 16 for t in trajs)
+    batch, old = trajectory_batch(backend, trajs)
+    with torch.no_grad():
+        logps, mask = notevlm.token_logps(batch, temperature=0.7)
+    torch.testing.assert_close(logps, old, atol=2e-5, rtol=0)
+    for t in trajs:  # a turn's ids are the generated ids: what the prompt processor would never re-create
+        prompt = notevlm.processor.prompt_ids(len(t.task.sources), prompt_text_of(t))
+        assert t.ids[: t.prompt_length] == prompt
+
+
+def prompt_text_of(traj) -> str:
+    from rl.agent.loop import prompt_text
+    from rl.agent.tools import TOOLS
+
+    return prompt_text(traj.task, TOOLS, LoopConfig())
+
+
+@pytest.mark.parametrize("loss_kind", ["policy", "sft"])
+def test_gradient_is_exactly_zero_on_observation_logits(notevlm, loss_kind):
+    backend, trajs = _forced_rollout(notevlm, NoteVLMBackend)
+    batch, old = trajectory_batch(backend, trajs)
+    captured = {}
+
+    def keep(module, args, out):
+        out.retain_grad()
+        captured["logits"] = out  # (B, W, V): the last W columns of the sequence
+
+    handle = notevlm.model.lm_head.register_forward_hook(keep)
+    try:
+        logps, mask = notevlm.token_logps(batch)
+    finally:
+        handle.remove()
+    if loss_kind == "policy":
+        advantages = torch.tensor([1.0, -0.5, 2.0])
+        loss, _ = policy_loss(logps, old, advantages, mask)
+    else:
+        loss = -(logps * mask).sum() / mask.sum()
+    loss.backward()
+    grad = captured["logits"].grad  # (B, W, V)
+    T, W = batch["input_ids"].shape[1], grad.shape[1]
+    predicted = batch["response_mask"][:, T - W + 1 :]  # (B, W - 1): the token column c + 1 predicts
+    per_column = grad[:, :-1].abs().sum(-1)  # (B, W - 1)
+    observation = (predicted == 0) & (batch["attention_mask"][:, T - W + 1 :] == 1)
+    assert int(observation.sum()) > 100
+    assert bool((per_column[observation] == 0).all())  # exactly zero, not small
+    assert bool((per_column[predicted == 1] > 0).all())
+    assert bool((grad[:, -1] == 0).all())  # the last column predicts nothing
+    notevlm.model.zero_grad(set_to_none=True)

@@ -1,0 +1,216 @@
+"""Training the tool-using policy: demonstrations through the loop, the SFT loss (parity with NoteVLM's own
+SFT loss, cold start that reproduces the demonstrations), and multi-turn GRPO (on-policy first step,
+zero loss for equal rewards, one step raises the advantage-weighted log-likelihood)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl.advantages import group_advantages
+from rl.agent.backend import NoteVLMBackend, Sampling
+from rl.agent.demos import demo_turns, scripted_policy, tool_text
+from rl.agent.loop import LoopConfig, rollout, trajectory_batch
+from rl.agent.task import AgentTask
+from rl.agent.train import (
+    AgentGRPOConfig,
+    answer_reward,
+    grpo_loss,
+    grpo_step,
+    normalise_answer,
+    sft_loss,
+    turn_token_advantages,
+)
+from tests.rl.agent_helpers import change_pair, note_images, tiny_notevlm
+
+LOOP = LoopConfig(max_turns=4, max_new_tokens=64, instructions=False)
+
+
+def _tasks() -> list[AgentTask]:
+    a, b = change_pair()
+    return [
+        AgentTask(task_id="c", kind="change", sources=(a, b), question="what changed", answer="a red square"),
+        AgentTask(
+            task_id="d",
+            kind="detail",
+            sources=note_images(1, seed=5),
+            question="what colour is the cup",
+            answer="blue",
+            meta={"box": [0.5, 0.5, 1, 1]},
+        ),
+    ]
+
+
+def _demos(backend, tasks):
+    turns = {t.task_id: demo_turns(t) for t in tasks}
+    return rollout(backend, tasks, LOOP, policy=scripted_policy(backend, turns))
+
+
+def test_demo_turns_call_the_tool_each_kind_needs():
+    change, detail = _tasks()
+    assert demo_turns(change) == ['<tool>{"name": "compare", "images": [1, 2]}</tool>', "a red square"]
+    assert demo_turns(detail) == [
+        '<tool>{"name": "zoom", "image": 1, "box": [0.5, 0.5, 1.0, 1.0]}</tool>',
+        "blue",
+    ]
+    assert (
+        tool_text("zoom", image=2, box=[0, 0, 1, 1])
+        == '<tool>{"name": "zoom", "image": 2, "box": [0, 0, 1, 1]}</tool>'
+    )
+
+
+def test_demonstrations_run_the_real_tools():
+    backend = NoteVLMBackend(tiny_notevlm())
+    change, detail = _demos(backend, _tasks())
+    assert (
+        change.calls[0].observation == "2 regions changed: [0.75, 0.50, 0.95, 0.90] [0.10, 0.10, 0.20, 0.30]"
+    )
+    assert detail.calls[0].image_added and len(detail.images) == 2
+    assert change.answer == "a red square" and detail.answer == "blue"
+
+
+def test_scripted_policy_needs_every_task():
+    backend = NoteVLMBackend(tiny_notevlm())
+    with pytest.raises(KeyError, match="no demonstration turns for task 'c'"):
+        rollout(backend, _tasks(), LOOP, policy=scripted_policy(backend, {"d": ["blue"]}))
+
+
+def test_sft_loss_of_a_one_turn_demo_equals_notevlm_sft_loss():
+    adapter = tiny_notevlm(seed=4)
+    backend = NoteVLMBackend(adapter)
+    task = AgentTask(
+        task_id="x", kind="detail", sources=note_images(2), question="what colour", answer="red cup"
+    )
+    (demo,) = rollout(backend, [task], LOOP, policy=scripted_policy(backend, {"x": ["red cup"]}))
+    proc = adapter.processor
+    enc = proc.collate([proc.encode(list(task.sources), "what colour", "red cup")])
+    with torch.no_grad():
+        ours = sft_loss(backend, [demo])
+        ref = adapter.model(**enc).loss
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_sft_cold_start_reproduces_the_demonstrations():
+    """A tiny NoteVLM learns to call compare / zoom with valid JSON, read the result and answer."""
+    adapter = tiny_notevlm(seed=0)
+    backend = NoteVLMBackend(adapter)
+    tasks = _tasks()
+    demos = _demos(backend, tasks)
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(adapter.model.parameters(), lr=2e-2)
+    adapter.model.train()
+    losses = []
+    for _ in range(80):
+        optimizer.zero_grad()
+        loss = sft_loss(backend, demos)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    adapter.model.eval()
+    assert losses[-1] < 0.1 < 5 < losses[0]
+    trajs = rollout(backend, tasks, LOOP)
+    assert [t.ids for t in trajs] == [d.ids for d in demos]
+    assert all(t.n_valid_calls == 1 and t.n_invalid_calls == 0 for t in trajs)
+    assert [answer_reward(t) for t in trajs] == [1.0, 1.0]
+
+
+def _sampled(adapter, group_size=2):
+    backend = NoteVLMBackend(adapter)
+    torch.manual_seed(1)
+    loop = LoopConfig(max_turns=2, max_new_tokens=8, max_tokens=12, sampling=Sampling(do_sample=True))
+    group = [t for t in _tasks() for _ in range(group_size)]
+    return backend, rollout(backend, group, loop)
+
+
+def test_grpo_first_step_is_on_policy_and_equal_rewards_give_no_gradient():
+    adapter = tiny_notevlm(seed=6)
+    backend, trajs = _sampled(adapter)
+    cfg = AgentGRPOConfig(group_size=2)
+    loss, metrics = grpo_loss(backend, trajs, torch.tensor([1.0, 0.0, 0.0, 1.0]), cfg)
+    assert abs(float(metrics["approx_kl"])) < 1e-6
+    assert float(metrics["clip_frac_low"]) == float(metrics["clip_frac_high"]) == 0.0
+    adapter.model.zero_grad(set_to_none=True)
+    flat, _ = grpo_loss(backend, trajs, torch.tensor([0.5, 0.5, 1.0, 1.0]), cfg)
+    flat.backward()
+    assert float(flat.detach()) == 0.0
+    assert all(p.grad is None or bool((p.grad == 0).all()) for p in adapter.model.parameters())
+
+
+def test_one_grpo_step_raises_the_advantage_weighted_log_likelihood():
+    adapter = tiny_notevlm(seed=7)
+    backend, trajs = _sampled(adapter)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    advantages = group_advantages(rewards, group_size=2)
+
+    def objective() -> float:
+        batch, _ = trajectory_batch(backend, trajs)
+        with torch.no_grad():
+            logps, mask = adapter.token_logps(batch)
+        per_traj = (logps * mask).sum(1) / mask.sum(1)  # (B,)
+        return float((advantages * per_traj).sum())
+
+    before = objective()
+    optimizer = torch.optim.SGD(adapter.model.parameters(), lr=1e-2)
+    loss, _ = grpo_loss(backend, trajs, rewards, AgentGRPOConfig(group_size=2, agg="seq-mean-token-mean"))
+    loss.backward()
+    optimizer.step()
+    assert objective() > before
+
+
+def test_grpo_step_rolls_out_groups_and_reports():
+    adapter = tiny_notevlm(seed=8)
+    backend = NoteVLMBackend(adapter)
+    torch.manual_seed(2)
+    loop = LoopConfig(max_turns=2, max_new_tokens=6, max_tokens=10, sampling=Sampling(do_sample=True))
+    optimizer = torch.optim.SGD(adapter.model.parameters(), lr=1e-3)
+    before = [p.detach().clone() for p in adapter.model.parameters()]
+    trajs, metrics = grpo_step(
+        backend,
+        _tasks(),
+        lambda t: float(len(t.turns) + t.policy_tokens % 3),
+        optimizer,
+        AgentGRPOConfig(group_size=3),
+        loop,
+    )
+    assert [t.task.task_id for t in trajs] == ["c"] * 3 + ["d"] * 3
+    assert metrics["trajectories"] == 6.0 and set(metrics) >= {
+        "loss",
+        "reward_mean",
+        "approx_kl",
+        "valid_call_rate",
+    }
+    changed = any(not torch.equal(a, p) for a, p in zip(before, adapter.model.parameters()))
+    assert changed == (metrics["advantage_abs_mean"] > 0)
+
+
+def test_rewards_and_config_checks():
+    assert normalise_answer(" Red, cup! ") == "red cup"
+    with pytest.raises(ValueError, match="group_size must be >= 2"):
+        AgentGRPOConfig(group_size=1)
+    with pytest.raises(ValueError, match="agg must be one of"):
+        AgentGRPOConfig(agg="mean")
+    backend, trajs = _sampled(tiny_notevlm(seed=9))
+    with pytest.raises(ValueError, match="multiple of group_size=2"):
+        grpo_loss(backend, trajs[:3], torch.zeros(3), AgentGRPOConfig(group_size=2))
+
+
+def test_turn_advantages_cover_exactly_each_turns_tokens():
+    backend = NoteVLMBackend(tiny_notevlm())
+    change, detail = _demos(backend, _tasks())
+    adv = turn_token_advantages([change, detail], [[0.5, -1.0], [2.0, 3.0]])
+    batch, _ = trajectory_batch(backend, [change, detail])
+    assert adv.shape == batch["response_mask"].shape
+    assert torch.equal(adv != 0, batch["response_mask"] == 1)
+    T = adv.shape[1]
+    for b, (traj, values) in enumerate(zip([change, detail], [[0.5, -1.0], [2.0, 3.0]])):
+        pad = T - len(traj.ids)
+        spans = [(s, e) for k, s, e in traj.spans if k == "policy"]
+        for (s, e), v in zip(spans, values):
+            assert adv[b, pad + s : pad + e].tolist() == [v] * (e - s)
+    loss, _ = grpo_loss(
+        backend, [change, detail], torch.zeros(2), AgentGRPOConfig(group_size=2), advantages=adv
+    )
+    assert torch.isfinite(loss)
+    with pytest.raises(ValueError, match="has 2 turns but 1 turn advantages"):
+        turn_token_advantages([change, detail], [[1.0], [1.0, 2.0]])
