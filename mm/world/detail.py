@@ -91,7 +91,9 @@ class DetailConfig:
             3 * TRAY_GRID <= self.tray_size <= self.source_size // 2,
             f"tray_size must be in [{3 * TRAY_GRID}, source_size / 2], got {self.tray_size}",
         )
-        need(0.0 <= self.tiny_duplicate <= 1.0, f"tiny_duplicate must be in [0, 1], got {self.tiny_duplicate}")
+        need(
+            0.0 <= self.tiny_duplicate <= 1.0, f"tiny_duplicate must be in [0, 1], got {self.tiny_duplicate}"
+        )
         need(self.clutter >= 0 and self.noise_std >= 0, "clutter and noise_std must be >= 0")
 
     @property
@@ -136,7 +138,9 @@ def tiny_object(
     slack = max(0.0, (cfg.tray_size / TRAY_GRID) / 2 - r - 1.0)
     cx, cy = cell_centre(tray, cell)
     dx, dy = rng.uniform(-slack, slack, size=2) * 0.5
-    return SceneObject(category=category, color=color, size="small", cx=cx + float(dx), cy=cy + float(dy), r=r)
+    return SceneObject(
+        category=category, color=color, size="small", cx=cx + float(dx), cy=cy + float(dy), r=r
+    )
 
 
 def _overlaps(box: tuple[float, float, float, float], other: tuple[float, float, float, float]) -> bool:
@@ -161,7 +165,9 @@ def sample_detail_scene(cfg: DetailConfig, theme: str, rng: np.random.Generator)
             cx, cy = rng.uniform(r, S - 1 - r, size=2)
             box = (cx - r - 4, cy - r - 4, cx + r + 4, cy + r + 4)
             if not _overlaps(box, tray) and all(math.hypot(cx - o.cx, cy - o.cy) > r + o.r for o in large):
-                large.append(SceneObject(category=cat, color=color, size=size, cx=float(cx), cy=float(cy), r=r))
+                large.append(
+                    SceneObject(category=cat, color=color, size=size, cx=float(cx), cy=float(cy), r=r)
+                )
                 break
     n_tiny = int(rng.integers(cfg.tiny_min, cfg.tiny_max + 1))
     big = {o.category for o in large}
@@ -208,7 +214,9 @@ def render_detail(cfg: DetailConfig, scene: DetailScene, pixel_seed: list[int]) 
         b = (a[0] + int((dx - 0.5) * 0.6 * S), a[1] + int((dy - 0.5) * 0.6 * S))
         cv2.line(img, a, b, (round(60 + 90 * g),) * 3, max(1, S // 64))
     x0, y0, x1, y1 = scene.tray
-    img[y0:y1, x0:x1] = np.minimum(np.asarray(THEME_BACKGROUND[scene.theme]) + TRAY_LIFT, 255).astype(np.uint8)
+    img[y0:y1, x0:x1] = np.minimum(np.asarray(THEME_BACKGROUND[scene.theme]) + TRAY_LIFT, 255).astype(
+        np.uint8
+    )
     for o in scene.objects():
         _draw(img, o)
     noise = rng.standard_normal((S, S, 3), dtype=np.float32)  # (S, S, 3)
@@ -217,7 +225,9 @@ def render_detail(cfg: DetailConfig, scene: DetailScene, pixel_seed: list[int]) 
     return img
 
 
-def annotations(cfg: DetailConfig, scene: DetailScene) -> tuple[list[ObjectAnnotation], list[ObjectAnnotation]]:
+def annotations(
+    cfg: DetailConfig, scene: DetailScene
+) -> tuple[list[ObjectAnnotation], list[ObjectAnnotation]]:
     """``(large, tiny)`` annotations with source-pixel boxes (tiny objects never overlap anything)."""
     S = cfg.source_size
 

@@ -35,7 +35,9 @@ def _silhouette(patch: np.ndarray, tray: np.ndarray) -> np.ndarray:
     return away & (p.max(-1) > 90)
 
 
-def _template(category: str, cx: float, cy: float, r: float, box, out: tuple[int, int], tray: np.ndarray) -> np.ndarray:
+def _template(
+    category: str, cx: float, cy: float, r: float, box, out: tuple[int, int], tray: np.ndarray
+) -> np.ndarray:
     """Silhouette of ``category`` at ``(cx, cy, r)`` seen through ``box`` resized to ``out`` pixels."""
     x0, y0, x1, y1 = box
     hw = (y1 - y0, x1 - x0)
@@ -45,7 +47,9 @@ def _template(category: str, cx: float, cy: float, r: float, box, out: tuple[int
     img[sm] = 245
     if c.glyph != "solid":
         img[glyph_mask(c.glyph, c.shape, cx - x0, cy - y0, r, hw) & sm] = 18
-    return _silhouette(cv2.resize(img, out, interpolation=cv2.INTER_AREA if out[0] < hw[1] else cv2.INTER_LINEAR), tray)
+    return _silhouette(
+        cv2.resize(img, out, interpolation=cv2.INTER_AREA if out[0] < hw[1] else cv2.INTER_LINEAR), tray
+    )
 
 
 def _read_category(patch: np.ndarray, o, box, out: tuple[int, int], theme: str, tray: np.ndarray) -> str:
@@ -76,7 +80,9 @@ def _accuracy(n_scenes: int) -> tuple[float, float]:
             x0, y0, x1, y1 = padded_box(object_box(o, CFG.source_size), 3, CFG.source_size)
             vb = (x0 // s * s, y0 // s * s, -(-x1 // s) * s, -(-y1 // s) * s)  # on the view's pixel grid
             patch = view[vb[1] // s : vb[3] // s, vb[0] // s : vb[2] // s]
-            got = _read_category(patch, o, vb, ((vb[2] - vb[0]) // s, (vb[3] - vb[1]) // s), scene.theme, tray)
+            got = _read_category(
+                patch, o, vb, ((vb[2] - vb[0]) // s, (vb[3] - vb[1]) // s), scene.theme, tray
+            )
             hits_view.append(got == o.category)
             zb = (x0, y0, x1, y1)
             got = _read_category(crop(img, zb, CFG.view_size), o, zb, (CFG.view_size,) * 2, scene.theme, tray)
