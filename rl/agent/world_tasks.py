@@ -177,20 +177,27 @@ def change_task(cfg: WorldTaskConfig, note: WorldNote) -> AgentTask:
 
 def reference_caption(scene: DetailScene) -> str:
     """A true caption of a scene in the world's grammar (every object, colours, counts)."""
-    big = [f"{'an' if o.size[0] in 'aeiou' else 'a'} {o.size} {o.color} {o.category}" for o in scene.large]
-    by_cat: dict[str, list[str]] = {}
-    for o in scene.tiny:
-        by_cat.setdefault(o.category, []).append(o.color)
-    tiny = []
-    for cat, colors in by_cat.items():
-        if len(colors) == 1:
-            tiny.append(f"a tiny {colors[0]} {cat}")
-        else:
-            cols = list(dict.fromkeys(colors))
-            shade = cols[0] if len(cols) == 1 else " and ".join(cols)
-            tiny.append(f"{NUMBERS[len(colors)]} tiny {vocab.category(cat).plural} ({shade})")
     verb = "is" if len(scene.tiny) == 1 else "are"
-    return f"The photo shows {_join(big)}. On the tray {verb} {_join(tiny)}."
+    return (
+        f"The photo shows {_join(_groups(scene.large, ''))}. "
+        f"On the tray {verb} {_join(_groups(scene.tiny, 'tiny '))}."
+    )
+
+
+def _groups(objs, size: str) -> list[str]:
+    """Objects grouped by category: "a large red cup", "two tiny cups (red and blue)"."""
+    by_cat: dict[str, list] = {}
+    for o in objs:
+        by_cat.setdefault(o.category, []).append(o)
+    out = []
+    for cat, group in by_cat.items():
+        if len(group) == 1:
+            word = size or f"{group[0].size} "
+            out.append(f"{'an' if word[0] in 'aeiou' else 'a'} {word}{group[0].color} {cat}")
+        else:
+            cols = " and ".join(dict.fromkeys(o.color for o in group))
+            out.append(f"{NUMBERS[len(group)]} {size}{vocab.category(cat).plural} ({cols})")
+    return out
 
 
 def _join(parts: list[str]) -> str:
