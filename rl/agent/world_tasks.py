@@ -35,6 +35,7 @@ from mm.world.change import edit_scene, possible_kinds
 from mm.world.detail import DetailConfig, DetailScene, padded_box, render_detail, sample_detail_scene
 from mm.world.render import object_box
 from mm.world.text import NUMBERS
+from rl.agent.simulator import UserSimulator
 from rl.agent.task import KINDS, AgentTask
 
 SPLITS = ("train", "test")
@@ -235,8 +236,6 @@ def dialogue_goal(note: WorldNote, rng: np.random.Generator) -> dict:
 
 
 def dialogue_task(cfg: WorldTaskConfig, note: WorldNote) -> AgentTask:
-    from rl.agent.simulator import UserSimulator  # the simulator reads the goal this module writes
-
     rng = np.random.default_rng([cfg.seed, note.index, 14])
     goal = dialogue_goal(note, rng)
     S = cfg.detail.source_size
