@@ -3,7 +3,8 @@
 ``score_answer(task, text)`` dispatches on ``task.kind``:
 
 - ``detail``: the asked colour or count. 1 for the right value alone; a hedge that lists ``k`` values
-  including the right one gets ``1 / k``; a wrong or missing value 0.
+  including the right one gets ``1 / k``; a wrong or missing value 0, and so does an answer that names
+  objects but not the asked one ("the tiny fork is red" when asked about the cup).
 - ``change``: 0.4 for the kind of change (added / removed / recoloured / moved, by keyword), 0.4 for
   the object (divided by the number of distinct objects named), 0.2 for the colour (for a recolour the
   overlap of the colours named with {old, new}; else the object's colour, divided by the number of
@@ -12,7 +13,7 @@
   judged claims (1 when none is judged), recall = true facts covered / true facts, over the exists,
   attribute and count kinds. :func:`caption_units` gives the per-kind counts for hallucination rates.
 - ``dialogue``: the final answer against the hidden goal: half for the count, half for the colours
-  (Jaccard overlap of the colour sets).
+  (Jaccard overlap of the colour sets); 0 when it names objects but not the goal's.
 
 Text inside ``<tool>...</tool>`` is ignored; when an ``<answer>...</answer>`` block is present, only it
 is read.
@@ -51,6 +52,9 @@ CHANGE_WEIGHTS = {"kind": 0.4, "object": 0.4, "color": 0.2}
 _TOOL = re.compile(r"<tool>.*?(</tool>|$)", re.S)
 _ANSWER = re.compile(r"<answer>(.*?)(</answer>|$)", re.S)
 _WORD = re.compile(r"[a-z0-9]+")
+_NOT_COUNTS = re.compile(
+    r"\b(?:photo|image|picture|img)s?\s*(?:#\s*)?(?:\d+|" + "|".join(NUMBER_WORDS) + r")\b|\[[^\]]*\]", re.I
+)
 
 
 def answer_text(text: str) -> str:
@@ -72,9 +76,9 @@ def colors_in(text: str) -> list[str]:
 
 def numbers_in(text: str) -> list[int]:
     """Counts named in ``text`` (digits and number words), in order, without repeats ("a"/"an" is not
-    a count)."""
+    a count; image numbers such as "photo 2" and bracketed boxes are not counts)."""
     out = []
-    for w in words(text):
+    for w in words(_NOT_COUNTS.sub(" ", text)):
         if w.isdigit():
             out.append(int(w))
         elif w in NUMBER_WORDS:
@@ -107,8 +111,16 @@ def jaccard(said: Sequence[str], truth: Sequence[str]) -> float:
     return 1.0 if not (a | b) else len(a & b) / len(a | b)
 
 
+def names_another(text: str, obj: str) -> bool:
+    """True when ``text`` names world objects but not ``obj`` (an answer about the wrong object)."""
+    named = objects_in(text)
+    return bool(named) and obj not in named
+
+
 def score_detail(task: AgentTask, text: str) -> float:
     t = answer_text(text)
+    if names_another(t, task.meta["object"]):
+        return 0.0
     if task.meta["ask"] == "color":
         return hedge_score(colors_in(t), task.answer)
     return hedge_score(numbers_in(t), int(task.answer))
@@ -131,6 +143,8 @@ def score_change(task: AgentTask, text: str) -> float:
 def goal_scores(goal: dict[str, Any], text: str) -> dict[str, float]:
     """Per slot of a dialogue goal (``count``, ``colors``), how well ``text`` states it."""
     t = answer_text(text)
+    if names_another(t, goal["object"]):
+        return {"count": 0.0, "colors": 0.0}
     return {
         "count": hedge_score(numbers_in(t), goal["count"]),
         "colors": jaccard(colors_in(t), goal["colors"]) if colors_in(t) else 0.0,

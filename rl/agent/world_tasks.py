@@ -2,6 +2,7 @@
 
     cfg = WorldTaskConfig(seed=0)
     tasks = list(world_tasks(cfg, "detail", "train", 100))   # AgentTask objects
+    mix = list(mixed_tasks(cfg, "train", 400))                 # every kind in turn
     score_answer(tasks[0], "The tiny cup is red.")            # rl.agent.answers
 
 A *note* ``index`` (``world_note``) is a theme and 1-3 detail photos (:mod:`mm.world.detail`), a pure
@@ -273,5 +274,22 @@ def world_tasks(cfg: WorldTaskConfig, kind: str, split: str, n: int, start: int 
     while made < n:
         if note_split(cfg, index) == split:
             yield world_task(cfg, kind, index)
+            made += 1
+        index += 1
+
+
+def mixed_tasks(
+    cfg: WorldTaskConfig, split: str, n: int, kinds: tuple[str, ...] = KINDS, start: int = 0
+) -> Iterator[AgentTask]:
+    """``n`` tasks of ``split`` cycling through ``kinds``, each from its own note (a training mix)."""
+    bad = [k for k in kinds if k not in _MAKERS]
+    if bad or not kinds:
+        raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds}")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    made, index = 0, start
+    while made < n:
+        if note_split(cfg, index) == split:
+            yield world_task(cfg, kinds[made % len(kinds)], index)
             made += 1
         index += 1

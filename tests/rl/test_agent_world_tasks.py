@@ -10,7 +10,7 @@ import imgdiff
 from mm.world.change import CHANGE_KINDS
 from rl.agent.answers import caption_units, score_answer
 from rl.agent.task import AgentTask
-from rl.agent.world_tasks import WorldTaskConfig, note_split, world_task, world_tasks
+from rl.agent.world_tasks import WorldTaskConfig, mixed_tasks, note_split, world_task, world_tasks
 
 CFG = WorldTaskConfig(seed=0)
 
@@ -77,18 +77,23 @@ def test_reference_answers_score_one():
 
 
 def test_detail_scores():
-    color = _task("detail", ask="color", answer="red")
+    color = _task("detail", ask="color", answer="red", object="cup")
     assert score_answer(color, "The tiny cup is red.") == 1.0
     assert score_answer(color, "It is blue.") == 0.0
     assert score_answer(color, "red or blue") == 0.5
     assert score_answer(color, "I can't tell.") == 0.0
     assert score_answer(color, '<tool>{"name": "zoom"}</tool> red') == 1.0
     assert score_answer(color, "<answer>green</answer> but maybe red") == 0.0
-    count = _task("detail", ask="count", answer="2")
+    color = _task("detail", ask="color", answer="red", object="cup")
+    assert score_answer(color, "The tiny cup is red.") == 1.0
+    assert score_answer(color, "The tiny fork is red.") == 0.0
+    count = _task("detail", ask="count", answer="2", object="cup")
     assert score_answer(count, "There are two tiny cups.") == 1.0
     assert score_answer(count, "There are 2.") == 1.0
     assert score_answer(count, "Three.") == 0.0
     assert score_answer(count, "two or three") == 0.5
+    assert score_answer(count, "In photo 3 there are 2 tiny cups, in box [1, 5, 9, 9].") == 1.0
+    assert score_answer(count, "Image two shows three cups.") == 0.0
 
 
 def test_change_scores():
@@ -125,6 +130,15 @@ def test_dialogue_scores():
     assert score_answer(t, "There are 3 tiny shells (green and red).") == 1.0
     assert score_answer(t, "There are 3 tiny shells, all red.") == pytest.approx(0.75)
     assert score_answer(t, "Two blue shells.") == 0.0
+    assert score_answer(t, "There are 3 tiny crabs (green and red).") == 0.0
+
+
+def test_mixed_tasks_cycle_kinds_over_distinct_notes():
+    tasks = list(mixed_tasks(CFG, "test", 8))
+    assert [t.kind for t in tasks] == ["detail", "change", "dialogue", "caption"] * 2
+    assert len({t.meta["note"] for t in tasks}) == 8 and {t.meta["split"] for t in tasks} == {"test"}
+    with pytest.raises(ValueError, match="kinds"):
+        next(mixed_tasks(CFG, "train", 1, kinds=("riddle",)))
 
 
 def test_bad_inputs_say_what_to_fix():
