@@ -39,12 +39,19 @@ NUMBER_WORDS: dict[str, int] = {
 """Number words read as counts (digits are read too)."""
 
 CHANGE_WORDS: dict[str, tuple[str, ...]] = {
-    "added": ("added", "appeared", "appears", "new", "addition"),
-    "removed": ("removed", "gone", "missing", "disappeared", "vanished", "taken"),
-    "recoloured": ("recoloured", "recolored", "recolouring", "repainted", "colour", "color", "turned"),
-    "moved": ("moved", "shifted", "relocated", "moves", "position"),
+    "added": ("added", "appeared", "appears", "addition"),
+    "removed": ("removed", "disappeared", "vanished", "missing", "gone"),
+    "recoloured": ("recoloured", "recolored", "recolouring", "recoloring", "repainted"),
+    "moved": ("moved", "shifted", "relocated", "moves"),
 }
-"""Keywords of each change kind (the first kind whose keyword appears wins, in word order)."""
+"""Verbs of each change kind: the first one in the answer names the kind."""
+WEAK_CHANGE_WORDS: dict[str, tuple[str, ...]] = {
+    "recoloured": ("colour", "color", "turned"),
+    "moved": ("position", "place"),
+    "added": ("new",),
+    "removed": ("taken",),
+}
+"""Looser words, read only when the answer has none of :data:`CHANGE_WORDS` ("it has a new colour")."""
 
 CHANGE_WEIGHTS = {"kind": 0.4, "object": 0.4, "color": 0.2}
 """How a change answer's score splits between its parts."""
@@ -92,12 +99,14 @@ def objects_in(text: str) -> list[str]:
 
 
 def change_kind_in(text: str) -> str | None:
-    """The change kind the first change keyword of ``text`` names, else None."""
+    """The change kind ``text`` names: the first verb of :data:`CHANGE_WORDS` in it, else the first kind
+    of :data:`WEAK_CHANGE_WORDS` (in that table's order) with a word in it, else None."""
+    said = words(text)
     lookup = {w: k for k, ws in CHANGE_WORDS.items() for w in ws}
-    for w in words(text):
+    for w in said:
         if w in lookup:
             return lookup[w]
-    return None
+    return next((k for k, ws in WEAK_CHANGE_WORDS.items() if set(ws) & set(said)), None)
 
 
 def hedge_score(said: Sequence[Any], truth: Any) -> float:

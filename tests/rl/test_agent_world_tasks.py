@@ -102,6 +102,7 @@ def test_change_scores():
     assert score_answer(t, "The cup changed colour to blue.") == pytest.approx(0.9)  # half the colours
     assert score_answer(t, "The tiny fork was removed.") == pytest.approx(0.0)
     assert score_answer(t, "The tiny cup was moved.") == pytest.approx(0.4)
+    assert score_answer(t, "The tiny cup has a new colour: blue, it was red.") == pytest.approx(1.0)
     t = _task("change", change="added", object="shell", color="green", new_color=None)
     assert score_answer(t, "A tiny green shell was added.") == pytest.approx(1.0)
     assert score_answer(t, "A tiny green crab was added.") == pytest.approx(0.6)
