@@ -11,7 +11,8 @@ tasks of one note, of every kind, are all in one split: train and test tasks nev
 kind makes one task from a note:
 
 - ``detail``: "What colour is the tiny X on the tray in photo k?" (X once among photo k's tiny objects)
-  or "How many tiny Xs ...?"; ``meta["box"]`` is where to zoom (the object, or all the Xs, padded).
+  or "How many tiny Xs ...?" (X drawn by count value first, so answers are not mostly "1");
+  ``meta["box"]`` is where to zoom (the object, or all the Xs, padded).
 - ``change``: photo 1 and photo 2 are the note's first photo before and after one tiny object was added,
   removed, recoloured or moved (:mod:`mm.world.change`); same clutter and noise, so they differ only in
   ``meta["box"]``. The answer is one sentence ("the tiny cup was recoloured from red to blue").
@@ -132,6 +133,15 @@ def _photo_name(k: int, n: int) -> str:
     return "the photo" if n == 1 else f"photo {k + 1}"
 
 
+def pick_by_count(counts: Counter, rng: np.random.Generator) -> str:
+    """A category of ``counts``: first a count value uniformly among those present, then a category with
+    it (so answers are not mostly "1", which a model could guess without looking)."""
+    values = sorted(set(counts.values()))
+    n = values[int(rng.integers(len(values)))]
+    cats = sorted(c for c, k in counts.items() if k == n)
+    return cats[int(rng.integers(len(cats)))]
+
+
 def detail_task(cfg: WorldTaskConfig, note: WorldNote) -> AgentTask:
     rng = np.random.default_rng([cfg.seed, note.index, 11])
     k = int(rng.integers(len(note.scenes)))
@@ -140,7 +150,7 @@ def detail_task(cfg: WorldTaskConfig, note: WorldNote) -> AgentTask:
     singles = sorted(c for c, n in counts.items() if n == 1)
     where = _photo_name(k, len(note.scenes))
     if not singles or rng.random() < cfg.count_prob:
-        cat = sorted(counts)[int(rng.integers(len(counts)))]
+        cat = pick_by_count(counts, rng)
         ask, answer = "count", str(counts[cat])
         question = f"How many tiny {vocab.category(cat).plural} are on the tray in {where}?"
     else:
@@ -225,8 +235,7 @@ def caption_task(cfg: WorldTaskConfig, note: WorldNote) -> AgentTask:
 
 def dialogue_goal(note: WorldNote, rng: np.random.Generator) -> dict:
     """The hidden goal: a tiny category of the note, its count across photos, its colours."""
-    cats = sorted({o.category for s in note.scenes for o in s.tiny})
-    cat = cats[int(rng.integers(len(cats)))]
+    cat = pick_by_count(Counter(o.category for s in note.scenes for o in s.tiny), rng)
     found = [(k, o) for k, s in enumerate(note.scenes) for o in s.tiny if o.category == cat]
     return {
         "object": cat,
