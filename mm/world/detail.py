@@ -2,9 +2,9 @@
 
 A detail photo is ``source_size`` pixels square (4x the tower's ``view_size`` by default). It holds a few
 large objects, drawn like the world's objects, and a *tray*: a lighter square where ``tiny`` objects
-lie on a 3x3 grid of cells. A tiny object is 8-13 source pixels across (its radius is drawn per object,
+lie on a 3x3 grid of cells. A tiny object is 7-12 source pixels across (its radius is drawn per object,
 so its area does not give its category away); in the ``view_size`` downsample the tower sees it is a
-blob of 2-4 pixels whose colour shows but whose category (the shape and glyph of
+blob of 2-3 pixels whose colour shows but whose category (the shape and glyph of
 :mod:`mm.world.vocab`) does not. Which blob is the bucket, and so the bucket's colour and how many
 buckets there are, can be read only from a crop of the source: the ``zoom`` tool's job.
 
@@ -51,9 +51,9 @@ class DetailConfig:
     """Fewest tiny objects on the tray."""
     tiny_max: int = 5
     """Most tiny objects on the tray (at most ``TRAY_GRID ** 2``)."""
-    tiny_radius_min: float = 4.0
+    tiny_radius_min: float = 3.5
     """Smallest half-extent of a tiny object, in source pixels."""
-    tiny_radius_max: float = 6.5
+    tiny_radius_max: float = 6.0
     """Largest half-extent of a tiny object, in source pixels (drawn uniformly per object)."""
     tiny_duplicate: float = 0.35
     """Probability that a tiny object repeats a category already on the tray (so counts exceed one)."""
