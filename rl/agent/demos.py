@@ -55,6 +55,16 @@ class DemoTurn:
     image: np.ndarray | None = None
     """A ``zoom`` observation's crop at full resolution, ``(h, w, 3)`` uint8."""
 
+    def to_json(self) -> dict[str, Any]:
+        """The turn as JSON (the image as its shape; it is rebuilt from the call and the task's sources)."""
+        return {
+            "role": self.role,
+            "text": self.text,
+            "policy": self.policy,
+            "call": self.call,
+            "image_shape": None if self.image is None else list(self.image.shape),
+        }
+
 
 def tool_text(call: dict) -> str:
     """``call`` in the loop's format."""

@@ -65,3 +65,11 @@ def test_run_tool_replaces_observations():
     turns = demonstration(task, run_tool=lambda call, t: (f"seen {call['name']}", None))
     obs = [t for t in turns if t.role == "tool"]
     assert [t.text for t in obs] == ["seen zoom"] and obs[0].image is None
+
+
+def test_turns_serialise_to_json():
+    task = world_task(CFG, "detail", 2)
+    rows = [t.to_json() for t in demonstration(task)]
+    assert json.loads(json.dumps(rows)) == rows
+    assert [r["role"] for r in rows] == ["user", "assistant", "tool", "assistant"]
+    assert rows[2]["image_shape"][2] == 3 and rows[1]["policy"] and not rows[2]["policy"]
