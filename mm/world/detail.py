@@ -44,7 +44,7 @@ class DetailConfig:
     view_size: int = 64
     """Side of the downsample the tower sees (its input size)."""
     large_min: int = 1
-    """Fewest large objects in a photo."""
+    """Fewest large objects in a photo (fewer when a drawn one finds no room off the tray)."""
     large_max: int = 3
     """Most large objects in a photo."""
     tiny_min: int = 3
