@@ -1,0 +1,75 @@
+"""Demonstrations: well-formed turns (policy flag on assistant turns only, one tool call per tool turn,
+observations right after), zoom crops from the sources, answers that score 1, dialogues that satisfy."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from rl.agent.answers import score_answer
+from rl.agent.simulator import UserSimulator
+from rl.agent.world_demos import demonstration
+from rl.agent.world_tasks import WorldTaskConfig, world_task
+
+CFG = WorldTaskConfig(seed=0)
+TOOL = re.compile(r"<tool>(.*?)</tool>", re.S)
+
+
+@pytest.mark.parametrize("kind", ["detail", "change", "caption", "dialogue"])
+def test_demonstrations_are_well_formed_and_right(kind):
+    for index in range(4):
+        task = world_task(CFG, kind, index)
+        turns = demonstration(task)
+        assert turns[0].role == "user" and turns[0].text
+        assert all(t.policy == (t.role == "assistant") for t in turns)
+        tools = 0
+        for i, t in enumerate(turns):
+            calls = TOOL.findall(t.text) if t.role == "assistant" else []
+            if calls:
+                assert len(calls) == 1 and json.loads(calls[0]) == t.call
+                nxt = turns[i + 1]
+                assert nxt.role == "tool" and nxt.call == t.call and not nxt.policy
+                tools += 1
+                if t.call["name"] == "zoom":
+                    x0, y0, x1, y1 = t.call["box"]
+                    src = task.sources[t.call["image"] - 1]
+                    assert np.array_equal(nxt.image, src[y0:y1, x0:x1])
+            if t.role == "tool":
+                assert turns[i - 1].role == "assistant" and turns[i - 1].call == t.call
+        assert tools >= 1
+        finals = [t for t in turns if t.role == "assistant" and t.call is None]
+        if kind == "dialogue":
+            sim = UserSimulator(task, seed=0)
+            for t in finals:
+                sim.reply(t.text)
+            assert sim.satisfied
+            assert turns[-1].role == "user"
+        else:
+            assert turns[-1] is finals[-1] and len(finals) == 1
+            assert score_answer(task, finals[-1].text) == pytest.approx(1.0)
+
+
+def test_change_demo_compares_then_zooms_where_the_object_is():
+    task = world_task(CFG, "change", 1)
+    calls = [t.call for t in demonstration(task) if t.role == "assistant" and t.call]
+    assert calls[0] == {"name": "compare", "images": [1, 2]}
+    assert all(c["name"] == "zoom" for c in calls[1:])
+    assert len(calls) - 1 == sum(task.meta[k] is not None for k in ("before_box", "after_box"))
+
+
+def test_run_tool_replaces_observations():
+    task = world_task(CFG, "detail", 0)
+    turns = demonstration(task, run_tool=lambda call, t: (f"seen {call['name']}", None))
+    obs = [t for t in turns if t.role == "tool"]
+    assert [t.text for t in obs] == ["seen zoom"] and obs[0].image is None
+
+
+def test_turns_serialise_to_json():
+    task = world_task(CFG, "detail", 2)
+    rows = [t.to_json() for t in demonstration(task)]
+    assert json.loads(json.dumps(rows)) == rows
+    assert [r["role"] for r in rows] == ["user", "assistant", "tool", "assistant"]
+    assert rows[2]["image_shape"][2] == 3 and rows[1]["policy"] and not rows[2]["policy"]
