@@ -81,6 +81,24 @@ def gap_closed(student: dict, teacher: dict, method: dict, *, n_boot: int = 1000
     return out
 
 
+def summarize(result: dict[str, Any], units: dict[str, dict], methods: list[str]) -> None:
+    """Scores of every model, the gap each run closes, and per method the mean and range over seeds."""
+    result["scores"] = {k: scores(u) for k, u in units.items()}
+    result["gap_closed"] = {
+        k: gap_closed(units["student"], units["teacher"], u) for k, u in units.items() if "_seed" in k
+    }
+    result["by_method"] = {}
+    for method in methods:
+        runs = [g for k, g in result["gap_closed"].items() if k.startswith(f"{method}_seed")]
+        if runs:
+            result["by_method"][method] = {
+                m: {"mean": float(np.mean([g[m]["value"] for g in runs])),
+                    "min": float(min(g[m]["value"] for g in runs)),
+                    "max": float(max(g[m]["value"] for g in runs)), "seeds": len(runs)}
+                for m in ("chair_i", "recall")
+            }  # fmt: skip
+
+
 def _num(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
@@ -122,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     units = {"student": evaluate(args.student), "teacher": evaluate(args.teacher)}
     result: dict[str, Any] = {"args": vars(args), "runs": {}}
+    summarize(result, units, args.methods)
     for seed in args.seeds:
         for method in args.methods:
             name = f"{method}_seed{seed}"
@@ -138,14 +157,11 @@ def main(argv: list[str] | None = None) -> int:
             units[name] = evaluate(out / name / "model")
             result["runs"][name] = {"train_seconds": summary["train_seconds"],
                                     "step_seconds": summary["step_seconds"]}  # fmt: skip
-    result["scores"] = {k: scores(u) for k, u in units.items()}
-    result["gap_closed"] = {
-        k: gap_closed(units["student"], units["teacher"], u) for k, u in units.items() if "_seed" in k
-    }
-    result["seconds"] = round(time.perf_counter() - t0, 1)
-    (out / "evidence.json").write_text(json.dumps(result, indent=1))
+            summarize(result, units, args.methods)
+            result["seconds"] = round(time.perf_counter() - t0, 1)
+            (out / "evidence.json").write_text(json.dumps(result, indent=1))  # after every run
     print(f"{'model':<14} {'CHAIR_i [95% CI]':<26} {'recall [95% CI]':<26} gap closed (CHAIR_i / recall)")
-    for k, s in result["scores"].items():
+    for k, s in result.get("scores", {}).items():
         ci = "  ".join(
             f"{_num(s[m]['value'])} [{_num(s[m]['low'])}, {_num(s[m]['high'])}]"
             for m in ("chair_i", "recall")
@@ -153,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         g = result["gap_closed"].get(k)
         gap = "" if g is None else f"{g['chair_i']['value']:+.2f} / {g['recall']['value']:+.2f}"
         print(f"{k:<14} {ci}  {gap}")
-    print(f"total {result['seconds']} s")
+    for method, g in result.get("by_method", {}).items():
+        c, r = g["chair_i"], g["recall"]
+        print(f"{method}: gap closed over {c['seeds']} seed(s): CHAIR_i {c['mean']:+.2f} [{c['min']:+.2f}, "
+              f"{c['max']:+.2f}], recall {r['mean']:+.2f} [{r['min']:+.2f}, {r['max']:+.2f}]")  # fmt: skip
+    print(f"total {result.get('seconds')} s")
     return 0
 
 
