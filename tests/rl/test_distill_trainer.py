@@ -103,10 +103,11 @@ def test_teacher_logps_equal_a_manual_forward_batched_and_cached(world):
         ("loss.kind=reverse_kl",),
         ("loss.kind=reverse_kl", "loss.estimator=sampled", "loss.temperature=0.8"),
         ("loss.kind=gjsd", "loss.beta=0.5", "data.lmbda=0.5", "data.off_policy=dataset"),
-        ("loss.kind=gjsd", "loss.beta=0.0", "data.lmbda=0.5", "data.off_policy=teacher"),
+        ("loss.kind=gjsd", "loss.beta=0.0", "data.lmbda=0.5", "data.off_policy=teacher", "lora.enabled=true",
+         "lora.r=2"),
         ("loss.kind=sft_on_teacher",),
     ],
-    ids=["reverse_kl", "sampled", "gjsd_dataset", "gjsd_forward_teacher", "sft_on_teacher"],
+    ids=["reverse_kl", "sampled", "gjsd_dataset", "gjsd_forward_teacher_lora", "sft_on_teacher"],
 )
 def test_two_steps_of_each_loss(world, tmp_path, sets):
     out = tmp_path / "run"
@@ -126,6 +127,7 @@ def test_two_steps_of_each_loss(world, tmp_path, sets):
     # the teacher scores each rollout once: 2 steps x 1 row batch (none for SFT on teacher samples)
     assert summary["teacher_forwards"] == (0 if kind == "sft_on_teacher" else 2)
     assert (out / "curves.png").is_file() and (out / "model" / "config.json").is_file()
+    assert (out / "adapter").is_dir() == ("lora.enabled=true" in sets)  # LoRA merged into OUT/model
 
 
 def test_one_reverse_kl_step_moves_the_student_toward_the_teacher(world):
