@@ -90,13 +90,8 @@ class DistillTrainer(loop.StepTrainer):
         self, *, cfg: DistillConfig, student: Any, teacher: TeacherScorer, prompts: Any,
         heldout: NotePrompts | None = None,
     ) -> None:  # fmt: skip
-        self.cfg, self.student, self.teacher, self.prompts, self.heldout = (
-            cfg,
-            student,
-            teacher,
-            prompts,
-            heldout,
-        )
+        self.cfg, self.student, self.teacher = cfg, student, teacher
+        self.prompts, self.heldout = prompts, heldout
         self.model = student.model
         lmbda = 0.0 if cfg.loss.kind == "sft_on_teacher" else cfg.data.lmbda
         self.student_rows = round(lmbda * cfg.data.batch_size)
