@@ -5,7 +5,9 @@ method trains ``--steps`` optimizer steps of ``--batch`` captions (the same prom
 schedule; OPD samples them with the student, KD with the teacher):
 
 - ``opd``: ``loss.kind=reverse_kl`` (exact per-token KL(student || teacher) on the student's samples);
-- ``kd``: ``loss.kind=sft_on_teacher`` (the student's NLL on teacher samples).
+- ``kd``: ``loss.kind=sft_on_teacher`` (the student's NLL on teacher samples);
+- with ``--methods``, also ``opd_forward`` (forward KL on the student's samples) and ``gkd`` (GKD's
+  generalised JSD, beta 0.5, on half student and half teacher samples).
 
 Then the student before, the teacher and each trained student caption the same held-out notes greedily,
 scored by CHAIR_i and recall with 95% bootstrap intervals over notes; the share of the student-teacher
@@ -30,8 +32,14 @@ from typing import Any
 import numpy as np
 import torch
 
-METHODS = {"opd": ["loss.kind=reverse_kl", "data.lmbda=1"], "kd": ["loss.kind=sft_on_teacher"]}
-"""Method -> its ``rl distill`` overrides."""
+METHODS = {
+    "opd": ["loss.kind=reverse_kl", "data.lmbda=1"],
+    "kd": ["loss.kind=sft_on_teacher"],
+    "opd_forward": ["loss.kind=gjsd", "loss.beta=0", "data.lmbda=1"],
+    "gkd": ["loss.kind=gjsd", "loss.beta=0.5", "data.lmbda=0.5", "data.off_policy=teacher"],
+}
+"""Method -> its ``rl distill`` overrides (default: opd and kd; opd_forward: forward KL on the student's
+samples; gkd: GKD's JSD with beta 0.5 on half student, half teacher samples)."""
 
 
 def caption_units(
@@ -116,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-split", default="test", help="split of the held-out notes")
     p.add_argument("--max-new-tokens", type=int, default=96, help="longest caption (training and eval)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--methods", nargs="+", default=["opd", "kd"], choices=list(METHODS), help="methods run")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     args = p.parse_args(argv)
 
