@@ -1,0 +1,81 @@
+"""The distillation benchmarks at tiny sizes: the evidence script end to end (and its gap-closed golden
+values), and the TRL step-time comparison's two sides on a text-only causal LM."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))  # distill_vs_trl imports rl_bench from beside it
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _units(hallucinated, mentions, covered, gt):
+    return {"hallucinated": hallucinated, "mentions": mentions, "covered": covered, "gt": gt}
+
+
+def test_gap_closed_golden(monkeypatch):
+    ev = _load("distill_evidence", monkeypatch)
+    # CHAIR_i: student 4/8 = 0.5, teacher 1/10 = 0.1, method 3/10 = 0.3 -> (0.5 - 0.3) / (0.5 - 0.1) = 0.5
+    # recall: student 4/10, teacher 8/10, method 7/10 -> (0.7 - 0.4) / (0.8 - 0.4) = 0.75
+    s = _units([2, 2], [4, 4], [2, 2], [5, 5])
+    t = _units([1, 0], [5, 5], [4, 4], [5, 5])
+    m = _units([2, 1], [5, 5], [3, 4], [5, 5])
+    g = ev.gap_closed(s, t, m, n_boot=200)
+    assert g["chair_i"]["value"] == pytest.approx(0.5) and g["recall"]["value"] == pytest.approx(0.75)
+    assert g["chair_i"]["better_than_student"] and g["recall"]["better_than_student"]
+    assert all(np.isfinite(g[k]["low"]) and g[k]["low"] <= g[k]["high"] for k in ("chair_i", "recall"))
+
+
+def test_evidence_script_end_to_end(tmp_path, monkeypatch):
+    from tests.helpers.eval_model import make_data_dir
+    from tests.rl.test_distill_trainer import STUDENT_TEXT, TEACHER_TEXT, _save
+
+    ev = _load("distill_evidence", monkeypatch)
+    data = make_data_dir(tmp_path, split="train")
+    student = _save(tmp_path / "s", seed=3, text=STUDENT_TEXT)
+    teacher = _save(tmp_path / "t", seed=5, text=TEACHER_TEXT, budget=8)
+    out = tmp_path / "ev"
+    argv = ["--teacher", str(teacher), "--student", str(student), "--data", str(data), "--out", str(out),
+            "--steps", "1", "--batch", "2", "--eval-notes", "2", "--eval-split", "train",
+            "--max-new-tokens", "6"]  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert ev.main(argv) == 0
+    result = json.loads((out / "evidence.json").read_text())
+    assert set(result["scores"]) == {"student", "teacher", "opd_seed0", "kd_seed0"}
+    assert set(result["gap_closed"]) == {"opd_seed0", "kd_seed0"}
+    assert set(result["by_method"]) == {"opd", "kd"}
+    assert (out / "opd_seed0" / "model" / "config.json").is_file()
+
+
+def test_trl_benchmark_sides_train_the_same_text_model(tmp_path, monkeypatch):
+    bench = _load("distill_vs_trl", monkeypatch)
+    rl_bench = _load("rl_bench", monkeypatch)
+    from transformers import Qwen2ForCausalLM
+
+    _, tok = rl_bench.make_lm(tmp_path / "s", hidden=16, layers=1, seed=0)
+    rl_bench.make_lm(tmp_path / "t", hidden=32, layers=1, seed=1)
+    data = bench.Prompts(rl_bench.texts(4, 5, 0), rl_bench.texts(4, 6, 1))
+    student = Qwen2ForCausalLM.from_pretrained(str(tmp_path / "s"))
+    teacher = Qwen2ForCausalLM.from_pretrained(str(tmp_path / "t")).eval()
+    before = [p.detach().clone() for p in student.parameters()]
+    times = bench.ours(student, teacher, tok, data, batch=2, new=4, steps=2)
+    assert len(times) == 2 and min(times) > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, student.parameters()))
+    pytest.importorskip("trl")
+    theirs = bench.trl(tmp_path / "s", tmp_path / "t", tok, data, batch=2, new=4, steps=2)
+    assert len(theirs) == 2 and min(theirs) > 0
