@@ -51,7 +51,7 @@ class LabelerConfig:
     answer_style: str = "word"
     """How the labeler answers (mm.train.tasks.yes_no_answer): word (P(yes) is read off the first answer
     token) or object (a NoteVLM trained with ``answer_style: object`` answers "A fork: yes": P(yes) is
-    read after the object, from the log-probs of the two whole answers; needs the claimed object)."""
+    read after the object, from the log probabilities of the two whole answers; needs the claimed object)."""
     batch_size: int = 16
     """Questions per labeler forward."""
     cache: str = ""

@@ -136,10 +136,11 @@ class PipelineConfig:
     grpo: StageSpec = field(default_factory=lambda: StageSpec(config="configs/rl/grpo.yaml"))
     """GRPO (rl.trainers.grpo.GRPOConfig)."""
     ground_truth: bool = True
-    """Whether post-training may read the notes' ground truth (the scene reward). false: the no-ground-truth
-    pipeline (configs/rl/pipeline_nogt.yaml): every post-training stage must take its reward from a labeler
-    or a reward model (checked before anything runs, :mod:`rl.pipeline_nogt`), and its trainer gets the
-    notes stripped of ground truth (:mod:`rl.ground_truth`); only the eval stages read it."""
+    """Whether post-training may read the notes' ground truth (the scene reward). false: the pipeline
+    without ground truth (configs/rl/pipeline_nogt.yaml): every post-training stage must take its reward
+    from a labeler or a reward model (checked before anything runs, :mod:`rl.pipeline_nogt`), and its
+    trainer gets the notes stripped of ground truth (:mod:`rl.ground_truth`); only the eval stages read
+    it."""
     threads: int = 0
     """torch.set_num_threads for the whole pipeline; 0 leaves the default."""
 
