@@ -212,6 +212,8 @@ def resolve(cfg: PipelineConfig, out: Path) -> dict[str, Any]:
         cls = getattr(importlib.import_module(module), cls_name)
         spec = getattr(cfg, name)
         extra = self_feedback_wiring(name, _load(cls, spec, [], name), sft_model)
+        if not cfg.ground_truth:  # the trainers get the notes stripped of their ground truth
+            extra.append("data.ground_truth=false")
         res[name] = _load(cls, spec, [data, f"init.model={sft_model}", *extra], name)
     if not cfg.ground_truth:
         check_without_ground_truth(res, list(cfg.post))

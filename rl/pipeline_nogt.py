@@ -2,8 +2,9 @@
 ``configs/rl/pipeline_nogt.yaml``): the self-feedback wiring of the DPO labeler and the check, before
 anything runs, that no post-training stage would read the notes' ground truth.
 
-The check is the first of two guards: the trainers themselves hand such stages notes stripped of their
-ground truth (:mod:`rl.ground_truth`), so a reward that reads one anyway raises.
+The pipeline sets ``data.ground_truth=false`` in every post-training stage, so its trainer gets the notes
+stripped of their ground truth (:mod:`rl.ground_truth`) and a reward that reads it anyway raises; the check
+catches the settings known to need it before anything runs.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def self_feedback_wiring(name: str, raw: Any, sft_model: str) -> list[str]:
 def ground_truth_reads(name: str, c: Any) -> list[str]:
     """Why post-training stage ``name`` with config ``c`` would read ground truth (empty: it reads none)."""
     why = []
+    if c.data.ground_truth:
+        why.append("data.ground_truth=true hands the trainer the notes with their ground truth")
     if name == "dpo":
         d = c.data
         if d.pairs is not None:

@@ -95,7 +95,10 @@ class DataConfig:
     (``question_ratio``) pads to caption length, so many cost little this way."""
     answer_style: str = "word"
     """How the yes/no pairs' answers are written: the SFT model's ``tasks.answer_style`` ("word": "yes";
-    "object": "A fork: yes"; :func:`mm.train.tasks.yes_no_answer`)."""
+    "object": "A fork: yes"; :func:`mm.train.tasks.yes_no_answer`); the labeler scorer reads it too."""
+    ground_truth: bool = True
+    """false: the pair builder gets the notes stripped of their ground truth (rl.ground_truth): the pairs
+    must need none (build onpolicy with scorer labeler, question_ratio 0); a read of it raises."""
 
     def __post_init__(self) -> None:
         if self.question_ratio < 0 or self.question_batch_size < 0:

@@ -105,20 +105,14 @@ class PairBatcher:
         return out
 
 
-def without_ground_truth(cfg: DataConfig) -> bool:
-    """Whether the pairs of ``cfg`` are built without ground truth: on-policy samples ranked by the labeler
-    (``data.scorer: labeler``). The builders then get the notes through
-    :func:`rl.ground_truth.strip_ground_truth`, so any read of their objects, texts or questions raises."""
-    return cfg.pairs is None and cfg.scorer == "labeler"
-
-
 def _world_notes(cfg: DataConfig) -> list[Any]:
-    """The first ``cfg.notes`` notes of ``cfg.split`` in ``cfg.folder``: annotated notes with text, or,
-    without ground truth (:func:`without_ground_truth`), every note stripped of its annotations."""
+    """The first ``cfg.notes`` notes of ``cfg.split`` in ``cfg.folder``: annotated notes with text, or, with
+    ``data.ground_truth: false``, every note stripped of its annotations
+    (:func:`rl.ground_truth.strip_ground_truth`: any read of its objects, texts or questions raises)."""
     folder = Path(cfg.folder)
     if not (folder / "notes.jsonl").is_file():
         raise UserError(f"data.folder={folder} has no notes.jsonl; generate notes with `mm data world`")
-    if without_ground_truth(cfg):
+    if not cfg.ground_truth:
         notes = strip_all(read_notes(folder, split=cfg.split))
     else:
         notes = [n for n in read_notes(folder, split=cfg.split) if n.categories and n.text.strip()]

@@ -88,25 +88,29 @@ class PromptSet:
 def load_prompt_notes(folder: Path, cfg: DataConfig, *, source: str, vocab: str) -> tuple[list[Any], str]:
     """The notes of the prompts and the reward vocabulary (``reward.source``, ``reward.vocab``).
 
-    ``source: scene`` reads the notes with objects and resolves ``vocab`` against them
-    (:func:`rl.rewards.resolve_vocab`). Any other source (labeler, rm:DIR) needs no ground truth: every note
-    of the split comes stripped of it (:func:`rl.ground_truth.strip_ground_truth`), so a reward that reads
-    a note's objects raises, and ``vocab`` must be named (``auto`` would pick it from the objects)."""
+    The scene reward takes the notes with objects (the other sources every note); ``vocab`` is resolved
+    against the notes' objects (:func:`rl.rewards.resolve_vocab`). With ``data.ground_truth: false``
+    every note comes stripped of its ground truth (:func:`rl.ground_truth.strip_ground_truth`), so a reward
+    or prompt kind that reads it raises, and ``vocab`` must be named (``auto`` would pick it from the
+    objects)."""
     scene = source == "scene"
     notes = read_notes(folder, split=cfg.split)
-    notes = [n for n in notes if n.categories] if scene else strip_all(notes)
+    if not cfg.ground_truth:
+        notes = strip_all(notes)
+    elif scene:
+        notes = [n for n in notes if n.categories]
     notes = notes[: cfg.notes] if cfg.notes else notes
     if not notes:
-        what = "notes with object annotations" if scene else "notes"
+        what = "notes with object annotations" if scene and cfg.ground_truth else "notes"
         raise UserError(f"data.folder={folder}: no {cfg.split!r} {what}")
     if "caption" not in cfg.tasks:
         return notes, vocab
-    if scene:  # the caption reward needs a vocabulary that names every object
+    if cfg.ground_truth:  # the caption reward needs a vocabulary that names every object
         where = f"data.folder={folder} ({cfg.split})"
         return notes, resolve_vocab(vocab, [n.categories for n in notes], where=where)
     if vocab == "auto":
         raise UserError(
-            f"reward.vocab=auto picks the vocabulary from the notes' ground-truth objects, which "
-            f"reward.source={source} does not read; name it: reward.vocab=world or coco"
+            "reward.vocab=auto picks the vocabulary from the notes' ground-truth objects, which "
+            "data.ground_truth=false hides; name it: reward.vocab=world or coco"
         )
     return notes, resolve_vocab(vocab, [], where=str(folder))

@@ -68,35 +68,35 @@ def test_the_scene_reward_and_question_prompts_on_stripped_notes_raise(small):
     from rl.trainers.grpo_config import DataConfig
     from rl.trainers.grpo_data import PromptSet, load_prompt_notes
 
-    notes, vocab = load_prompt_notes(small[1], DataConfig(), source="labeler", vocab="world")
+    nogt = DataConfig(ground_truth=False)
+    notes, vocab = load_prompt_notes(small[1], nogt, source="labeler", vocab="world")
     assert vocab == "world" and all(is_stripped(n) for n in notes) and len(notes) == 2
-    ps = PromptSet(
-        processor=NoteProcessor.from_pretrained(small[0]), notes=notes, root=small[1], cfg=DataConfig()
-    )
+    processor = NoteProcessor.from_pretrained(small[0])
+    ps = PromptSet(processor=processor, notes=notes, root=small[1], cfg=nogt)
     assert len(ps) == 2 and ps.batch([0, 1])["input_ids"].shape[0] == 2  # captions need the images only
     with pytest.raises(GroundTruthError, match=r"\.categories is ground truth"):
         ps.objects  # noqa: B018 - what the scene reward reads
     for tasks in (["question"], ["pope_question"]):
         with pytest.raises(GroundTruthError):
-            PromptSet(processor=ps.processor, notes=notes, root=small[1], cfg=DataConfig(tasks=tasks))
-    with pytest.raises(
-        UserError, match="reward.vocab=auto picks the vocabulary from the notes' ground-truth"
-    ):
-        load_prompt_notes(small[1], DataConfig(), source="labeler", vocab="auto")
-    scene, _ = load_prompt_notes(small[1], DataConfig(), source="scene", vocab="auto")
-    assert not any(is_stripped(n) for n in scene)
+            cfg = DataConfig(tasks=tasks, ground_truth=False)
+            PromptSet(processor=processor, notes=notes, root=small[1], cfg=cfg)
+    with pytest.raises(UserError, match="reward.vocab=auto picks the vocabulary from the notes' ground"):
+        load_prompt_notes(small[1], nogt, source="labeler", vocab="auto")
+    for source in ("scene", "labeler"):  # with ground truth (the default) nothing is stripped
+        kept, vocab = load_prompt_notes(small[1], DataConfig(), source=source, vocab="auto")
+        assert vocab == "world" and len(kept) == 2 and not any(is_stripped(n) for n in kept)
 
 
 def test_dpo_pairs_without_ground_truth_get_stripped_notes(small):
     from rl.trainers.dpo_config import DataConfig
-    from rl.trainers.dpo_data import _world_notes, load_question_pairs, without_ground_truth
+    from rl.trainers.dpo_data import _world_notes, load_question_pairs
 
-    cfg = DataConfig(folder=str(small[1]), build="onpolicy", notes=2, scorer="labeler", labeler=str(small[0]))
-    assert without_ground_truth(cfg) and all(is_stripped(n) for n in _world_notes(cfg))
+    kw = {"folder": str(small[1]), "build": "onpolicy", "notes": 2, "scorer": "labeler", "labeler": "m"}
+    cfg = DataConfig(**kw, ground_truth=False)
+    assert all(is_stripped(n) for n in _world_notes(cfg)) and len(_world_notes(cfg)) == 2
     with pytest.raises(GroundTruthError):
         load_question_pairs(cfg, seed=0)  # yes/no pairs are made from the objects
-    scene = DataConfig(folder=str(small[1]), build="onpolicy", notes=2)
-    assert not without_ground_truth(scene) and not any(is_stripped(n) for n in _world_notes(scene))
+    assert not any(is_stripped(n) for n in _world_notes(DataConfig(**kw)))
 
 
 # ---------------------------------------------------------------- the labeler's object answer style
@@ -167,10 +167,12 @@ def test_nogt_pipeline_is_the_main_job_but_for_where_rewards_come_from(shipped):
     assert not cfg.ground_truth and cfg.post == ["dpo", "grpo"]
     for stage in ("data", "pretrain", "align", "sft"):
         assert _config_dict(nogt[stage]) == _config_dict(gt[stage]), stage
-    assert _diff(_config_dict(nogt["dpo"]), _config_dict(gt["dpo"])) == {"data.scorer", "data.labeler"}
+    assert _diff(_config_dict(nogt["dpo"]), _config_dict(gt["dpo"])) == {
+        "data.scorer", "data.labeler", "data.ground_truth"
+    }  # fmt: skip
     assert nogt["dpo"].data.labeler == str(Path("OUT") / "sft" / "model") == nogt["dpo"].init.model
     assert _diff(_config_dict(nogt["grpo"]), _config_dict(gt["grpo"])) == {
-        "reward.source", "reward.labeler.answer_style", "algo.mention_credit"
+        "reward.source", "reward.labeler.answer_style", "algo.mention_credit", "data.ground_truth"
     }  # fmt: skip
     assert nogt["grpo"].reward.labeler.model == ""  # the starting checkpoint: self-feedback
     assert all(ground_truth_reads(p, nogt[p]) == [] for p in cfg.post)
@@ -181,6 +183,7 @@ def test_ground_truth_reading_stage_configs_are_refused(shipped):
     with pytest.raises(UserError) as e:
         check_without_ground_truth(gt, ["dpo", "grpo"])
     msg = str(e.value)
+    assert "dpo: data.ground_truth=true hands the trainer the notes with their ground truth" in msg
     assert "dpo: data.scorer=scene ranks the samples by the notes' objects" in msg
     assert "grpo: reward.source=scene scores against the notes' objects" in msg
     assert "set ground_truth: true" in msg
@@ -260,6 +263,8 @@ def test_tiny_nogt_pipeline_runs_and_its_trainers_get_stripped_notes(nogt_run):
     assert (dpo["scorer"], dpo["labeler"]) == ("labeler", str(out / "sft" / "model"))
     grpo = json.loads((out / "grpo" / "stage.json").read_text())["config"]["reward"]
     assert grpo["source"] == "labeler"
+    for stage in ("dpo", "grpo"):  # the pipeline's switch reaches the trainers
+        assert json.loads((out / stage / "stage.json").read_text())["config"]["data"]["ground_truth"] is False
     ev = json.loads((out / "eval_grpo" / "eval.json").read_text())  # the evals alone read the truth
     assert {"chair", "pope"} <= set(ev) and "chair_i_rel_change" in m["changes"]["grpo"]
 
@@ -267,6 +272,8 @@ def test_tiny_nogt_pipeline_runs_and_its_trainers_get_stripped_notes(nogt_run):
 @pytest.mark.slow
 @pytest.mark.skipif(POST != ["dpo", "grpo"], reason="needs the DPO and GRPO trainers")
 def test_a_ground_truth_reading_reward_raises(nogt_run, tmp_path, monkeypatch):
+    import dataclasses
+
     import rl.pairs.onpolicy
     import rl.trainers.grpo as grpo
     from rl.trainers import dpo
@@ -278,6 +285,18 @@ def test_a_ground_truth_reading_reward_raises(nogt_run, tmp_path, monkeypatch):
     def scene_peek(labeler, root, reward_cfg=None):  # a "labeler" scorer that peeks at the objects
         return lambda note, texts: [float(len(note.categories))] * len(texts)
 
+    # the ground-truth rewards themselves, switched on by mistake: the scene scorer and the scene reward
+    data = dataclasses.replace(configs["dpo"].data, scorer="scene")
+    with pytest.raises(GroundTruthError, match=r"\.categories is ground truth"):
+        dpo.train(
+            dataclasses.replace(configs["dpo"], data=data), out_dir=tmp_path / "d0", show_progress=False
+        )
+    reward = dataclasses.replace(configs["grpo"].reward, source="scene")
+    with pytest.raises(GroundTruthError, match=r"\.categories is ground truth"):
+        grpo.train(
+            dataclasses.replace(configs["grpo"], reward=reward), out_dir=tmp_path / "g0", show_progress=False
+        )
+    # and rewards of one's own that peek
     monkeypatch.setattr(rl.pairs.onpolicy, "labeler_scorer", scene_peek)
     with pytest.raises(GroundTruthError, match=r"\.categories is ground truth"):
         dpo.train(configs["dpo"], out_dir=tmp_path / "dpo", show_progress=False)
