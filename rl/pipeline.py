@@ -406,6 +406,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "every run, the mean +- sd and t interval of each change over world x training seeds",
     )  # fmt: skip
     parser.add_argument(
+        "--against", default=None, metavar="DIR",
+        help="with --world-seeds: add the difference of the means from the table in DIR (its table.json)",
+    )  # fmt: skip
+    parser.add_argument(
         "--table-only", action="store_true", help="with --world-seeds: tabulate the runs in OUT, run nothing"
     )
 
@@ -419,13 +423,13 @@ def run(args: argparse.Namespace) -> int:
 
         table = run_table(
             cfg, args.out, args.world_seeds, seeds=args.seeds, table_only=args.table_only, run=run_pipeline,
-            fresh=args.fresh, redo=args.redo, show_progress=not args.no_progress,
+            other=args.against, fresh=args.fresh, redo=args.redo, show_progress=not args.no_progress,
         )  # fmt: skip
         print(json.dumps({p: {"runs": len(t["runs"]), "targets_met": t["targets_met"],
                               "targets_total": t["targets_total"]} for p, t in table.items()}))  # fmt: skip
         return 0
-    if args.table_only:
-        raise UserError("--table-only needs --world-seeds (the world seeds whose runs to tabulate)")
+    if args.table_only or args.against:
+        raise UserError("--table-only and --against need --world-seeds (the world seeds to tabulate)")
     metrics = run_pipeline(
         cfg, args.out, fresh=args.fresh, redo=args.redo, show_progress=not args.no_progress, seeds=args.seeds
     )

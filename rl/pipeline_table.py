@@ -8,7 +8,8 @@ World seed ``w`` runs (or resumes) the whole pipeline in ``OUT/world<w>`` with t
 training seed) with its changes against that world's SFT model, their mean +- sample sd, a 95% Student-t
 interval of the mean, and which targets hold (:data:`TARGETS`): at the mean, over the whole interval, and
 with no run cutting CHAIR_i by less than :data:`MIN_RUN_CHAIR_CUT`. ``--table-only`` writes the table
-from the runs already in OUT.
+from the runs already in OUT; ``--against DIR`` adds the difference of the means from the table in DIR
+(the no-ground-truth table against the ground-truth one: the cost of dropping ground truth).
 
 Runs are read back from each world folder's eval records: the main run's ``eval_<post>/eval.json`` and
 each further training seed's ``seeds/<seed>/eval_<post>/eval.json``, against ``eval_sft/eval.json``
@@ -223,14 +224,52 @@ def table_markdown(table: dict[str, Any], *, title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_table(out: Path, world_dirs: dict[int, Path], post: list[str], *, title: str) -> dict[str, Any]:
-    """Collect the runs of ``world_dirs``; write ``out/table.md`` and ``out/table.json``; return the table."""
+def against(table: dict[str, Any], other: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Per method both tables have: this table's mean minus ``other``'s (a ``table.json``'s ``methods``), per
+    key: e.g. the cost of dropping ground truth, from the table without it against the one with it."""
+    out: dict[str, dict[str, float | None]] = {}
+    for post in table.keys() & other.keys():
+        mine, theirs = table[post]["stats"], other[post]["stats"]
+        out[post] = {
+            k: None if mine[k]["mean"] is None or theirs.get(k, {}).get("mean") is None
+            else mine[k]["mean"] - theirs[k]["mean"]
+            for k, _, _ in TABLE_KEYS
+        }  # fmt: skip
+    return out
+
+
+def against_markdown(diff: dict[str, dict[str, float | None]], name: str) -> str:
+    """Markdown section of :func:`against` (``name``: where the other table came from)."""
+    keys = TABLE_KEYS
+    lines = ["", f"## Against {name}", "", "Difference of the means, this table minus that one (relative "
+             "changes in percentage points).", "", "| method | " + " | ".join(h for _, h, _ in keys) + " |",
+             "|" + "---|" * (len(keys) + 1)]  # fmt: skip
+    for post, d in sorted(diff.items()):
+        cells = [_fmt(d[k], f) for k, _, f in keys]
+        lines.append(f"| {post} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(
+    out: Path, world_dirs: dict[int, Path], post: list[str], *, title: str, other: Path | None = None
+) -> dict[str, Any]:
+    """Collect the runs of ``world_dirs``; write ``out/table.md`` and ``out/table.json`` (with ``other``, a
+    folder holding another ``table.json``, the difference of the means too); return the table."""
     from rl.pipeline_stages import _atomic_json
 
     table = summarize(collect_runs(world_dirs, post))
+    record: dict[str, Any] = {"title": title, "world_seeds": sorted(world_dirs), "methods": table}
+    text = table_markdown(table, title=title)
+    if other is not None:
+        path = Path(other) / "table.json"
+        if not path.is_file():
+            raise UserError(f"--against {other}: no table.json there; write that table first (--table-only)")
+        diff = against(table, json.loads(path.read_text())["methods"])
+        record["against"] = {"table": str(other), "mean_difference": diff}
+        text += against_markdown(diff, str(other))
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_json(out / "table.json", {"title": title, "world_seeds": sorted(world_dirs), "methods": table})
-    (out / "table.md").write_text(table_markdown(table, title=title))
+    _atomic_json(out / "table.json", record)
+    (out / "table.md").write_text(text)
     return table
 
 
@@ -244,10 +283,11 @@ def world_folder(out: Path, seed: int) -> Path:
 
 def run_table(
     cfg: Any, out: str | Path, world_seeds: list[int], *, seeds: int, table_only: bool = False,
-    run: Callable[..., Any] | None = None, **kwargs: Any,
+    run: Callable[..., Any] | None = None, other: str | Path | None = None, **kwargs: Any,
 ) -> dict[str, Any]:  # fmt: skip
     """Run (or resume) the pipeline ``cfg`` per world seed into ``OUT/world<seed>`` with ``seeds`` training
-    seeds (``run``: :func:`rl.pipeline.run_pipeline`, given ``kwargs``), then write the table."""
+    seeds (``run``: :func:`rl.pipeline.run_pipeline`, given ``kwargs``), then write the table (against the
+    table in ``other``, when given)."""
     if not world_seeds or len(set(world_seeds)) != len(world_seeds) or min(world_seeds) < 0:
         raise UserError(f"--world-seeds {world_seeds}: give distinct seeds >= 0, e.g. --world-seeds 0 1 2")
     if not cfg.post:
@@ -260,4 +300,4 @@ def run_table(
             run(replace(cfg, world=world), folder, seeds=seeds, **kwargs)
     kind = "ground truth" if cfg.ground_truth else "no ground truth"
     title = f"Post-training over world seeds {', '.join(map(str, world_seeds))} ({kind})"
-    return write_table(out, dirs, list(cfg.post), title=title)
+    return write_table(out, dirs, list(cfg.post), title=title, other=None if other is None else Path(other))

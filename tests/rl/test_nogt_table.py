@@ -149,4 +149,23 @@ def test_cli_table_only_and_errors(fake_runs, capsys):
     assert main([*argv, "--world-seeds", "0", "2", "--table-only"]) == 2  # world 2 was never run
     assert "world2/eval_sft/eval.json is missing" in capsys.readouterr().err
     assert main([*argv, "--table-only"]) == 2
-    assert "--table-only needs --world-seeds" in capsys.readouterr().err
+    assert "--table-only and --against need --world-seeds" in capsys.readouterr().err
+
+
+def test_against_another_table_gives_the_difference_of_means(fake_runs, tmp_path):
+    out, dirs = fake_runs
+    write_table(out / "gt", {0: dirs[0]}, ["dpo", "grpo"], title="with ground truth")
+    table = write_table(out / "nogt", dirs, ["dpo"], title="without", other=out / "gt")
+    assert len(table["dpo"]["runs"]) == 4
+    saved = json.loads((out / "nogt" / "table.json").read_text())["against"]
+    diff = saved["mean_difference"]
+    assert set(diff) == {"dpo"} and saved["table"] == str(out / "gt")  # grpo is in one table only
+    assert diff["dpo"]["chair_i_rel_change"] == pytest.approx(-0.55 - (-0.55))  # world 0: -60% and -50%
+    assert diff["dpo"]["recall_change_points"] == pytest.approx(-1.5 - (-1.5))
+    assert diff["dpo"]["attribute_rate_rel_change"] == pytest.approx(-0.35 - (-0.35))
+    assert diff["dpo"]["length_change_pct"] == pytest.approx(2.5 - 0.0)
+    assert diff["dpo"]["pope_adversarial_f1_change_points"] == pytest.approx(0.125 - (-0.25))
+    md = (out / "nogt" / "table.md").read_text()
+    assert f"## Against {out / 'gt'}" in md and "| dpo | +0.0% | +0.0% | +0.0 | +2.5 | +0.4 |" in md
+    with pytest.raises(UserError, match="no table.json there"):
+        write_table(out / "x", dirs, ["dpo"], title="t", other=tmp_path / "missing")
