@@ -362,7 +362,7 @@ def train(
     folder = Path(cfg.data.folder)
     if not (folder / "notes.jsonl").is_file():
         raise UserError(f"data.folder={folder} has no notes.jsonl; generate notes with `mm data world`")
-    # the other sources than scene never read ground truth: their notes come stripped of it
+    # with data.ground_truth false the notes come stripped of their ground truth (rl.ground_truth)
     notes, vocab = load_prompt_notes(folder, cfg.data, source=cfg.reward.source, vocab=cfg.reward.vocab)
     cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, vocab=vocab))
     model, processor = load_policy(cfg.init, cfg.lora, device)
