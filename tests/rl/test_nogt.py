@@ -311,3 +311,16 @@ def test_a_ground_truth_reading_reward_raises(nogt_run, tmp_path, monkeypatch):
     monkeypatch.setattr(grpo, "build_rewarder", lambda cfg, *, prompts, **k: Peek(prompts))
     with pytest.raises(GroundTruthError, match=r"\.objects is ground truth"):
         grpo.train(configs["grpo"], out_dir=tmp_path / "grpo", show_progress=False)
+
+
+def test_grpo_with_the_object_style_labeler_and_claim_credit(small, tmp_path):
+    from tests.rl.test_labeler import _grpo
+
+    sets = ("reward.source=labeler", "reward.labeler.answer_style=object", "algo.mention_credit=0.8",
+            "data.ground_truth=false", "data.tasks=[caption]")  # fmt: skip
+    out = tmp_path / "run"
+    assert _grpo(small, out, *sets) == 0
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 2]
+    assert all(0.0 <= r["labeler_cache_hit_frac"] <= 1.0 and r["mention_credit_abs"] >= 0 for r in recs)
+    assert (out / "model" / "config.json").is_file()
