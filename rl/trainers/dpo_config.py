@@ -73,7 +73,9 @@ class DataConfig:
     """onpolicy with scorer labeler: the labeler model folder (e.g. the SFT checkpoint: self-feedback)."""
     labeler_soft: bool = True
     """onpolicy with scorer labeler: credit each claim with the labeler's P(yes) (true) or with its verdict
-    P(yes) >= 0.5 (false: the scene reward's trade-off, up to the labeler's errors)."""
+    P(yes) >= labeler_threshold (false: the scene reward's trade-off, up to the labeler's errors)."""
+    labeler_threshold: float = 0.5
+    """onpolicy with scorer labeler and labeler_soft false: P(yes) at or above which a claim is supported."""
     hallucination_weight: float = 1.0
     """onpolicy: weight of the hallucinated-mention penalty in the reward that ranks the samples (the
     covered-object fraction has weight 1; :class:`rl.rewards.RewardConfig`). RLAIF-V ranks by

@@ -151,7 +151,9 @@ def load_pairs(cfg: DataConfig, seed: int, policy: tuple[Any, Any] | None = None
                 from rl.pairs.onpolicy import labeler_scorer
 
                 device = next(policy[0].parameters()).device
-                lab_cfg = LabelerConfig(answer_style=cfg.answer_style, soft=cfg.labeler_soft)
+                lab_cfg = LabelerConfig(
+                    answer_style=cfg.answer_style, soft=cfg.labeler_soft, threshold=cfg.labeler_threshold
+                )
                 labeler = Labeler.from_folder(cfg.labeler, lab_cfg, device=device)
                 scorer = labeler_scorer(labeler, cfg.folder, reward_cfg)
             pairs = preference_pairs.onpolicy_pairs(
