@@ -48,6 +48,10 @@ class LabelerConfig:
     """Answer word whose first token is 'yes' (match the labeler's answer style, e.g. "Yes")."""
     no: str = "no"
     """Answer word whose first token is 'no'."""
+    answer_style: str = "word"
+    """How the labeler answers (mm.train.tasks.yes_no_answer): word (P(yes) is read off the first answer
+    token) or object (a NoteVLM trained with ``answer_style: object`` answers "A fork: yes": P(yes) is
+    read after the object, from the log probabilities of the two whole answers; needs the claimed object)."""
     batch_size: int = 16
     """Questions per labeler forward."""
     cache: str = ""
@@ -67,6 +71,8 @@ class LabelerConfig:
             )
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(f"labeler.dtype must be null, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.answer_style not in ("word", "object"):
+            raise ValueError(f"labeler.answer_style must be word or object, got {self.answer_style!r}")
 
 
 # ---------------------------------------------------------------- content hashes and the cache
@@ -187,7 +193,8 @@ class Labeler:
     """
 
     def __init__(self, *, adapter: Any, cfg: LabelerConfig, model_id: str) -> None:
-        self.adapter, self.cfg, self.model_id = adapter, cfg, model_id
+        self.adapter, self.cfg = adapter, cfg
+        self.model_id = model_id if cfg.answer_style == "word" else f"{model_id}|{cfg.answer_style}"
         for p in adapter.model.parameters():
             p.requires_grad_(False)
         adapter.model.eval()
@@ -207,23 +214,58 @@ class Labeler:
         return self.cfg.question.replace("{object}", obj)
 
     @torch.no_grad()
-    def forward_p_yes(self, samples: Sequence[Sample]) -> list[float]:
-        """P(yes) of each sample's question, uncached, in batches of ``cfg.batch_size``."""
+    def forward_p_yes(
+        self, samples: Sequence[Sample], objects: Sequence[str | None] | None = None
+    ) -> list[float]:
+        """P(yes) of each sample's question, uncached, in batches of ``cfg.batch_size`` (``objects``: the
+        asked object of each, for ``answer_style: object``)."""
+        if self.cfg.answer_style == "object":
+            return self._forward_object_style(samples, objects)
         out: list[float] = []
         for i in range(0, len(samples), self.cfg.batch_size):
             logits = next_token_logits(self.adapter, samples[i : i + self.cfg.batch_size])  # (b, V)
             out.extend(p_yes_from_logits(logits, self.yes_id, self.no_id).tolist())
         return out
 
-    def p_yes(self, questions: Sequence[tuple[Sequence[Any], str]]) -> list[float]:
-        """P(yes) for each ``(images, question)`` (PIL images); cached answers are not recomputed."""
+    def _forward_object_style(
+        self, samples: Sequence[Sample], objects: Sequence[str | None] | None
+    ) -> list[float]:
+        """``answer_style: object``: P(yes) = sigmoid(log p("A fork: yes") - log p("A fork: no")), both
+        answers without eos (they share the prefix, so this is the two answer tokens' odds after it)."""
+        from mm.train.tasks import yes_no_answer
+
+        if objects is None or len(objects) != len(samples) or any(not o for o in objects):
+            raise UserError(
+                "labeler.answer_style=object reads P(yes) after the asked object, so every question needs "
+                "its object (claims do; a free yes/no question does not): use labeler.answer_style=word"
+            )
+        tok = self.adapter.tokenizer
+        out: list[float] = []
+        for i in range(0, len(samples), self.cfg.batch_size):
+            chunk, objs = list(samples[i : i + self.cfg.batch_size]), objects[i : i + self.cfg.batch_size]
+            answers = [
+                tok(yes_no_answer(label, o, "object"), add_special_tokens=False)["input_ids"]
+                for label in ("yes", "no") for o in objs
+            ]  # fmt: skip
+            logps, mask = self.adapter.answer_logps(chunk + chunk, answers)  # (2b, T) each
+            total = (logps * mask).sum(dim=1).double()  # (2b,)
+            b = len(chunk)
+            out.extend(torch.sigmoid(total[:b] - total[b:]).tolist())
+        return out
+
+    def p_yes(
+        self, questions: Sequence[tuple[Sequence[Any], str]], objects: Sequence[str | None] | None = None
+    ) -> list[float]:
+        """P(yes) for each ``(images, question)`` (PIL images); cached answers are not recomputed.
+        ``objects``: the object each question asks about (needed by ``answer_style: object``)."""
         keys = [question_key(self.model_id, q, imgs) for imgs, q in questions]
         values: dict[str, float | None] = {k: self.cache.get(k) for k in dict.fromkeys(keys)}
         todo = [k for k, v in values.items() if v is None]
         if todo:
             first = {k: i for i, k in reversed(list(enumerate(keys)))}
             samples = [Sample(images=list(questions[first[k]][0]), text=questions[first[k]][1]) for k in todo]
-            new = dict(zip(todo, self.forward_p_yes(samples)))
+            objs = None if objects is None else [objects[first[k]] for k in todo]
+            new = dict(zip(todo, self.forward_p_yes(samples, objs)))
             self.cache.put(new)
             values.update(new)
         return [float(values[k]) for k in keys]  # type: ignore[arg-type]
@@ -231,7 +273,7 @@ class Labeler:
     def verify_objects(self, images: Sequence[Any], objects: Sequence[str]) -> dict[str, float]:
         """object -> P(yes) of "Is there a {object} in the image?" about ``images``."""
         objs = list(dict.fromkeys(objects))
-        return dict(zip(objs, self.p_yes([(images, self.question(o)) for o in objs])))
+        return dict(zip(objs, self.p_yes([(images, self.question(o)) for o in objs], objs)))
 
     def supported(self, p: float) -> float:
         """A claim's support in [0, 1]: P(yes) (soft) or 1/0 at the threshold (hard)."""

@@ -51,7 +51,7 @@ def labeler_agreement(
     v = vocabulary(vocab)
     rng = random.Random(seed)
     everything = sorted(v.canonical)
-    questions, truth = [], []
+    questions, objects, truth = [], [], []
     for n in notes:
         present = sorted({c for o in n.categories if (c := v.canonicalize(o)) is not None})
         if not present:
@@ -61,10 +61,11 @@ def labeler_agreement(
         asked = rng.sample(absent, min(negatives, len(absent)))
         for obj, yes in [(o, True) for o in present] + [(o, False) for o in asked]:
             questions.append((images, labeler.question(obj)))
+            objects.append(obj)
             truth.append(yes)
     if not questions:
         raise UserError(f"no notes with ground-truth objects in the {vocab} vocabulary to check the labeler")
-    result = agreement(labeler.p_yes(questions), truth, threshold=labeler.cfg.threshold)
+    result = agreement(labeler.p_yes(questions, objects), truth, threshold=labeler.cfg.threshold)
     return {**result, "questions": len(truth), "positives": sum(truth), "negatives": len(truth) - sum(truth)}
 
 
@@ -80,10 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", default="world", choices=["world", "coco"], help="object vocabulary")
     parser.add_argument("--threshold", type=float, default=0.5, help="P(yes) that counts as yes")
     parser.add_argument("--cache", default="", help="labeler answer cache folder")
+    parser.add_argument(
+        "--answer-style", default="word", choices=["word", "object"],
+        help="how the labeler answers: word ('yes') or object ('A cup: yes', a NoteVLM SFT'd that way)",
+    )  # fmt: skip
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args(argv)
     try:
-        cfg = LabelerConfig(threshold=args.threshold, cache=args.cache)
+        cfg = LabelerConfig(threshold=args.threshold, cache=args.cache, answer_style=args.answer_style)
         labeler = Labeler.from_folder(args.labeler, cfg, device=args.device)
         notes = read_notes(args.data, split=args.split)
         notes = notes[: args.notes] if args.notes else notes

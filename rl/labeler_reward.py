@@ -116,7 +116,7 @@ class LabelerReward:
         asks = [(i, c) for i, (t, p) in enumerate(zip(texts, rows)) if p.label is None
                 for c in caption_claims(t, self.vocab)]  # fmt: skip
         qs = [(self.images(rows[i]), self.labeler.question(c)) for i, c in asks]
-        p = self.labeler.p_yes(qs)
+        p = self.labeler.p_yes(qs, [c for _, c in asks])
         out: list[dict[str, float]] = [{} for _ in texts]
         for (i, c), v in zip(asks, p):
             out[i][c] = self.labeler.supported(v)

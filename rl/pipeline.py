@@ -1,6 +1,7 @@
 """``rl pipeline``: the main job, in one process, on the built-in note world.
 
     rl pipeline --config configs/rl/pipeline.yaml --out runs/demo [--fresh | --redo dpo ...] [--seeds N]
+    rl pipeline --config configs/rl/pipeline.yaml --out runs/table --world-seeds 0 1 2 --seeds 2
 
 Stages (each writes its own subfolder of OUT; every call is an in-process library function)::
 
@@ -14,7 +15,9 @@ Stages (each writes its own subfolder of OUT; every call is an in-process librar
     grpo      rl.trainers.grpo.train (from SFT)        OUT/grpo
     eval_grpo                                          OUT/eval_grpo/eval.json
 
-then ``OUT/report.md``, ``OUT/metrics.json`` and the report plots (:mod:`rl.report`).
+then ``OUT/report.md``, ``OUT/metrics.json`` and the report plots (:mod:`rl.report`). With
+``--world-seeds`` the whole pipeline runs per world seed and one table sums up every run
+(:mod:`rl.pipeline_table`); ``ground_truth: false`` is the no-ground-truth pipeline (:mod:`rl.pipeline_nogt`).
 
 The pipeline config (:class:`PipelineConfig`) points at each stage's own YAML (the same files the
 stage CLIs take; optional overrides on top); the pipeline then forces the wiring keys (data folder,
@@ -41,6 +44,7 @@ from typing import Any
 
 from mm.errors import UserError
 from mm.model.pretrained_lm import text_hidden_size
+from rl.pipeline_nogt import check_without_ground_truth, self_feedback_wiring
 from rl.pipeline_seeds import run_seeds
 from rl.pipeline_stages import (
     POST_STAGES,
@@ -131,6 +135,12 @@ class PipelineConfig:
     """DPO (rl.trainers.dpo.DPOConfig)."""
     grpo: StageSpec = field(default_factory=lambda: StageSpec(config="configs/rl/grpo.yaml"))
     """GRPO (rl.trainers.grpo.GRPOConfig)."""
+    ground_truth: bool = True
+    """Whether post-training may read the notes' ground truth (the scene reward). false: the pipeline
+    without ground truth (configs/rl/pipeline_nogt.yaml): every post-training stage must take its reward
+    from a labeler or a reward model (checked before anything runs, :mod:`rl.pipeline_nogt`), and its
+    trainer gets the notes stripped of ground truth (:mod:`rl.ground_truth`); only the eval stages read
+    it."""
     threads: int = 0
     """torch.set_num_threads for the whole pipeline; 0 leaves the default."""
 
@@ -196,10 +206,17 @@ def resolve(cfg: PipelineConfig, out: Path) -> dict[str, Any]:
             f"align model.text.hidden_size={h} must equal pretrain model.d_model={d} (align starts from the "
             "pretrained fusion); change one of the two configs"
         )
+    sft_model = str(out / "sft" / "model")
     for name in cfg.post:
         module, cls_name = POST_STAGES[name]
         cls = getattr(importlib.import_module(module), cls_name)
-        res[name] = _load(cls, getattr(cfg, name), [data, f"init.model={out / 'sft' / 'model'}"], name)
+        spec = getattr(cfg, name)
+        extra = self_feedback_wiring(name, _load(cls, spec, [], name), sft_model)
+        if not cfg.ground_truth:  # the trainers get the notes stripped of their ground truth
+            extra.append("data.ground_truth=false")
+        res[name] = _load(cls, spec, [data, f"init.model={sft_model}", *extra], name)
+    if not cfg.ground_truth:
+        check_without_ground_truth(res, list(cfg.post))
     return res
 
 
@@ -383,12 +400,36 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--seeds", type=int, default=1, metavar="N",
         help="re-run post-training with N training seeds from the same SFT model; mean +- sd (default 1)",
     )  # fmt: skip
+    parser.add_argument(
+        "--world-seeds", type=int, nargs="+", default=None, metavar="W",
+        help="run the pipeline per world seed into OUT/world<W>, then write OUT/table.md and table.json: "
+        "every run, the mean +- sd and t interval of each change over world x training seeds",
+    )  # fmt: skip
+    parser.add_argument(
+        "--against", default=None, metavar="DIR",
+        help="with --world-seeds: add the difference of the means from the table in DIR (its table.json)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--table-only", action="store_true", help="with --world-seeds: tabulate the runs in OUT, run nothing"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from mm.config import load_config
 
     cfg = load_config(PipelineConfig, args.config, args.overrides)
+    if args.world_seeds is not None:
+        from rl.pipeline_table import run_table
+
+        table = run_table(
+            cfg, args.out, args.world_seeds, seeds=args.seeds, table_only=args.table_only, run=run_pipeline,
+            other=args.against, fresh=args.fresh, redo=args.redo, show_progress=not args.no_progress,
+        )  # fmt: skip
+        print(json.dumps({p: {"runs": len(t["runs"]), "targets_met": t["targets_met"],
+                              "targets_total": t["targets_total"]} for p, t in table.items()}))  # fmt: skip
+        return 0
+    if args.table_only or args.against:
+        raise UserError("--table-only and --against need --world-seeds (the world seeds to tabulate)")
     metrics = run_pipeline(
         cfg, args.out, fresh=args.fresh, redo=args.redo, show_progress=not args.no_progress, seeds=args.seeds
     )

@@ -71,6 +71,11 @@ class DataConfig:
     by the labeler VLM ``labeler``: no ground truth; rl.labeler_reward)."""
     labeler: str = ""
     """onpolicy with scorer labeler: the labeler model folder (e.g. the SFT checkpoint: self-feedback)."""
+    labeler_soft: bool = True
+    """onpolicy with scorer labeler: credit each claim with the labeler's P(yes) (true) or with its verdict
+    P(yes) >= labeler_threshold (false: the scene reward's trade-off, up to the labeler's errors)."""
+    labeler_threshold: float = 0.5
+    """onpolicy with scorer labeler and labeler_soft false: P(yes) at or above which a claim is supported."""
     hallucination_weight: float = 1.0
     """onpolicy: weight of the hallucinated-mention penalty in the reward that ranks the samples (the
     covered-object fraction has weight 1; :class:`rl.rewards.RewardConfig`). RLAIF-V ranks by
@@ -95,7 +100,10 @@ class DataConfig:
     (``question_ratio``) pads to caption length, so many cost little this way."""
     answer_style: str = "word"
     """How the yes/no pairs' answers are written: the SFT model's ``tasks.answer_style`` ("word": "yes";
-    "object": "A fork: yes"; :func:`mm.train.tasks.yes_no_answer`)."""
+    "object": "A fork: yes"; :func:`mm.train.tasks.yes_no_answer`); the labeler scorer reads it too."""
+    ground_truth: bool = True
+    """false: the pair builder gets the notes stripped of their ground truth (rl.ground_truth): the pairs
+    must need none (build onpolicy with scorer labeler, question_ratio 0); a read of it raises."""
 
     def __post_init__(self) -> None:
         if self.question_ratio < 0 or self.question_batch_size < 0:

@@ -16,6 +16,7 @@ from mm.model.processing import IGNORE_INDEX
 from mm.train.sft_data import load_note_images
 from rl import pairs as preference_pairs
 from rl.corrupt import corrupt
+from rl.ground_truth import strip_all
 from rl.rewards import RewardConfig
 from rl.trainers.common import note_pixels
 from rl.trainers.dpo_config import DataConfig
@@ -105,11 +106,16 @@ class PairBatcher:
 
 
 def _world_notes(cfg: DataConfig) -> list[Any]:
-    """The first ``cfg.notes`` annotated notes with text of ``cfg.split`` in ``cfg.folder``."""
+    """The first ``cfg.notes`` notes of ``cfg.split`` in ``cfg.folder``: annotated notes with text, or, with
+    ``data.ground_truth: false``, every note stripped of its annotations
+    (:func:`rl.ground_truth.strip_ground_truth`: any read of its objects, texts or questions raises)."""
     folder = Path(cfg.folder)
     if not (folder / "notes.jsonl").is_file():
         raise UserError(f"data.folder={folder} has no notes.jsonl; generate notes with `mm data world`")
-    notes = [n for n in read_notes(folder, split=cfg.split) if n.categories and n.text.strip()]
+    if not cfg.ground_truth:
+        notes = strip_all(read_notes(folder, split=cfg.split))
+    else:
+        notes = [n for n in read_notes(folder, split=cfg.split) if n.categories and n.text.strip()]
     return notes[: cfg.notes] if cfg.notes else notes
 
 
@@ -145,7 +151,10 @@ def load_pairs(cfg: DataConfig, seed: int, policy: tuple[Any, Any] | None = None
                 from rl.pairs.onpolicy import labeler_scorer
 
                 device = next(policy[0].parameters()).device
-                labeler = Labeler.from_folder(cfg.labeler, LabelerConfig(), device=device)
+                lab_cfg = LabelerConfig(
+                    answer_style=cfg.answer_style, soft=cfg.labeler_soft, threshold=cfg.labeler_threshold
+                )
+                labeler = Labeler.from_folder(cfg.labeler, lab_cfg, device=device)
                 scorer = labeler_scorer(labeler, cfg.folder, reward_cfg)
             pairs = preference_pairs.onpolicy_pairs(
                 *policy, _world_notes(cfg), cfg.folder, prompt=cfg.prompt, num_samples=cfg.samples,

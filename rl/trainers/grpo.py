@@ -49,7 +49,6 @@ from typing import Any
 import torch
 
 from mm.config import to_dict
-from mm.data.format import read_notes
 from mm.errors import UserError
 from mm.train import common, loop
 from rl.advantages import group_advantages, rloo_advantages
@@ -57,7 +56,7 @@ from rl.entropy import REMEDY_KEYS, remedied_policy_loss
 from rl.importance import truncated_is_weights, weighted_advantages
 from rl.kl import kl_estimate
 from rl.losses import aggregate_loss
-from rl.rewards import RewardConfig, batch_scores, mention_credits, resolve_vocab
+from rl.rewards import RewardConfig, batch_scores, mention_credits
 from rl.rollout.seeded import prompt_generators, prompt_seed
 from rl.sampling import fill_groups, overlong_penalty
 from rl.trainers.common import (
@@ -70,7 +69,7 @@ from rl.trainers.common import (
     to_device,
 )
 from rl.trainers.grpo_config import PROMPT_KINDS, AlgoConfig, DataConfig, GRPOConfig, RolloutConfig
-from rl.trainers.grpo_data import Prompt, PromptSet
+from rl.trainers.grpo_data import Prompt, PromptSet, load_prompt_notes
 from rl.trainers.grpo_shard import (
     AGG_BY_TOKENS,
     counts,
@@ -223,8 +222,8 @@ class GRPOTrainer(loop.StepTrainer):
         )  # fmt: skip
         row_prompts = [self.prompts.prompts[i] for i in mine for _ in range(G)]
         texts = [tok.decode(r, skip_special_tokens=True).strip() for r in roll.response_ids()]
-        objects = [self.prompts.objects[p.note] for p in row_prompts]
         if self.rewarder is None:
+            objects = [self.prompts.objects[p.note] for p in row_prompts]
             labels = [p.label for p in row_prompts]
             totals, parts = batch_scores(texts, objects, labels=labels, cfg=cfg.reward)
             rewards = torch.tensor(totals, dtype=torch.float32)
@@ -363,15 +362,9 @@ def train(
     folder = Path(cfg.data.folder)
     if not (folder / "notes.jsonl").is_file():
         raise UserError(f"data.folder={folder} has no notes.jsonl; generate notes with `mm data world`")
-    scene = cfg.reward.source == "scene"  # the other sources never need ground-truth objects
-    notes = [n for n in read_notes(folder, split=cfg.data.split) if n.categories or not scene]
-    notes = notes[: cfg.data.notes] if cfg.data.notes else notes
-    if not notes:
-        raise UserError(f"data.folder={folder}: no {cfg.data.split!r} notes with object annotations")
-    if "caption" in cfg.data.tasks:  # the caption reward needs a vocabulary that names every object
-        where = f"data.folder={folder} ({cfg.data.split})"
-        vocab = resolve_vocab(cfg.reward.vocab, [n.categories for n in notes], where=where)
-        cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, vocab=vocab))
+    # with data.ground_truth false the notes come stripped of their ground truth (rl.ground_truth)
+    notes, vocab = load_prompt_notes(folder, cfg.data, source=cfg.reward.source, vocab=cfg.reward.vocab)
+    cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, vocab=vocab))
     model, processor = load_policy(cfg.init, cfg.lora, device)
     ref = Reference(model=model, needed=cfg.algo.beta > 0)
     prompts = PromptSet(processor=processor, notes=notes, root=folder, cfg=cfg.data)

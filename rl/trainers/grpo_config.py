@@ -36,6 +36,9 @@ class DataConfig:
     """Most yes/no questions per note used as prompts (of each question kind)."""
     prompts_per_step: int = 4
     """Prompts (groups) per step; the batch is prompts_per_step * group_size responses."""
+    ground_truth: bool = True
+    """false: the prompts' notes come stripped of their ground truth (rl.ground_truth): the reward must
+    need none (reward.source labeler or rm:DIR, data.tasks [caption]); a read of it raises."""
 
     def __post_init__(self) -> None:
         bad = [t for t in self.tasks if t not in PROMPT_KINDS]

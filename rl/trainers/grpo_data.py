@@ -8,9 +8,12 @@ from typing import Any
 
 import torch
 
+from mm.data.format import read_notes
 from mm.errors import UserError
 from mm.train.sft_data import load_note_images
 from mm.train.tasks import pope_question_samples
+from rl.ground_truth import strip_all
+from rl.rewards import resolve_vocab
 from rl.trainers.common import note_pixels
 from rl.trainers.grpo_config import DataConfig
 
@@ -35,7 +38,7 @@ class PromptSet:
     def __init__(self, *, processor: Any, notes: list[Any], root: str | Path, cfg: DataConfig) -> None:
         self.processor = processor
         self.notes = notes
-        self.objects = [sorted(n.categories) for n in notes]
+        self._objects: list[list[str]] | None = None
         self.prompts: list[Prompt] = []
         pope = None
         if "pope_question" in cfg.tasks:
@@ -56,6 +59,14 @@ class PromptSet:
             notes, root, processor.image_size, resize=processor.resize, fill=processor.image_mean
         )
 
+    @property
+    def objects(self) -> list[list[str]]:
+        """Each note's ground-truth objects (sorted categories), read on first use: the scene reward's; a
+        note without ground truth (:mod:`rl.ground_truth`) raises."""
+        if self._objects is None:
+            self._objects = [sorted(n.categories) for n in self.notes]
+        return self._objects
+
     def __len__(self) -> int:
         return len(self.prompts)
 
@@ -72,3 +83,34 @@ class PromptSet:
             for i in indices
         ]
         return p.collate(items, padding_side="left")
+
+
+def load_prompt_notes(folder: Path, cfg: DataConfig, *, source: str, vocab: str) -> tuple[list[Any], str]:
+    """The notes of the prompts and the reward vocabulary (``reward.source``, ``reward.vocab``).
+
+    The scene reward takes the notes with objects (the other sources every note); ``vocab`` is resolved
+    against the notes' objects (:func:`rl.rewards.resolve_vocab`). With ``data.ground_truth: false``
+    every note comes stripped of its ground truth (:func:`rl.ground_truth.strip_ground_truth`), so a reward
+    or prompt kind that reads it raises, and ``vocab`` must be named (``auto`` would pick it from the
+    objects)."""
+    scene = source == "scene"
+    notes = read_notes(folder, split=cfg.split)
+    if not cfg.ground_truth:
+        notes = strip_all(notes)
+    elif scene:
+        notes = [n for n in notes if n.categories]
+    notes = notes[: cfg.notes] if cfg.notes else notes
+    if not notes:
+        what = "notes with object annotations" if scene and cfg.ground_truth else "notes"
+        raise UserError(f"data.folder={folder}: no {cfg.split!r} {what}")
+    if "caption" not in cfg.tasks:
+        return notes, vocab
+    if cfg.ground_truth:  # the caption reward needs a vocabulary that names every object
+        where = f"data.folder={folder} ({cfg.split})"
+        return notes, resolve_vocab(vocab, [n.categories for n in notes], where=where)
+    if vocab == "auto":
+        raise UserError(
+            "reward.vocab=auto picks the vocabulary from the notes' ground-truth objects, which "
+            "data.ground_truth=false hides; name it: reward.vocab=world or coco"
+        )
+    return notes, resolve_vocab(vocab, [], where=str(folder))
