@@ -25,6 +25,7 @@ EXPECTED_KIND = {
     "mm/compare_tiny": "compare", "mm/world": "world", "mm/world_default": "world",
     "mm/notevlm_tiny": "notevlm", "mm/notevlm_small": "notevlm", "rl/dpo": "dpo", "rl/dpo_tiny": "dpo",
     "rl/grpo": "grpo", "rl/grpo_tiny": "grpo", "rl/grpo_files": "grpo_files", "rl/pipeline": "pipeline",
+    "rl/ppo": "ppo", "rl/ppo_tiny": "ppo",
     "recipes/align": "train", "recipes/sft_lora": "train", "recipes/dpo_files": "dpo_files",
 }  # fmt: skip
 
