@@ -106,7 +106,7 @@ def test_errors_are_one_line_with_exit_2(tmp_path, capsys):
     rc, _, err = _show(capsys)
     assert rc == 2 and "--kind" in err
     with pytest.raises(ConfigError, match="unknown config kind"):
-        config_class("ppo")
+        config_class("sac")
 
 
 def test_kinds_lists_each_kind_and_its_command(capsys):

@@ -1,7 +1,7 @@
 """``rl ppo``: PPO with a critic (a value head on the policy, or a separate critic) on the world's notes.
 
     rl ppo --config configs/rl/ppo_tiny.yaml --out runs/ppo --set init.model=runs/sft/model
-    rl ppo --config configs/rl/ppo.yaml --set critic=separate --set kl.mode=loss --set algo.beta=0.04
+    rl ppo --config configs/rl/ppo.yaml --set critic=separate kl.mode=loss algo.beta=0.04 algo.kl_estimator=k3
 
 Writes OUT/config.yaml (resolved), OUT/metrics.jsonl, OUT/curves.png, OUT/checkpoints/step-*/, OUT/model
 (the policy with its processor; LoRA merged), OUT/value_head.pt + OUT/value_head.json (and OUT/critic/model

@@ -26,14 +26,14 @@ def token_rewards(
     tokens that earned them, the sequence score ``scores`` ``(B,)`` on each row's last response token, and
     ``-kl_coef * kl`` on every response token (KL as reward shaping, Ziegler et al. 2019; InstructGPT).
 
-    Everything off the response ``mask`` is 0.
+    Everything off the response ``mask`` is 0; the dtype is ``scores``' (float32 for integer scores).
     """
     if mask.dim() != 2 or scores.shape != mask.shape[:1]:
         raise ValueError(f"need scores (B,) and mask (B, T); got {tuple(scores.shape)}, {tuple(mask.shape)}")
     for name, t in (("credits", credits), ("kl", kl)):
         if t is not None and t.shape != mask.shape:
             raise ValueError(f"{name} must be (B, T) = {tuple(mask.shape)}; got {tuple(t.shape)}")
-    m = mask.to(torch.float32)
+    m = mask.to(scores.dtype if scores.is_floating_point() else torch.float32)
     out = torch.zeros_like(m)  # (B, T)
     last = last_token_index(mask)  # (B,)
     rows = torch.nonzero(last >= 0).squeeze(1)

@@ -42,10 +42,10 @@ def value_head(width: int) -> torch.nn.Linear:
 
 
 def response_values(hidden: torch.Tensor, start: int, head: torch.nn.Module) -> torch.Tensor:
-    """``(B, T, H)`` last hidden states -> ``(B, W)`` float32 values of the states before tokens
+    """``(B, T, H)`` last hidden states -> ``(B, W)`` values (the head's dtype) of the states before tokens
     ``start .. T-1`` (``W = T - start``), aligned with :func:`rl.trainers.common.batch_token_logps`."""
     h = hidden[:, start - 1 : -1]  # (B, W, H): position start-1+w precedes token start+w
-    return head(h.float()).squeeze(-1)  # (B, W)
+    return head(h.to(head.weight.dtype)).squeeze(-1)  # (B, W)
 
 
 class _HiddenCapture:
