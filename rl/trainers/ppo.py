@@ -35,12 +35,13 @@ from mm.config import to_dict
 from mm.data.format import read_notes
 from mm.errors import UserError
 from mm.train import loop
+from mm.train.config import build_optimizer, param_groups
 from rl.advantages import gae, masked_mean, masked_whiten
 from rl.importance import truncated_is_weights
 from rl.kl import kl_estimate
 from rl.losses import value_loss
 from rl.rewards import resolve_vocab
-from rl.trainers.common import Reference, load_policy, make_optimizer, save_final, start_run, to_device
+from rl.trainers.common import Reference, load_policy, save_final, start_run, to_device
 from rl.trainers.grpo import GRPOTrainer, grpo_loss
 from rl.trainers.grpo_data import PromptSet
 from rl.trainers.grpo_shard import rank_world, step_metrics
@@ -173,6 +174,17 @@ class PPOTrainer(GRPOTrainer):
         return loss, {**batch["metrics"], **means}
 
 
+def optimizer_groups(model: ActorCritic, cfg: PPOConfig) -> list[dict[str, Any]]:
+    """AdamW groups: the policy's at ``optim.lr``, the head's and a separate critic's at
+    ``optim.lr * ppo.critic_lr_scale`` (decay on matrices only, :func:`mm.train.config.param_groups`)."""
+    critic = torch.nn.ModuleList([model.head] + ([model.critic] if model.critic is not None else []))
+    fast = [
+        {**g, "lr": cfg.optim.lr * cfg.ppo.critic_lr_scale}
+        for g in param_groups(critic, cfg.optim.weight_decay)
+    ]
+    return param_groups(model.policy, cfg.optim.weight_decay) + fast
+
+
 def train(
     cfg: PPOConfig,
     *,
@@ -204,7 +216,7 @@ def train(
     model = ActorCritic(policy=policy, head=head, critic=critic)
     ref = Reference(model=policy, needed=cfg.algo.beta > 0)
     prompts = PromptSet(processor=processor, notes=notes, root=folder, cfg=cfg.data)
-    opt, sched = make_optimizer(model, cfg.optim, cfg.train.steps)
+    opt, sched = build_optimizer(optimizer_groups(model, cfg), cfg.optim, cfg.train.steps)
     rewarder = build_rewarder(
         cfg.reward, policy_folder=cfg.init.model, prompts=prompts, root=folder, device=device
     )

@@ -37,6 +37,9 @@ class PPOSection:
     """Value clipping range c: the clipped term keeps V within old V +- c (null = plain squared error)."""
     whiten_advantages: bool = True
     """Whiten the GAE advantages over the batch's response tokens (mean 0, std 1)."""
+    critic_lr_scale: float = 10.0
+    """Learning rate of the value head (and of a separate critic) as a multiple of optim.lr: a head trained
+    from scratch needs a faster rate than the policy it sits on (verl's critic runs 10x the actor's)."""
 
     def __post_init__(self) -> None:
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
@@ -44,8 +47,9 @@ class PPOSection:
         if self.epochs < 1 or self.minibatches < 1:
             raise ValueError(f"need ppo.epochs >= 1 and ppo.minibatches >= 1; got {self.epochs}, "
                              f"{self.minibatches}")  # fmt: skip
-        if self.vf_coef < 0:
-            raise ValueError(f"ppo.vf_coef must be >= 0, got {self.vf_coef}")
+        if self.vf_coef < 0 or self.critic_lr_scale <= 0:
+            raise ValueError(f"need ppo.vf_coef >= 0 and ppo.critic_lr_scale > 0; got {self.vf_coef}, "
+                             f"{self.critic_lr_scale}")  # fmt: skip
         if self.vf_clip is not None and self.vf_clip <= 0:
             raise ValueError(f"ppo.vf_clip must be > 0 (null turns value clipping off), got {self.vf_clip}")
 

@@ -32,11 +32,12 @@ CRITIC_KINDS = ("shared", "separate")
 """Where the value head sits: on the policy's trunk, or on a separate critic model."""
 
 
-def value_head(width: int) -> torch.nn.Linear:
-    """``Linear(width, 1)`` with weights ``N(0, 1/width)`` and bias 0: values of order 1 on normed hidden
-    states, and a nonzero gradient into the trunk from the first update (a zero head would block it)."""
+def value_head(width: int, *, std: float = 0.02) -> torch.nn.Linear:
+    """``Linear(width, 1)`` with weights ``N(0, std^2)`` (transformers' ``initializer_range``, as a fresh
+    verl critic head) and bias 0: small values at the start, yet a nonzero gradient into the trunk from the
+    first update (a zero head would block it)."""
     head = torch.nn.Linear(width, 1)
-    torch.nn.init.normal_(head.weight, std=width**-0.5)
+    torch.nn.init.normal_(head.weight, std=std)
     torch.nn.init.zeros_(head.bias)
     return head
 

@@ -185,3 +185,16 @@ def test_one_ppo_update_equals_a_hand_computation_in_float64():
     (g_lib,) = torch.autograd.grad(loss, ac.head.weight)
     (g_hand,) = torch.autograd.grad(want, ac.head.weight)
     assert torch.allclose(g_lib, g_hand, atol=1e-12)
+
+
+def test_head_and_separate_critic_learn_at_their_own_rate():
+    from rl.trainers.common import OptimConfig
+    from rl.trainers.ppo import optimizer_groups
+
+    ac = _actor_critic(separate=True)
+    cfg = PPOConfig(optim=OptimConfig(lr=1e-4), ppo=PPOSection(critic_lr_scale=10.0))
+    groups = optimizer_groups(ac, cfg)
+    fast = {id(p) for g in groups if g.get("lr") == pytest.approx(1e-3) for p in g["params"]}
+    slow = {id(p) for g in groups if "lr" not in g for p in g["params"]}
+    critic = {id(p) for p in [*ac.head.parameters(), *ac.critic.parameters()] if p.requires_grad}
+    assert fast == critic and slow == {id(p) for p in ac.policy.parameters() if p.requires_grad}

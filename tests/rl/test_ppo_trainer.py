@@ -115,6 +115,7 @@ def test_resume_gives_the_same_metrics_and_weights(tmp_path, dirs):
         ("ppo.minibatches=3", "do not split into ppo.minibatches=3"),
         ("algo.dynamic_sampling=true", "algo.dynamic_sampling is rl grpo's"),
         ("ppo.lam=1.5", "0 <= ppo.lam <= 1"),
+        ("ppo.critic_lr_scale=0", "ppo.critic_lr_scale > 0"),
     ],
 )
 def test_config_errors_exit_2_with_one_line(tmp_path, dirs, capsys, override, message):
