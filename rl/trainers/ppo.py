@@ -144,6 +144,8 @@ class PPOTrainer(GRPOTrainer):
             group_size=ro.group_size, stats=stats, weights=weights, mask=None if weights is None else mask,
             tis_cap=ro.tis_cap, world=1,
         )  # fmt: skip
+        for key in ("zero_std_frac", "group_reward_std"):  # group statistics: PPO has no group baseline
+            metrics.pop(key)
         metrics.update(
             sampled_tokens=float(mask.sum()),
             token_reward_sum=float((r * mask).sum() / n),

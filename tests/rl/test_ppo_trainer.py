@@ -54,7 +54,7 @@ def test_short_runs_of_each_critic_and_kl_mode(tmp_path, dirs, critic, kl_mode):
     assert [r["step"] for r in recs] == [1, 2]
     for k in (*PPO_KEYS, "kl"):
         assert k in recs[-1] and math.isfinite(recs[-1][k]), k
-    assert all(r["kl"] >= 0 for r in recs)  # k3
+    assert all(r["kl"] >= 0 for r in recs) and "zero_std_frac" not in recs[-1]  # k3; no group statistics
     if kl_mode == "reward":  # the KL of the rollout: step 1 samples from the reference itself
         assert recs[0]["kl"] == 0.0 and recs[1]["kl"] > 0
     res = json.loads((out / "result.json").read_text())
