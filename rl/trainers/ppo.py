@@ -168,11 +168,9 @@ class PPOTrainer(GRPOTrainer):
         rows = self.plan[self.done % len(self.plan)].to(batch["adv"].device)
         loss, m = ppo_loss(self.model, batch, self.cfg, rows)
         self.done += 1
-        for k, v in m.items():
-            if self.cfg.kl.mode == "reward" and k == "kl":
-                continue  # the rollout's KL (batch metrics) is the one that shaped the rewards
+        for k, v in m.items():  # kl here only with kl.mode: loss; with reward it is the rollout's (batch)
             self.sums[k] = self.sums.get(k, 0.0) + float(v)
-        means = {k: s / self.done for k, s in self.sums.items()}
+        means = {k: s / self.done for k, s in self.sums.items()}  # over the step's updates so far
         return loss, {**batch["metrics"], **means}
 
 
