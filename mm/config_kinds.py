@@ -41,6 +41,7 @@ KINDS: dict[str, Kind] = {
     "grpo_files": Kind(
         "rl.trainers.grpo_files_config:GRPOFilesConfig", "rl grpo --model DIR --prompts P.jsonl --config FILE"
     ),
+    "ppo": Kind("rl.trainers.ppo_config:PPOConfig", "rl ppo --config FILE"),
     "pairs": Kind("rl.pairs.cli:PairsConfig", "rl pairs (its flags)"),
     "rm": Kind("rl.trainers.rm_config:RMConfig", "rl rm --model DIR --pairs FILE"),
     "distill": Kind("rl.trainers.distill_config:DistillConfig", "rl distill --student DIR --teacher DIR"),
@@ -58,7 +59,7 @@ NAME_HINTS: tuple[tuple[str, str], ...] = (
     ("pipeline", "pipeline"), ("grpo_files", "grpo_files"), ("grpo", "grpo"), ("dapo", "grpo"),
     ("dpo_files", "dpo_files"), ("dpo", "dpo"), ("pretrain", "pretrain"), ("compare", "compare"),
     ("align", "train"), ("sft", "train"), ("world", "world"), ("notevlm", "notevlm"), ("pairs", "pairs"),
-    ("pope", "pope"), ("distill", "distill"),
+    ("pope", "pope"), ("distill", "distill"), ("ppo", "ppo"),
 )  # fmt: skip
 """(word in the file name, kind), tried in order: "grpo_files" before "grpo" before "dpo" (each contains the
 next)."""
@@ -88,21 +89,29 @@ def all_classes() -> list[type]:
     return [_import(k.target) for k in KINDS.values()] + [_import(t) for t in ALSO_DOCUMENTED]
 
 
-def _fits(kind: str, keys: set[str]) -> bool:
+def _fields(kind: str) -> set[str]:
     import dataclasses
 
-    return keys <= {f.name for f in dataclasses.fields(config_class(kind)) if f.init}
+    return {f.name for f in dataclasses.fields(config_class(kind)) if f.init}
+
+
+def _fits(kind: str, keys: set[str]) -> bool:
+    return keys <= _fields(kind)
 
 
 def guess_kind(path: str | Path, data: dict[str, Any] | None = None) -> tuple[str, str]:
     """``(kind, how it was guessed)`` for a config file: from a word of its file name when the file's
-    top-level keys fit that kind, else from the keys alone when exactly one kind accepts them all."""
+    top-level keys fit that kind, else from the keys alone when exactly one kind accepts them all, or when
+    one of the kinds that do has no section the others lack (``rl grpo``'s config inside ``rl ppo``'s)."""
     keys = set(data or {})
     stem = Path(path).stem.lower()
     for word, kind in NAME_HINTS:
         if word in stem and _fits(kind, keys):
             return kind, f"guessed from the file name ({word!r} in {Path(path).name})"
     fitting = [k for k in KINDS if _fits(k, keys)]
+    inner = [k for k in fitting if all(_fields(k) <= _fields(o) for o in fitting)]
+    if len(inner) == 1:  # one kind's sections all belong to each other fitting kind (grpo's to ppo's)
+        fitting = inner
     if len(fitting) == 1:
         shown = ", ".join(sorted(keys)[:6]) + (", ..." if len(keys) > 6 else "")
         return fitting[0], f"guessed from the top-level keys: {shown}"

@@ -8,6 +8,7 @@ from mm.dispatch import dispatch
 COMMANDS: dict[str, tuple[str, str]] = {
     "dpo": ("rl.trainers.dpo_cli", "DPO post-training: a NoteVLM on the world, or any VLM on your pairs"),
     "grpo": ("rl.trainers.grpo_cli", "GRPO/DAPO post-training of a NoteVLM with hallucination rewards"),
+    "ppo": ("rl.trainers.ppo_cli", "PPO with a value head or a separate critic on hallucination rewards"),
     "pairs": ("rl.pairs.cli", "build preference pairs (object injection, on-policy, image-corrupted)"),
     "distill": ("rl.trainers.distill_cli", "on-policy distillation from a teacher (reverse KL, GKD, KD)"),
     "rm": ("rl.trainers.rm_cli", "train a Bradley-Terry reward model on preference pairs"),

@@ -28,6 +28,7 @@ EXPECTED_KIND = {
     "rl/distill": "distill", "rl/distill_tiny": "distill",
     "rl/dpo_nogt": "dpo", "rl/dpo_nogt_tiny": "dpo", "rl/grpo_nogt": "grpo", "rl/grpo_nogt_tiny": "grpo",
     "rl/pipeline_nogt": "pipeline",
+    "rl/ppo": "ppo", "rl/ppo_tiny": "ppo",
     "recipes/align": "train", "recipes/sft_lora": "train", "recipes/dpo_files": "dpo_files",
 }  # fmt: skip
 
@@ -108,7 +109,7 @@ def test_errors_are_one_line_with_exit_2(tmp_path, capsys):
     rc, _, err = _show(capsys)
     assert rc == 2 and "--kind" in err
     with pytest.raises(ConfigError, match="unknown config kind"):
-        config_class("ppo")
+        config_class("sac")
 
 
 def test_kinds_lists_each_kind_and_its_command(capsys):

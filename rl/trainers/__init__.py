@@ -1,4 +1,5 @@
-"""Post-training loops for NoteVLM: DPO family (``rl dpo``) and GRPO/DAPO/GSPO (``rl grpo``).
+"""Post-training loops for NoteVLM: DPO family (``rl dpo``), GRPO/DAPO/GSPO (``rl grpo``) and PPO with a
+critic (``rl ppo``, on GRPO's sampler).
 
 Each trainer is only its batch and its loss (a :class:`mm.train.loop.StepTrainer`) on the pure functions
 of :mod:`rl` (see :mod:`rl.trainers.dpo` and :mod:`rl.trainers.grpo` for why not TRL's trainers); the

@@ -192,6 +192,8 @@ class GRPOTrainer(loop.StepTrainer):
             tok,
             device,
         )
+        self.policy = model
+        """The model that samples (``rl ppo``'s trainer trains a policy-and-critic module around it)."""
         self.updates_per_step = cfg.algo.num_iterations
         self.rewarder = rewarder
         """None: the scene reward; else ``reward.source``'s (:func:`rl.trainers.rewarders.build_rewarder`)."""
@@ -215,7 +217,7 @@ class GRPOTrainer(loop.StepTrainer):
         seeds = [prompt_seed(cfg.train.seed, step, k, p) for p in self.positions]
         batch = to_device(self.prompts.batch(mine), self.device)
         roll = generate_rollout(
-            self.model, batch, group_size=G, max_new_tokens=ro.max_new_tokens, eos_id=tok.eos_token_id,
+            self.policy, batch, group_size=G, max_new_tokens=ro.max_new_tokens, eos_id=tok.eos_token_id,
             pad_id=tok.pad_token_id, temperature=ro.temperature, top_p=ro.top_p, sampler=ro.sampler,
             top_k=ro.top_k, record_logps=self.off_policy_sampling,
             generators=prompt_generators(seeds, self.device),
@@ -243,6 +245,13 @@ class GRPOTrainer(loop.StepTrainer):
         for g, p in enumerate(self.positions):
             groups[p] = (roll, g, row_prompts[g * G : (g + 1) * G])
         return groups, gather_rewards(rewards.view(len(mine), G), world=self.world), comps
+
+    def credits(self, roll: Any, rows: list[Prompt]) -> torch.Tensor:
+        """``(b*G, R)`` dense per-mention credits of the rollout's rows (``rows[i]``: row i's prompt), from
+        the scene (:func:`token_credits`) or the rewarder's claims."""
+        if self.rewarder is None:
+            return token_credits(roll, rows, self.prompts.objects, self.tok, self.cfg.reward)
+        return self.rewarder.credits(roll, rows, self.tok)
 
     def batch(self, step: int) -> dict[str, Any]:
         """This rank's rows of the rollout of ``step`` with their advantages (from the global batch's
@@ -286,12 +295,7 @@ class GRPOTrainer(loop.StepTrainer):
         adv = adv.to(self.device)
         credit = None
         if algo.mention_credit > 0:
-            rows = [p for _, _, ps in groups for p in ps]
-            if self.rewarder is None:
-                credit = token_credits(roll, rows, self.prompts.objects, self.tok, self.cfg.reward)
-            else:
-                credit = self.rewarder.credits(roll, rows, self.tok)
-            credit = credit.to(self.device)
+            credit = self.credits(roll, [p for _, _, ps in groups for p in ps]).to(self.device)
             adv = adv[:, None] + algo.mention_credit * credit  # (b*G, R) per-token advantages
         batch = to_device(roll.batch(), self.device)
         with torch.no_grad():
