@@ -44,8 +44,11 @@ class FileRow:
     (``label`` not None) and its position in the prompt file."""
 
     text: str
+    """The record's question."""
     label: str | None
+    """``"yesno"`` for a yes/no question, None for a caption request."""
     index: int
+    """The record's position in the prompt file."""
 
 
 def is_yesno(record: dict[str, Any], question: str) -> bool:
