@@ -44,6 +44,7 @@ KINDS: dict[str, Kind] = {
     "pairs": Kind("rl.pairs.cli:PairsConfig", "rl pairs (its flags)"),
     "rm": Kind("rl.trainers.rm_config:RMConfig", "rl rm --model DIR --pairs FILE"),
     "pipeline": Kind("rl.pipeline:PipelineConfig", "rl pipeline --config FILE"),
+    "agent": Kind("rl.agent.config:AgentRunConfig", "rl agent --config FILE"),
 }
 """Kind name -> its dataclass and command."""
 
@@ -57,7 +58,7 @@ NAME_HINTS: tuple[tuple[str, str], ...] = (
     ("pipeline", "pipeline"), ("grpo_files", "grpo_files"), ("grpo", "grpo"), ("dapo", "grpo"),
     ("dpo_files", "dpo_files"), ("dpo", "dpo"), ("pretrain", "pretrain"), ("compare", "compare"),
     ("align", "train"), ("sft", "train"), ("world", "world"), ("notevlm", "notevlm"), ("pairs", "pairs"),
-    ("pope", "pope"),
+    ("pope", "pope"), ("agent", "agent"),
 )  # fmt: skip
 """(word in the file name, kind), tried in order: "grpo_files" before "grpo" before "dpo" (each contains the
 next)."""

@@ -10,6 +10,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "grpo": ("rl.trainers.grpo_cli", "GRPO/DAPO post-training of a NoteVLM with hallucination rewards"),
     "pairs": ("rl.pairs.cli", "build preference pairs (object injection, on-policy, image-corrupted)"),
     "rm": ("rl.trainers.rm_cli", "train a Bradley-Terry reward model on preference pairs"),
+    "agent": ("rl.agent.cli", "a tool-using policy: tool SFT, no-tool baseline, multi-turn GRPO, report"),
     "pipeline": ("rl.pipeline", "the main job: data -> pretrain -> align -> SFT -> eval -> DPO/GRPO -> eval"),
 }
 

@@ -26,6 +26,7 @@ EXPECTED_KIND = {
     "mm/notevlm_tiny": "notevlm", "mm/notevlm_small": "notevlm", "rl/dpo": "dpo", "rl/dpo_tiny": "dpo",
     "rl/grpo": "grpo", "rl/grpo_tiny": "grpo", "rl/grpo_files": "grpo_files", "rl/pipeline": "pipeline",
     "recipes/align": "train", "recipes/sft_lora": "train", "recipes/dpo_files": "dpo_files",
+    "rl/agent": "agent", "rl/agent_tiny": "agent",
 }  # fmt: skip
 
 

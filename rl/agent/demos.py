@@ -3,9 +3,9 @@
     turns = {task.task_id: demo_turns(task) for task in tasks}
     demos = rollout(backend, tasks, cfg, policy=scripted_policy(backend, turns))   # SFT cold start data
 
-A demonstration is the list of a task's policy turns as text (``rl.agent.world_demos.policy_turns`` for
-world tasks, :func:`demo_turns` for user tasks with normalised boxes); the loop runs its tool calls for real, so
-observations (and zoom images) are exactly what the policy will see at rollout time, and
+A demonstration is the list of a task's policy turns as text (``rl.agent.world_demos.policy_turns``
+for world tasks, :func:`demo_turns` for user tasks with normalised boxes); the loop runs its tool calls
+for real, so observations (and zoom images) are exactly what the policy will see at rollout time, and
 ``response_mask`` keeps them out of the SFT loss.
 """
 

@@ -85,7 +85,9 @@ def loop_observation(call: dict, task: AgentTask) -> tuple[str, np.ndarray | Non
     """The observation the agent loop shows for ``call``: the call parsed and run by :data:`TOOLS`."""
     parsed = parse_call(tool_text(call), TOOLS, n_images=len(task.sources))
     if isinstance(parsed, ParseError):
-        raise ValueError(f"task {task.task_id!r}: the demonstration's call {call} is invalid: {parsed.message}")
+        raise ValueError(
+            f"task {task.task_id!r}: the demonstration's call {call} is invalid: {parsed.message}"
+        )
     obs = TOOLS.run(parsed, task)
     return obs.text, obs.image
 

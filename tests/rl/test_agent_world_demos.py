@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from rl.agent.answers import score_answer
-from rl.agent.simulator import UserSimulator
 from rl.agent.parse import ToolCall
+from rl.agent.simulator import UserSimulator
 from rl.agent.tools import TOOLS, box_pixels
 from rl.agent.world_demos import answer_turns, demonstration, normalised_box, policy_turns
 from rl.agent.world_tasks import WorldTaskConfig, world_task
