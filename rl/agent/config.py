@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from rl.advantages import ADVANTAGE_SCALES
 from rl.agent.simulator import SimulatorConfig
 from rl.agent.task import KINDS
+from rl.agent.world_demos import DETAIL_ZOOMS
 from rl.agent.world_tasks import WorldTaskConfig
 from rl.losses import AGG_MODES
 
@@ -39,11 +40,16 @@ class DataConfig:
     """Task kinds of the training mix and of the eval (detail, change, caption, dialogue)."""
     train_tasks: int = 256
     """Tasks of the train split (cycling through kinds, one note each) for the SFTs and GRPO."""
+    detail_zoom: str = "tray"
+    """Where detail demonstrations zoom: "tray" (the tray the tiny objects lie on, findable in the
+    downsampled view) or "target" (the asked objects' box, a few pixels in the view)."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.kinds if k not in KINDS]
         if bad or not self.kinds:
             raise ValueError(f"data.kinds must be a non-empty subset of {list(KINDS)}, got {self.kinds}")
+        if self.detail_zoom not in DETAIL_ZOOMS:
+            raise ValueError(f"data.detail_zoom must be one of {DETAIL_ZOOMS}, got {self.detail_zoom!r}")
         if self.train_tasks < 1:
             raise ValueError(f"data.train_tasks must be >= 1, got {self.train_tasks}")
 

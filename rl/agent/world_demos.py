@@ -23,7 +23,8 @@ the loop (``rl.agent.demos.scripted_policy``), and :func:`answer_turns` the same
 no-tool baseline's demonstrations). ``rl.agent.demos.demo_turns`` is the generic script for user tasks
 whose ``meta["box"]`` is already normalised; world tasks use this module.
 
-Scripts: ``detail`` zooms on ``meta["box"]`` in the asked photo, then answers; ``change`` calls
+Scripts: ``detail`` zooms on ``meta["box"]`` in the asked photo (or on its tray: ``detail_zoom``), then
+answers; ``change`` calls
 ``compare`` on photos 1 and 2, zooms on the changed region in each photo where the object is, then
 states the change; ``caption`` zooms on the tray, then gives the reference caption; ``dialogue`` plays
 against :class:`rl.agent.simulator.UserSimulator`: zooms on each photo's tray, then answers each slot
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from mm.world import vocab
+from mm.world.detail import padded_box
 from rl.agent.parse import ParseError, parse_call
 from rl.agent.simulator import UserSimulator
 from rl.agent.task import AgentTask
@@ -113,10 +115,21 @@ def _zoom(task: AgentTask, image: int, box: list[int]) -> dict[str, Any]:
     return {"name": "zoom", "image": image, "box": normalised_box(box, W, H)}
 
 
-def detail_demo(task: AgentTask, run_tool: RunTool) -> list[DemoTurn]:
+DETAIL_ZOOMS = ("target", "tray")
+"""Where a detail demonstration zooms: the asked objects' box, or the whole tray they lie on (larger in
+the downsampled view, so a small policy can find it)."""
+
+
+def tray_box(task: AgentTask, tray: list[int]) -> list[int]:
+    """The tray's source-pixel box, padded by 2 pixels and made square (as dialogue zooms take it)."""
+    return list(padded_box(tuple(tray), 2, task.sources[0].shape[0]))
+
+
+def detail_demo(task: AgentTask, run_tool: RunTool, zoom: str = "target") -> list[DemoTurn]:
     m = task.meta
     turns = [DemoTurn("user", task.question, False)]
-    _use(turns, _zoom(task, m["image"], m["box"]), task, run_tool)
+    box = m["box"] if zoom == "target" else tray_box(task, m["tray"])
+    _use(turns, _zoom(task, m["image"], box), task, run_tool)
     if m["ask"] == "color":
         answer = f"The tiny {m['object']} is {task.answer}."
     else:
@@ -169,11 +182,16 @@ def dialogue_demo(task: AgentTask, run_tool: RunTool, seed: int = 0) -> list[Dem
     return turns
 
 
-def demonstration(task: AgentTask, run_tool: RunTool | None = None, *, seed: int = 0) -> list[DemoTurn]:
-    """The expert trajectory for ``task`` (module docstring); ``seed`` is the simulator's for dialogues."""
+def demonstration(
+    task: AgentTask, run_tool: RunTool | None = None, *, seed: int = 0, detail_zoom: str = "target"
+) -> list[DemoTurn]:
+    """The expert trajectory for ``task`` (module docstring); ``seed`` is the simulator's for dialogues;
+    ``detail_zoom``: one of :data:`DETAIL_ZOOMS`."""
+    if detail_zoom not in DETAIL_ZOOMS:
+        raise ValueError(f"detail_zoom must be one of {DETAIL_ZOOMS}, got {detail_zoom!r}")
     run = run_tool or loop_observation
     if task.kind == "detail":
-        return detail_demo(task, run)
+        return detail_demo(task, run, detail_zoom)
     if task.kind == "change":
         return change_demo(task, run)
     if task.kind == "caption":

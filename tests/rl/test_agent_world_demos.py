@@ -96,3 +96,17 @@ def test_observations_are_the_loops_and_turn_lists():
     assert obs[0].text.startswith("1 region changed") or "regions changed" in obs[0].text
     assert policy_turns(turns)[0] == '<tool>{"name": "compare", "images": [1, 2]}</tool>'
     assert answer_turns(turns) == [policy_turns(turns)[-1]] and "<tool>" not in answer_turns(turns)[0]
+
+
+def test_detail_demo_can_zoom_on_the_tray():
+    task = world_task(CFG, "detail", 0)
+    (call,) = [t.call for t in demonstration(task, detail_zoom="tray") if t.role == "assistant" and t.call]
+    src = task.sources[call["image"] - 1]
+    x0, y0, x1, y1 = box_pixels(call["box"], src.shape[1], src.shape[0])
+    tx0, ty0, tx1, ty1 = task.meta["tray"]
+    assert x0 <= tx0 and y0 <= ty0 and x1 >= tx1 and y1 >= ty1  # the whole tray, a few pixels more
+    assert (x1 - x0) - (tx1 - tx0) <= 8
+    bx0, by0, bx1, by1 = task.meta["box"]  # the asked objects lie on it (their padded box may stick out)
+    assert x0 <= (bx0 + bx1) / 2 <= x1 and y0 <= (by0 + by1) / 2 <= y1
+    with pytest.raises(ValueError, match="detail_zoom"):
+        demonstration(task, detail_zoom="nowhere")
