@@ -68,7 +68,7 @@ def write_report(cfg: AgentRunConfig, out: Path, models: dict[str, tuple[str, bo
     targets = check_targets(metrics["tool_grpo"], gains)
     seconds = {
         s: json.loads((out / s / "result.json").read_text()).get("seconds")
-        for s in ("init", "sft_tool", "sft_notool", "grpo")
+        for s in ("init", "sft_tool", "sft_notool", "grpo", "eval")
         if (out / s / "result.json").exists()
     }
     report = {
