@@ -64,6 +64,8 @@ class RolloutConfig:
     """Most tokens of one policy turn."""
     max_tokens: int = 384
     """Most policy tokens of a trajectory."""
+    max_length: int | None = 1024
+    """Most ids of a trajectory, prompt and observations included (the model's context); null = no limit."""
     batch_size: int = 16
     """Trajectories generated together."""
     user_patience: int = 2

@@ -73,7 +73,7 @@ def loop_config(cfg: AgentRunConfig, *, tools: bool, sample: bool = False) -> Lo
     )
     return LoopConfig(
         max_turns=r.max_turns, max_new_tokens=r.max_new_tokens, max_tokens=r.max_tokens,
-        batch_size=r.batch_size, sampling=sampling, instructions=tools,
+        max_length=r.max_length, batch_size=r.batch_size, sampling=sampling, instructions=tools,
     )  # fmt: skip
 
 
