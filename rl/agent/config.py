@@ -40,6 +40,9 @@ class DataConfig:
     """Task kinds of the training mix and of the eval (detail, change, caption, dialogue)."""
     train_tasks: int = 256
     """Tasks of the train split (cycling through kinds, one note each) for the SFTs and GRPO."""
+    bare_answers: bool = True
+    """Detail answers and dialogue replies of the demonstrations state the value only ("It is red.",
+    "There are 2 in all."), not the object's name, which a small policy tends to misname."""
     detail_zoom: str = "tray"
     """Where detail demonstrations zoom: "tray" (the tray the tiny objects lie on, findable in the
     downsampled view) or "target" (the asked objects' box, a few pixels in the view)."""

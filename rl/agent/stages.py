@@ -84,7 +84,11 @@ def train_tasks(cfg: AgentRunConfig) -> list[AgentTask]:
 def demo_trajectories(backend: AgentBackend, cfg: AgentRunConfig, tasks: Sequence[AgentTask], *, tools: bool):
     """Demonstrations replayed through the loop: with tool calls (``tools``) or answers only."""
     pick = policy_turns if tools else answer_turns
-    turns = {t.task_id: pick(demonstration(t, detail_zoom=cfg.data.detail_zoom)) for t in tasks}
+    d = cfg.data
+    turns = {
+        t.task_id: pick(demonstration(t, detail_zoom=d.detail_zoom, bare_answers=d.bare_answers))
+        for t in tasks
+    }
     return rollout(
         backend, tasks, loop_config(cfg, tools=tools), registry=TOOLS if tools else NO_TOOLS,
         policy=scripted_policy(backend, turns), users=cfg.rollout.simulator(),

@@ -125,17 +125,20 @@ def tray_box(task: AgentTask, tray: list[int]) -> list[int]:
     return list(padded_box(tuple(tray), 2, task.sources[0].shape[0]))
 
 
-def detail_demo(task: AgentTask, run_tool: RunTool, zoom: str = "target") -> list[DemoTurn]:
+def detail_demo(
+    task: AgentTask, run_tool: RunTool, zoom: str = "target", bare: bool = False
+) -> list[DemoTurn]:
     m = task.meta
     turns = [DemoTurn("user", task.question, False)]
     box = m["box"] if zoom == "target" else tray_box(task, m["tray"])
     _use(turns, _zoom(task, m["image"], box), task, run_tool)
     if m["ask"] == "color":
-        answer = f"The tiny {m['object']} is {task.answer}."
+        answer = f"It is {task.answer}." if bare else f"The tiny {m['object']} is {task.answer}."
     else:
         n = int(task.answer)
         c = vocab.category(m["object"])
-        answer = f"There {'is' if n == 1 else 'are'} {n} tiny {c.name if n == 1 else c.plural}."
+        what = "" if bare else f" tiny {c.name if n == 1 else c.plural}"
+        answer = f"There {'is' if n == 1 else 'are'} {n}{what}."
     turns.append(DemoTurn("assistant", answer, True))
     return turns
 
@@ -158,17 +161,20 @@ def caption_demo(task: AgentTask, run_tool: RunTool) -> list[DemoTurn]:
     return turns
 
 
-def slot_answer(goal: dict, slot: str) -> str:
-    """The expert's reply stating one goal slot."""
+def slot_answer(goal: dict, slot: str, bare: bool = False) -> str:
+    """The expert's reply stating one goal slot (``bare``: without naming the object)."""
     c = vocab.category(goal["object"])
     if slot == "count":
         n = goal["count"]
-        return f"There {'is' if n == 1 else 'are'} {n} tiny {c.name if n == 1 else c.plural} in all."
+        what = "" if bare else f" tiny {c.name if n == 1 else c.plural}"
+        return f"There {'is' if n == 1 else 'are'} {n}{what} in all."
     cols = goal["colors"]
-    return f"The tiny {c.plural} are {' and '.join(cols)}." if len(cols) > 1 else f"They are {cols[0]}."
+    if len(cols) > 1 and not bare:
+        return f"The tiny {c.plural} are {' and '.join(cols)}."
+    return f"They are {' and '.join(cols)}."
 
 
-def dialogue_demo(task: AgentTask, run_tool: RunTool, seed: int = 0) -> list[DemoTurn]:
+def dialogue_demo(task: AgentTask, run_tool: RunTool, seed: int = 0, bare: bool = False) -> list[DemoTurn]:
     sim = UserSimulator(task, seed=seed)
     goal = task.meta["goal"]
     turns = [DemoTurn("user", sim.opening(), False)]
@@ -176,28 +182,35 @@ def dialogue_demo(task: AgentTask, run_tool: RunTool, seed: int = 0) -> list[Dem
         if image in goal["images"]:
             _use(turns, _zoom(task, image, box), task, run_tool)
     while not sim.done:
-        text = slot_answer(goal, sim.asked)
+        text = slot_answer(goal, sim.asked, bare)
         turns.append(DemoTurn("assistant", text, True))
         turns.append(DemoTurn("user", sim.reply(text).text, False))
     return turns
 
 
 def demonstration(
-    task: AgentTask, run_tool: RunTool | None = None, *, seed: int = 0, detail_zoom: str = "target"
+    task: AgentTask,
+    run_tool: RunTool | None = None,
+    *,
+    seed: int = 0,
+    detail_zoom: str = "target",
+    bare_answers: bool = False,
 ) -> list[DemoTurn]:
     """The expert trajectory for ``task`` (module docstring); ``seed`` is the simulator's for dialogues;
-    ``detail_zoom``: one of :data:`DETAIL_ZOOMS`."""
+    ``detail_zoom``: one of :data:`DETAIL_ZOOMS`; ``bare_answers``: detail answers and dialogue replies
+    state the value without naming the object ("It is red.", "There are 2 in all."), so a policy is
+    not scored 0 for misnaming an object it was told."""
     if detail_zoom not in DETAIL_ZOOMS:
         raise ValueError(f"detail_zoom must be one of {DETAIL_ZOOMS}, got {detail_zoom!r}")
     run = run_tool or loop_observation
     if task.kind == "detail":
-        return detail_demo(task, run, detail_zoom)
+        return detail_demo(task, run, detail_zoom, bare_answers)
     if task.kind == "change":
         return change_demo(task, run)
     if task.kind == "caption":
         return caption_demo(task, run)
     if task.kind == "dialogue":
-        return dialogue_demo(task, run, seed)
+        return dialogue_demo(task, run, seed, bare_answers)
     raise ValueError(f"task {task.task_id!r}: no demonstration for kind {task.kind!r}")
 
 

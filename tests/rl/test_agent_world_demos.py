@@ -20,11 +20,12 @@ CFG = WorldTaskConfig(seed=0)
 TOOL = re.compile(r"<tool>(.*?)</tool>", re.S)
 
 
+@pytest.mark.parametrize("bare", [False, True])
 @pytest.mark.parametrize("kind", ["detail", "change", "caption", "dialogue"])
-def test_demonstrations_are_well_formed_and_right(kind):
+def test_demonstrations_are_well_formed_and_right(kind, bare):
     for index in range(4):
         task = world_task(CFG, kind, index)
-        turns = demonstration(task)
+        turns = demonstration(task, bare_answers=bare)
         assert turns[0].role == "user" and turns[0].text
         assert all(t.policy == (t.role == "assistant") for t in turns)
         tools = 0
@@ -110,3 +111,14 @@ def test_detail_demo_can_zoom_on_the_tray():
     assert x0 <= (bx0 + bx1) / 2 <= x1 and y0 <= (by0 + by1) / 2 <= y1
     with pytest.raises(ValueError, match="detail_zoom"):
         demonstration(task, detail_zoom="nowhere")
+
+
+def test_bare_answers_name_no_object():
+    from rl.agent.answers import objects_in
+
+    for kind in ("detail", "dialogue"):
+        task = world_task(CFG, kind, 3)
+        replies = [t.text for t in demonstration(task, bare_answers=True) if t.policy and t.call is None]
+        assert replies and all(objects_in(r) == [] for r in replies), replies
+        named = [t.text for t in demonstration(task) if t.policy and t.call is None]
+        assert all(objects_in(r) for r in named), named
