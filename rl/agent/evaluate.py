@@ -5,7 +5,9 @@
 
 Metrics (each a ratio of per-task sums, so :func:`mm.eval.bootstrap.ratio_interval` resamples tasks):
 ``accuracy/<kind>`` (score 1), ``score/<kind>`` (mean score), ``caption/attribute_hallucination`` and
-``caption/count_hallucination`` (false claims / judged claims of that kind), ``valid_call_rate``
+``caption/count_hallucination`` (false claims / judged claims of that kind; undefined when no claim of
+the kind is made, so ``caption/<kind>_claims_per_caption`` and ``_false_per_caption`` are given too),
+``valid_call_rate``
 (valid / all tool calls), ``goal_reached`` (dialogues whose simulated user ended satisfied).
 :func:`paired_gains` gives the paired interval of a metric's change between two models on the same tasks.
 """
@@ -63,8 +65,11 @@ def metric_units(rows: Sequence[dict[str, Any]]) -> dict[str, tuple[np.ndarray, 
         of = lambda r, k=kind: r["kind"] == k  # noqa: E731
         out[f"accuracy/{kind}"] = (col("correct", of), np.array([float(of(r)) for r in rows]))
         out[f"score/{kind}"] = (col("score", of), np.array([float(of(r)) for r in rows]))
+    captions = np.array([float(r["kind"] == "caption") for r in rows])
     for k in HALLUCINATION_KINDS:
         out[f"caption/{k}_hallucination"] = (col(f"{k}_hallucinated"), col(f"{k}_judged"))
+        out[f"caption/{k}_claims_per_caption"] = (col(f"{k}_judged"), captions)
+        out[f"caption/{k}_false_per_caption"] = (col(f"{k}_hallucinated"), captions)
     out["valid_call_rate"] = (col("valid_calls"), col("calls"))
     out["calls_per_task"] = (col("calls"), np.ones(len(rows)))
     out["goal_reached"] = (col("goal_reached"), np.array([float("goal_reached" in r) for r in rows]))

@@ -27,7 +27,9 @@ TARGETS: tuple[tuple[str, str, float], ...] = (
 """(metric, test, threshold): the tool GRPO model against the no-tool SFT model ("gain") or alone."""
 SHOWN = ("accuracy/detail", "accuracy/change", "accuracy/caption", "accuracy/dialogue", "score/detail",
          "score/change", "score/caption", "score/dialogue", "caption/attribute_hallucination",
-         "caption/count_hallucination", "valid_call_rate", "calls_per_task", "goal_reached")  # fmt: skip
+         "caption/count_hallucination", "caption/attribute_claims_per_caption",
+         "caption/attribute_false_per_caption", "caption/count_claims_per_caption",
+         "caption/count_false_per_caption", "valid_call_rate", "calls_per_task", "goal_reached")  # fmt: skip
 """Metrics in the report's table, in order."""
 
 
@@ -64,6 +66,7 @@ def write_report(cfg: AgentRunConfig, out: Path, models: dict[str, tuple[str, bo
     rows = {name: _read_rows(out / "eval" / f"{name}.jsonl") for name in models}
     metrics = {name: summarise(r, n_boot=cfg.eval.n_boot) for name, r in rows.items()}
     names = [n for n, _, _ in TARGETS] + ["accuracy/caption", "accuracy/dialogue"]
+    names += [f"caption/{k}_false_per_caption" for k in ("attribute", "count")]
     gains = paired_gains(rows["notool_sft"], rows["tool_grpo"], names, n_boot=cfg.eval.n_boot)
     targets = check_targets(metrics["tool_grpo"], gains)
     seconds = {
