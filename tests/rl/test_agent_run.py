@@ -118,3 +118,24 @@ def test_trajectory_reward_of_demonstrations_and_penalties():
     # F1 = 2 * (2/4) * (2/10) / (2/4 + 2/10) = 2/7, minus 0.5 x 2/2
     trajs[2].answer = "The photo shows a medium green crab. On the tray are three tiny umbrellas."
     assert trajectory_reward(trajs[2], **kw) == pytest.approx(2 / 7 - 0.5)
+
+
+def test_policy_init_takes_a_model_folder(tmp_path):
+    import torch
+
+    from rl.agent.stages import run_sft
+
+    cfg = _cfg()
+    backend = build_backend(cfg)
+    folder = tmp_path / "model"
+    backend.adapter.model.save_pretrained(str(folder))
+    backend.adapter.processor.save_pretrained(folder)
+    cfg = _cfg(f"policy.init={folder}", "data.train_tasks=2", "sft.steps=1", "sft.batch_size=2")
+    loaded = build_backend(cfg)
+    assert loaded.adapter.family == "notevlm"
+    mine, theirs = backend.adapter.model.state_dict(), loaded.adapter.model.state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    torch.save(theirs, tmp_path / "init.pt")
+    (tmp_path / "sft").mkdir()
+    result = run_sft(cfg, tmp_path / "sft", tmp_path / "init.pt", tools=True, stage="sft_tool")
+    assert result["demos"] == 2 and result["final_loss"] > 0 and (tmp_path / "sft/model.pt").exists()
