@@ -33,14 +33,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rl.agent.config import AgentRunConfig
-    from rl.agent.run import STAGES, run_agent
+    from rl.agent.run import STAGES, check_training_config, run_agent
 
     cfg = load_config(AgentRunConfig, args.config, list(args.overrides))
     out = Path(args.out) if args.out else Path("runs/rl") / Path(args.config).stem
     if args.no_resume:
         for stage in STAGES:
             shutil.rmtree(out / stage, ignore_errors=True)
+        (out / "training_config.json").unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
+    check_training_config(cfg, out)  # before OUT/config.yaml is rewritten
     (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     report = run_agent(cfg, out)
     if report is not None:

@@ -3,7 +3,9 @@
     run_agent(cfg, Path("runs/agent"))
 
 Stages, in order (a stage whose result.json exists is skipped on a re-run, so an interrupted run
-continues where it stopped; GRPO also resumes from its last checkpoint inside the stage):
+continues where it stopped; GRPO also resumes from its last checkpoint inside the stage). A re-run must
+keep the training sections of the config (``OUT/training_config.json``); ``eval`` may change, e.g. to
+evaluate more worlds after deleting ``OUT/eval`` and ``OUT/report``:
 
 1. ``init``: the policy (``rl.agent.stages.build_backend``) -> ``init/model.pt``
 2. ``sft_tool``: cold start on tool demonstrations -> ``sft_tool/model.pt``
@@ -24,6 +26,8 @@ from typing import Any
 
 import torch
 
+from mm.config import to_dict
+from mm.errors import UserError
 from mm.train.metrics import atomic_write_text
 from rl.agent.config import AgentRunConfig
 from rl.agent.evaluate import eval_model
@@ -34,6 +38,26 @@ STAGES = ("init", "sft_tool", "sft_notool", "grpo", "eval", "report")
 """The stages of ``rl agent``, in order."""
 MODELS = {"notool_sft": ("sft_notool", False), "tool_sft": ("sft_tool", True), "tool_grpo": ("grpo", True)}
 """Evaluated model -> (the stage whose model.pt it is, whether it has tools)."""
+
+
+TRAINING_SECTIONS = ("policy", "world", "data", "rollout", "sft", "grpo", "seed")
+"""Config sections a resumed run must keep (the trained models depend on them)."""
+
+
+def check_training_config(cfg: AgentRunConfig, out: Path) -> None:
+    """Record the training sections in ``OUT/training_config.json``, or refuse a resume that changed them."""
+    mine = {k: v for k, v in to_dict(cfg).items() if k in TRAINING_SECTIONS}
+    path = out / "training_config.json"
+    if not path.exists():
+        atomic_write_text(path, json.dumps(mine, indent=1))
+        return
+    before = json.loads(path.read_text())
+    changed = sorted(k for k in TRAINING_SECTIONS if before.get(k) != json.loads(json.dumps(mine.get(k))))
+    if changed:
+        raise UserError(
+            f"{out} was trained with other {', '.join(changed)} settings than this config; resuming would "
+            "mix them. Use a new --out, or --no-resume to start over"
+        )
 
 
 def result_path(out: Path, stage: str) -> Path:
@@ -57,6 +81,7 @@ def run_agent(
     """Run (or resume) every stage; returns the report's JSON, or None when ``grpo_stop_after`` stopped
     the GRPO stage early (a simulated interruption, for tests)."""
     out.mkdir(parents=True, exist_ok=True)
+    check_training_config(cfg, out)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     for stage in STAGES:

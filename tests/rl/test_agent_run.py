@@ -46,6 +46,10 @@ def test_cli_runs_end_to_end(tmp_path, capsys):
     assert main(["agent", "--config", str(TINY), "--out", str(out), "--set", *SMALL]) == 0
     assert "done before, skipped" in capsys.readouterr().out
     assert (out / "report.json").read_text() == before
+    # a resume with other training settings is refused; --no-resume starts over
+    assert main(["agent", "--config", str(TINY), "--out", str(out), "--set", *SMALL, "sft.lr=0.5"]) == 2
+    assert "other sft settings" in capsys.readouterr().err
+    assert (out / "report.json").read_text() == before and "lr: 0.5" not in (out / "config.yaml").read_text()
 
 
 def test_grpo_stopped_after_step_k_and_resumed_equals_uninterrupted(tmp_path):
