@@ -133,6 +133,10 @@ class GRPOStageConfig:
     """Token-loss aggregation (``rl.losses.aggregate_loss``)."""
     invalid_call_penalty: float = 0.1
     """Reward subtracted per malformed, unknown or failing tool call."""
+    truncation_penalty: float = 0.1
+    """Reward subtracted from a trajectory that ends without an answer (out of turns or tokens; a turn that
+    runs to its budget inside an unclosed ``<tool>`` is no call, so without this it escapes the call
+    penalty)."""
     hallucination_weight: float = 0.5
     """Caption tasks: reward minus this times the share of judged attribute/count claims that are false."""
     turn_reward_weight: float = 0.0

@@ -5,7 +5,7 @@
 - :func:`trajectory_reward`: ``score_answer`` (``rl.agent.answers``), minus ``hallucination_weight`` times
   the share of a caption's judged attribute and count claims that are false, plus for dialogues
   ``turn_reward_weight`` times the simulated user's mean turn score, minus ``invalid_call_penalty`` per
-  invalid tool call.
+  invalid tool call, minus ``truncation_penalty`` when the trajectory ended without an answer.
 - :func:`eval_row`: one JSON row per trajectory with what the report's metrics sum over.
 """
 
@@ -35,6 +35,7 @@ def trajectory_reward(
     invalid_call_penalty: float,
     hallucination_weight: float,
     turn_reward_weight: float,
+    truncation_penalty: float = 0.0,
 ) -> float:
     """The scalar GRPO reward of one trajectory (module docstring)."""
     text = final_text(traj)
@@ -46,6 +47,8 @@ def trajectory_reward(
         reward -= hallucination_weight * (wrong / judged if judged else 0.0)
     if traj.user_turns and turn_reward_weight:
         reward += turn_reward_weight * sum(u.score for u in traj.user_turns) / len(traj.user_turns)
+    if traj.answer is None:
+        reward -= truncation_penalty
     return reward - invalid_call_penalty * traj.n_invalid_calls
 
 

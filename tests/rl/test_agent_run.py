@@ -118,6 +118,9 @@ def test_trajectory_reward_of_demonstrations_and_penalties():
 
     trajs[0].calls.append(CallRecord(9, ParseError("malformed_json", "x"), "error: x"))
     assert trajectory_reward(trajs[0], **kw) == pytest.approx(0.75)
+    trajs[0].answer, trajs[0].truncation = None, "turn_tokens"  # no answer: score 0, the call and the cut
+    assert trajectory_reward(trajs[0], **kw, truncation_penalty=0.5) == pytest.approx(-0.75)
+    assert trajectory_reward(trajs[0], **kw) == pytest.approx(-0.25)
     # the crab is purple and there is one umbrella: 1 of 1 attribute and 1 of 1 count claims are false;
     # F1 = 2 * (2/4) * (2/10) / (2/4 + 2/10) = 2/7, minus 0.5 x 2/2
     trajs[2].answer = "The photo shows a medium green crab. On the tray are three tiny umbrellas."
