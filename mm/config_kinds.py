@@ -46,6 +46,7 @@ KINDS: dict[str, Kind] = {
     "rm": Kind("rl.trainers.rm_config:RMConfig", "rl rm --model DIR --pairs FILE"),
     "distill": Kind("rl.trainers.distill_config:DistillConfig", "rl distill --student DIR --teacher DIR"),
     "pipeline": Kind("rl.pipeline:PipelineConfig", "rl pipeline --config FILE"),
+    "agent": Kind("rl.agent.config:AgentRunConfig", "rl agent --config FILE"),
 }
 """Kind name -> its dataclass and command."""
 
@@ -59,7 +60,7 @@ NAME_HINTS: tuple[tuple[str, str], ...] = (
     ("pipeline", "pipeline"), ("grpo_files", "grpo_files"), ("grpo", "grpo"), ("dapo", "grpo"),
     ("dpo_files", "dpo_files"), ("dpo", "dpo"), ("pretrain", "pretrain"), ("compare", "compare"),
     ("align", "train"), ("sft", "train"), ("world", "world"), ("notevlm", "notevlm"), ("pairs", "pairs"),
-    ("pope", "pope"), ("distill", "distill"), ("ppo", "ppo"),
+    ("pope", "pope"), ("distill", "distill"), ("ppo", "ppo"), ("agent", "agent"),
 )  # fmt: skip
 """(word in the file name, kind), tried in order: "grpo_files" before "grpo" before "dpo" (each contains the
 next)."""

@@ -12,6 +12,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pairs": ("rl.pairs.cli", "build preference pairs (object injection, on-policy, image-corrupted)"),
     "distill": ("rl.trainers.distill_cli", "on-policy distillation from a teacher (reverse KL, GKD, KD)"),
     "rm": ("rl.trainers.rm_cli", "train a Bradley-Terry reward model on preference pairs"),
+    "agent": ("rl.agent.cli", "a tool-using policy: tool SFT, no-tool baseline, multi-turn GRPO, report"),
     "pipeline": ("rl.pipeline", "the main job: data -> pretrain -> align -> SFT -> eval -> DPO/GRPO -> eval"),
 }
 

@@ -30,6 +30,7 @@ EXPECTED_KIND = {
     "rl/pipeline_nogt": "pipeline",
     "rl/ppo": "ppo", "rl/ppo_tiny": "ppo",
     "recipes/align": "train", "recipes/sft_lora": "train", "recipes/dpo_files": "dpo_files",
+    "rl/agent": "agent", "rl/agent_tiny": "agent",
 }  # fmt: skip
 
 

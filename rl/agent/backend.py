@@ -18,7 +18,8 @@ Families that take an image in the middle of a sequence (a zoom after the first 
   ``pixel_attention_mask``, LLaVA-NeXT ``image_sizes``): :func:`backend_for` says so.
 
 Observations are plain text around the image, ``<obs>`` ... ``</obs>``, continuing the assistant turn
-(no chat-template role switch), so every family reads them the same way.
+(no chat-template role switch), so every family reads them the same way; a simulated user's next message
+in a dialogue is ``<user>`` ... ``</user>`` the same way.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from rl.agent.parse import TOOL_CLOSE
 
 OBS_OPEN = "\n<obs>"
 OBS_CLOSE = "</obs>\n"
+USER_OPEN = "\n<user>"
+USER_CLOSE = "</user>\n"
 STOPS = ("tool", "eos", "length")
 """Why a policy turn ended: a closed tool call, an eos token, or its token budget."""
 
@@ -163,6 +166,10 @@ class AgentBackend(ABC):
         if image is not None:
             seg = join([seg, self.image_segment(image)])
         return join([seg, Segment(self.text_ids(OBS_CLOSE))])
+
+    def user_message(self, text: str) -> Segment:
+        """``<user>text</user>``: the user's next message in a dialogue, as non-policy tokens."""
+        return Segment(self.text_ids(USER_OPEN + text + USER_CLOSE))
 
     def model_inputs(self, rows: Sequence[Segment], masks: Sequence[Sequence[int]] | None = None) -> dict:
         """Left-padded model inputs (B, T) of whole rows + their images; ``response_mask`` from ``masks``."""

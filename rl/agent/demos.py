@@ -3,8 +3,9 @@
     turns = {task.task_id: demo_turns(task) for task in tasks}
     demos = rollout(backend, tasks, cfg, policy=scripted_policy(backend, turns))   # SFT cold start data
 
-A demonstration is the list of a task's policy turns as text; the loop runs its tool calls for real, so
-observations (and zoom images) are exactly what the policy will see at rollout time, and
+A demonstration is the list of a task's policy turns as text (``rl.agent.world_demos.policy_turns``
+for world tasks, :func:`demo_turns` for user tasks with normalised boxes); the loop runs its tool calls
+for real, so observations (and zoom images) are exactly what the policy will see at rollout time, and
 ``response_mask`` keeps them out of the SFT loss.
 """
 
@@ -25,8 +26,10 @@ def tool_text(name: str, **args: object) -> str:
 
 
 def demo_turns(task: AgentTask) -> list[str]:
-    """A default demonstration: "change" tasks compare images 1 and 2, tasks with ``meta["box"]``
-    (normalised) zoom there (image ``meta.get("image", 1)``), then the task's answer."""
+    """A generic demonstration for user tasks: "change" tasks compare images 1 and 2, tasks with
+    ``meta["box"]`` (NORMALISED [0, 1], as the parser's boxes) zoom there (image ``meta.get("image", 1)``),
+    then the task's answer. World tasks keep source-pixel boxes in their meta: use
+    ``rl.agent.world_demos.policy_turns(demonstration(task))`` for them."""
     turns = []
     if task.kind == "change" and len(task.sources) >= 2:
         turns.append(tool_text("compare", images=[1, 2]))

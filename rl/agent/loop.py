@@ -9,7 +9,9 @@ Each round generates one turn for every unfinished trajectory (``batch_size`` at
 a turn ends at ``</tool>``, eos or its token budget. A tool call (``rl.agent.parse``) is run
 (``rl.agent.tools``) and its observation — text, and for ``zoom`` a new image — is appended as
 non-policy tokens; a malformed or failing call gets an error observation and the loop goes on. A turn
-that ends with eos and no call is the answer. Finished trajectories leave the batch. Turn ids are kept
+that ends with eos and no call is the answer, except in a simulated dialogue (``users``): there the
+user simulator (``rl.agent.simulator``) judges each answer turn and its next message is appended as
+non-policy tokens until it is satisfied or gives up. Finished trajectories leave the batch. Turn ids are kept
 as generated (never decoded and re-encoded), so ``response_mask`` is 1 exactly on policy tokens and the
 recorded log-probs are those of one forward over the concatenated ids.
 """
@@ -24,9 +26,10 @@ import torch
 
 from rl.agent.backend import AgentBackend, Sampling, Turn, cut_turn
 from rl.agent.parse import ParseError, is_call, parse_call
+from rl.agent.simulator import SimulatorConfig, UserSimulator
 from rl.agent.task import AgentTask
 from rl.agent.tools import TOOLS, Observation, ToolRegistry
-from rl.agent.trajectory import CallRecord, Trajectory
+from rl.agent.trajectory import CallRecord, Trajectory, UserTurn
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,11 +82,14 @@ def rollout(
     *,
     registry: ToolRegistry | None = None,
     policy: Policy | None = None,
+    users: SimulatorConfig | None = None,
 ) -> list[Trajectory]:
     """One trajectory per task (repeat a task in ``tasks`` for a group), in the order of ``tasks``.
 
     ``policy``: who writes the turns; None = the backend's model with ``cfg.sampling``
     (``rl.agent.demos.scripted_policy`` replays demonstrations through the same loop and tools).
+    ``users``: simulate the user of every ``dialogue`` task (one :class:`UserSimulator` per trajectory,
+    seed 0, the seed its opening question was written with); None = a dialogue ends at its first answer.
     """
     registry = registry if registry is not None else TOOLS
     if policy is None:
@@ -94,6 +100,11 @@ def rollout(
             )
 
     trajs = [Trajectory.start(t, backend.prompt(t.sources, prompt_text(t, registry, cfg))) for t in tasks]
+    sims = {
+        id(t): UserSimulator(t.task, seed=0, cfg=users)
+        for t in trajs
+        if users is not None and t.task.kind == "dialogue"
+    }
     active = [t for t in trajs if not _out_of_context(t, cfg)]
     while active:
         for i in range(0, len(active), cfg.batch_size):
@@ -101,7 +112,7 @@ def rollout(
             budgets = [_budget(t, cfg) for t in chunk]
             turns = policy(chunk, max(budgets))
             for traj, turn, budget in zip(chunk, turns, budgets):
-                step(traj, _fit(turn, budget, backend), backend, registry, cfg)
+                step(traj, _fit(turn, budget, backend), backend, registry, cfg, sims.get(id(traj)))
         active = [t for t in active if not t.done and not _out_of_context(t, cfg)]
     return trajs
 
@@ -129,14 +140,22 @@ def _fit(turn: Turn, budget: int, backend: AgentBackend) -> Turn:
 
 
 def step(
-    traj: Trajectory, turn: Turn, backend: AgentBackend, registry: ToolRegistry, cfg: LoopConfig
+    traj: Trajectory,
+    turn: Turn,
+    backend: AgentBackend,
+    registry: ToolRegistry,
+    cfg: LoopConfig,
+    sim: UserSimulator | None = None,
 ) -> None:
-    """Append one policy turn; run its tool call and append the observation, or finish the trajectory."""
+    """Append one policy turn; run its tool call and append the observation, let the simulated user
+    (``sim``) answer a reply, or finish the trajectory."""
     traj.add_policy(turn.ids, turn.logps, turn.text)
     n = len(traj.turns)
     calling = turn.stop == "tool" or (turn.stop == "eos" and is_call(turn.text))
     if not calling:
-        if turn.stop == "eos":
+        if turn.stop == "eos" and sim is not None:
+            _user_turn(traj, turn.text, sim, backend, cfg)
+        elif turn.stop == "eos":
             traj.answer = turn.text.strip()
         elif traj.policy_tokens >= cfg.max_tokens:
             traj.truncation = "max_tokens"
@@ -158,6 +177,25 @@ def step(
     traj.add_observation(backend.observation(text, image))
     if traj.policy_tokens >= cfg.max_tokens:
         traj.truncation = "max_tokens"
+
+
+def _user_turn(
+    traj: Trajectory, text: str, sim: UserSimulator, backend: AgentBackend, cfg: LoopConfig
+) -> None:
+    """The simulated user judges a reply; the dialogue ends (satisfied or not) or its message follows."""
+    reply = sim.reply(text)
+    n = len(traj.turns)
+    traj.user_turns.append(UserTurn(n, reply.text, reply.score, reply.done))
+    if reply.done:
+        traj.answer, traj.satisfied = text.strip(), reply.satisfied
+        return
+    traj.satisfied = False
+    if n >= cfg.max_turns:
+        traj.truncation = "max_turns"
+    elif traj.policy_tokens >= cfg.max_tokens:
+        traj.truncation = "max_tokens"
+    else:
+        traj.add_observation(backend.user_message(reply.text))
 
 
 def trajectory_batch(
@@ -183,6 +221,9 @@ def summary(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "tool_calls": float(calls),
         "valid_call_rate": sum(t.n_valid_calls for t in trajs) / calls if calls else float("nan"),
     }
+    dialogues = [t for t in trajs if t.satisfied is not None]
+    if dialogues:
+        out["goal_reached"] = sum(bool(t.satisfied) for t in dialogues) / len(dialogues)
     for reason in ("max_turns", "max_tokens", "turn_tokens", "context"):
         out[f"truncated_{reason}"] = float(sum(t.truncation == reason for t in trajs))
     return out

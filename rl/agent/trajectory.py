@@ -39,6 +39,19 @@ class CallRecord:
         return isinstance(self.call, ToolCall)
 
 
+@dataclass(frozen=True)
+class UserTurn:
+    """The simulated user's answer to the policy's answer turn ``turn`` (1-based)."""
+
+    turn: int
+    text: str
+    """The user's next message (thanks or giving up when the dialogue ended)."""
+    score: float
+    """Turn-level reward of the policy's reply, in [0, 1] (``rl.agent.simulator.SimTurn.score``)."""
+    done: bool
+    """Whether the dialogue ended here."""
+
+
 @dataclass
 class Trajectory:
     """One rollout of one task (see the module docstring for the layout)."""
@@ -60,6 +73,10 @@ class Trajectory:
     """One of :data:`TRUNCATIONS`, or None when the policy answered."""
     spans: list[tuple[str, int, int]] = field(default_factory=list)
     """(kind, start, end) of every part of ``ids``: kind "prompt", "policy" or "observation"."""
+    user_turns: list[UserTurn] = field(default_factory=list)
+    """Dialogues: the simulated user's reply to each answer turn (its message is an observation)."""
+    satisfied: bool | None = None
+    """Dialogues: whether the simulated user ended satisfied (None: not a simulated dialogue)."""
 
     @classmethod
     def start(cls, task: AgentTask, prompt: Segment) -> Trajectory:
@@ -87,6 +104,12 @@ class Trajectory:
     @property
     def policy_tokens(self) -> int:
         return sum(self.response_mask)
+
+    @property
+    def replies(self) -> list[str]:
+        """The policy turns that were not tool calls (a dialogue's replies; the answer otherwise)."""
+        called = {c.turn for c in self.calls}
+        return [text for i, text in enumerate(self.turns, 1) if i not in called]
 
     @property
     def n_valid_calls(self) -> int:
@@ -117,12 +140,17 @@ class Trajectory:
         """Question, turns, observations and the outcome, as readable text."""
         lines = [f"[task {self.task.task_id}] {self.task.question}"]
         by_turn = {c.turn: c for c in self.calls}
+        users = {u.turn: u for u in self.user_turns}
         for i, text in enumerate(self.turns, 1):
             lines.append(f"[policy {i}] {text}")
             record = by_turn.get(i)
             if record is not None:
                 image = " (+image)" if record.image_added else ""
                 lines.append(f"[observation {i}] {record.observation}{image}")
+            if i in users:
+                lines.append(f"[user {i}] {users[i].text} (turn score {users[i].score:.2f})")
         outcome = f"answer: {self.answer}" if self.answer is not None else f"truncated: {self.truncation}"
+        if self.satisfied is not None:
+            outcome += f"; user {'satisfied' if self.satisfied else 'not satisfied'}"
         lines.append(f"[end] {outcome} (expected: {self.task.answer})")
         return "\n".join(lines)

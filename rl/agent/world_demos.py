@@ -10,13 +10,21 @@ A demonstration is a plain list of :class:`DemoTurn`, in order:
   ``<tool>{"name": "zoom", "image": 2, "box": [x0, y0, x1, y1]}</tool>`` (``call`` holds the parsed
   dict) or ``<tool>{"name": "compare", "images": [1, 2]}</tool>``, or the final answer (``call`` None).
   ``policy=True``: the only turns a loss may train on.
-- ``role="tool"``: the observation of the call before it (``call`` repeats it). ``text`` is a reference
-  rendering and, for ``zoom``, ``image`` is the crop at full resolution (``(h, w, 3)`` uint8; the loop
-  encodes it at the tower's size). ``policy=False``: masked out of the loss. A loop that renders
-  observations its own way passes ``run_tool(call, task) -> (text, image | None)`` to
-  :func:`demonstration` so demos and rollouts show the same observations.
+- ``role="tool"``: the observation of the call before it (``call`` repeats it), rendered by the loop's own
+  tools (:func:`loop_observation`, backed by :data:`rl.agent.tools.TOOLS`), so a demonstration shows
+  exactly what a rollout shows. For ``zoom``, ``image`` is the crop at full resolution (``(h, w, 3)``
+  uint8; the loop encodes it at the tower's size). ``policy=False``: masked out of the loss. Pass
+  ``run_tool(call, task) -> (text, image | None)`` to :func:`demonstration` to render them otherwise.
 
-Scripts: ``detail`` zooms on ``meta["box"]`` in the asked photo, then answers; ``change`` calls
+Boxes: the world's task meta holds boxes in source pixels (ends exclusive); the calls here hold them
+NORMALISED to [0, 1] as the parser wants (:func:`normalised_box`: two decimals, rounded outwards so the
+crop still holds the whole pixel box). :func:`policy_turns` is what the SFT cold start replays through
+the loop (``rl.agent.demos.scripted_policy``), and :func:`answer_turns` the same without tool calls (the
+no-tool baseline's demonstrations). ``rl.agent.demos.demo_turns`` is the generic script for user tasks
+whose ``meta["box"]`` is already normalised; world tasks use this module.
+
+Scripts: ``detail`` zooms on ``meta["box"]`` in the asked photo (or on its tray: ``detail_zoom``), then
+answers; ``change`` calls
 ``compare`` on photos 1 and 2, zooms on the changed region in each photo where the object is, then
 states the change; ``caption`` zooms on the tray, then gives the reference caption; ``dialogue`` plays
 against :class:`rl.agent.simulator.UserSimulator`: zooms on each photo's tray, then answers each slot
@@ -26,6 +34,7 @@ the user asks (and only that slot) until the user is satisfied.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +42,11 @@ from typing import Any
 import numpy as np
 
 from mm.world import vocab
+from mm.world.detail import padded_box
+from rl.agent.parse import ParseError, parse_call
 from rl.agent.simulator import UserSimulator
 from rl.agent.task import AgentTask
+from rl.agent.tools import TOOLS
 
 RunTool = Callable[[dict, AgentTask], tuple[str, "np.ndarray | None"]]
 """``(call, task) -> (observation text, image or None)``."""
@@ -71,53 +83,62 @@ def tool_text(call: dict) -> str:
     return f"<tool>{json.dumps(call)}</tool>"
 
 
-def reference_observation(call: dict, task: AgentTask) -> tuple[str, np.ndarray | None]:
-    """This module's rendering of a tool's observation (the loop's own tools may word it otherwise)."""
-    if call["name"] == "zoom":
-        x0, y0, x1, y1 = call["box"]
-        crop = task.sources[call["image"] - 1][y0:y1, x0:x1]
-        return f"zoom of image {call['image']}, box [{x0}, {y0}, {x1}, {y1}]:", crop
-    if call["name"] == "compare":
-        import imgdiff
-
-        a, b = (task.sources[i - 1] for i in call["images"])
-        regions = imgdiff.diff(a, b).regions
-        if not regions:
-            return f"images {call['images'][0]} and {call['images'][1]} are the same", None
-        boxes = "; ".join(f"[{r.bbox[0]}, {r.bbox[1]}, {r.bbox[2] + 1}, {r.bbox[3] + 1}]" for r in regions)
-        return (
-            f"images {call['images'][0]} and {call['images'][1]} differ in {len(regions)} region(s): {boxes}",
-            None,
+def loop_observation(call: dict, task: AgentTask) -> tuple[str, np.ndarray | None]:
+    """The observation the agent loop shows for ``call``: the call parsed and run by :data:`TOOLS`."""
+    parsed = parse_call(tool_text(call), TOOLS, n_images=len(task.sources))
+    if isinstance(parsed, ParseError):
+        raise ValueError(
+            f"task {task.task_id!r}: the demonstration's call {call} is invalid: {parsed.message}"
         )
-    raise ValueError(f"no reference observation for tool {call['name']!r}; pass run_tool")
+    obs = TOOLS.run(parsed, task)
+    return obs.text, obs.image
 
 
-def _use(turns: list[DemoTurn], call: dict, task: AgentTask, run_tool: RunTool, lead: str = "") -> None:
-    turns.append(DemoTurn("assistant", f"{lead}{tool_text(call)}", True, call))
+def normalised_box(box: list[int], width: int, height: int) -> list[float]:
+    """A source-pixel box ``[x0, y0, x1, y1]`` (ends exclusive) as fractions of the image, two decimals,
+    rounded outwards (x0, y0 down, x1, y1 up) so the normalised box covers every pixel of ``box``."""
+    x0, y0, x1, y1 = box
+    down = [math.floor(100 * x0 / width) / 100, math.floor(100 * y0 / height) / 100]
+    up = [math.ceil(100 * x1 / width) / 100, math.ceil(100 * y1 / height) / 100]
+    return [down[0], down[1], min(up[0], 1.0), min(up[1], 1.0)]
+
+
+def _use(turns: list[DemoTurn], call: dict, task: AgentTask, run_tool: RunTool) -> None:
+    turns.append(DemoTurn("assistant", tool_text(call), True, call))
     text, image = run_tool(call, task)
     turns.append(DemoTurn("tool", text, False, call, image))
 
 
-def _zoom(image: int, box: list[int]) -> dict[str, Any]:
-    return {"name": "zoom", "image": image, "box": [int(v) for v in box]}
+def _zoom(task: AgentTask, image: int, box: list[int]) -> dict[str, Any]:
+    """A zoom call on source-pixel ``box`` of note image ``image``, normalised."""
+    H, W = task.sources[image - 1].shape[:2]
+    return {"name": "zoom", "image": image, "box": normalised_box(box, W, H)}
 
 
-def detail_demo(task: AgentTask, run_tool: RunTool) -> list[DemoTurn]:
+DETAIL_ZOOMS = ("target", "tray")
+"""Where a detail demonstration zooms: the asked objects' box, or the whole tray they lie on (larger in
+the downsampled view, so a small policy can find it)."""
+
+
+def tray_box(task: AgentTask, tray: list[int]) -> list[int]:
+    """The tray's source-pixel box, padded by 2 pixels and made square (as dialogue zooms take it)."""
+    return list(padded_box(tuple(tray), 2, task.sources[0].shape[0]))
+
+
+def detail_demo(
+    task: AgentTask, run_tool: RunTool, zoom: str = "target", bare: bool = False
+) -> list[DemoTurn]:
     m = task.meta
     turns = [DemoTurn("user", task.question, False)]
-    _use(
-        turns,
-        _zoom(m["image"], m["box"]),
-        task,
-        run_tool,
-        "The tray is too small to read here; I'll zoom in. ",
-    )
+    box = m["box"] if zoom == "target" else tray_box(task, m["tray"])
+    _use(turns, _zoom(task, m["image"], box), task, run_tool)
     if m["ask"] == "color":
-        answer = f"The tiny {m['object']} is {task.answer}."
+        answer = f"It is {task.answer}." if bare else f"The tiny {m['object']} is {task.answer}."
     else:
         n = int(task.answer)
         c = vocab.category(m["object"])
-        answer = f"There {'is' if n == 1 else 'are'} {n} tiny {c.name if n == 1 else c.plural}."
+        what = "" if bare else f" tiny {c.name if n == 1 else c.plural}"
+        answer = f"There {'is' if n == 1 else 'are'} {n}{what}."
     turns.append(DemoTurn("assistant", answer, True))
     return turns
 
@@ -125,54 +146,79 @@ def detail_demo(task: AgentTask, run_tool: RunTool) -> list[DemoTurn]:
 def change_demo(task: AgentTask, run_tool: RunTool) -> list[DemoTurn]:
     m = task.meta
     turns = [DemoTurn("user", task.question, False)]
-    _use(turns, {"name": "compare", "images": [1, 2]}, task, run_tool, "Let me find what differs. ")
+    _use(turns, {"name": "compare", "images": [1, 2]}, task, run_tool)
     for image, key in ((1, "before_box"), (2, "after_box")):
         if m[key] is not None:
-            _use(turns, _zoom(image, m[key]), task, run_tool)
+            _use(turns, _zoom(task, image, m[key]), task, run_tool)
     turns.append(DemoTurn("assistant", task.answer[0].upper() + task.answer[1:] + ".", True))
     return turns
 
 
 def caption_demo(task: AgentTask, run_tool: RunTool) -> list[DemoTurn]:
     turns = [DemoTurn("user", task.question, False)]
-    _use(turns, _zoom(1, task.meta["box"]), task, run_tool, "First a closer look at the tray. ")
+    _use(turns, _zoom(task, 1, task.meta["box"]), task, run_tool)
     turns.append(DemoTurn("assistant", task.answer, True))
     return turns
 
 
-def slot_answer(goal: dict, slot: str) -> str:
-    """The expert's reply stating one goal slot."""
+def slot_answer(goal: dict, slot: str, bare: bool = False) -> str:
+    """The expert's reply stating one goal slot (``bare``: without naming the object)."""
     c = vocab.category(goal["object"])
     if slot == "count":
         n = goal["count"]
-        return f"There {'is' if n == 1 else 'are'} {n} tiny {c.name if n == 1 else c.plural} in all."
+        what = "" if bare else f" tiny {c.name if n == 1 else c.plural}"
+        return f"There {'is' if n == 1 else 'are'} {n}{what} in all."
     cols = goal["colors"]
-    return f"The tiny {c.plural} are {' and '.join(cols)}." if len(cols) > 1 else f"They are {cols[0]}."
+    if len(cols) > 1 and not bare:
+        return f"The tiny {c.plural} are {' and '.join(cols)}."
+    return f"They are {' and '.join(cols)}."
 
 
-def dialogue_demo(task: AgentTask, run_tool: RunTool, seed: int = 0) -> list[DemoTurn]:
+def dialogue_demo(task: AgentTask, run_tool: RunTool, seed: int = 0, bare: bool = False) -> list[DemoTurn]:
     sim = UserSimulator(task, seed=seed)
     goal = task.meta["goal"]
     turns = [DemoTurn("user", sim.opening(), False)]
     for image, box in task.meta["zooms"]:
         if image in goal["images"]:
-            _use(turns, _zoom(image, box), task, run_tool)
+            _use(turns, _zoom(task, image, box), task, run_tool)
     while not sim.done:
-        text = slot_answer(goal, sim.asked)
+        text = slot_answer(goal, sim.asked, bare)
         turns.append(DemoTurn("assistant", text, True))
         turns.append(DemoTurn("user", sim.reply(text).text, False))
     return turns
 
 
-def demonstration(task: AgentTask, run_tool: RunTool | None = None, *, seed: int = 0) -> list[DemoTurn]:
-    """The expert trajectory for ``task`` (module docstring); ``seed`` is the simulator's for dialogues."""
-    run = run_tool or reference_observation
+def demonstration(
+    task: AgentTask,
+    run_tool: RunTool | None = None,
+    *,
+    seed: int = 0,
+    detail_zoom: str = "target",
+    bare_answers: bool = False,
+) -> list[DemoTurn]:
+    """The expert trajectory for ``task`` (module docstring); ``seed`` is the simulator's for dialogues;
+    ``detail_zoom``: one of :data:`DETAIL_ZOOMS`; ``bare_answers``: detail answers and dialogue replies
+    state the value without naming the object ("It is red.", "There are 2 in all."), so a policy is
+    not scored 0 for misnaming an object it was told."""
+    if detail_zoom not in DETAIL_ZOOMS:
+        raise ValueError(f"detail_zoom must be one of {DETAIL_ZOOMS}, got {detail_zoom!r}")
+    run = run_tool or loop_observation
     if task.kind == "detail":
-        return detail_demo(task, run)
+        return detail_demo(task, run, detail_zoom, bare_answers)
     if task.kind == "change":
         return change_demo(task, run)
     if task.kind == "caption":
         return caption_demo(task, run)
     if task.kind == "dialogue":
-        return dialogue_demo(task, run, seed)
+        return dialogue_demo(task, run, seed, bare_answers)
     raise ValueError(f"task {task.task_id!r}: no demonstration for kind {task.kind!r}")
+
+
+def policy_turns(turns: list[DemoTurn]) -> list[str]:
+    """The assistant's turns of a demonstration, in order: what a scripted policy replays."""
+    return [t.text for t in turns if t.policy]
+
+
+def answer_turns(turns: list[DemoTurn]) -> list[str]:
+    """The assistant's turns without tool calls: the same task answered without looking closer."""
+    return [t.text for t in turns if t.policy and t.call is None]

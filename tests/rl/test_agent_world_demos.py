@@ -10,19 +10,22 @@ import numpy as np
 import pytest
 
 from rl.agent.answers import score_answer
+from rl.agent.parse import ToolCall
 from rl.agent.simulator import UserSimulator
-from rl.agent.world_demos import demonstration
+from rl.agent.tools import TOOLS, box_pixels
+from rl.agent.world_demos import answer_turns, demonstration, normalised_box, policy_turns
 from rl.agent.world_tasks import WorldTaskConfig, world_task
 
 CFG = WorldTaskConfig(seed=0)
 TOOL = re.compile(r"<tool>(.*?)</tool>", re.S)
 
 
+@pytest.mark.parametrize("bare", [False, True])
 @pytest.mark.parametrize("kind", ["detail", "change", "caption", "dialogue"])
-def test_demonstrations_are_well_formed_and_right(kind):
+def test_demonstrations_are_well_formed_and_right(kind, bare):
     for index in range(4):
         task = world_task(CFG, kind, index)
-        turns = demonstration(task)
+        turns = demonstration(task, bare_answers=bare)
         assert turns[0].role == "user" and turns[0].text
         assert all(t.policy == (t.role == "assistant") for t in turns)
         tools = 0
@@ -34,9 +37,12 @@ def test_demonstrations_are_well_formed_and_right(kind):
                 assert nxt.role == "tool" and nxt.call == t.call and not nxt.policy
                 tools += 1
                 if t.call["name"] == "zoom":
-                    x0, y0, x1, y1 = t.call["box"]
                     src = task.sources[t.call["image"] - 1]
+                    assert all(0.0 <= v <= 1.0 for v in t.call["box"])  # normalised, as the parser wants
+                    x0, y0, x1, y1 = box_pixels(t.call["box"], src.shape[1], src.shape[0])
                     assert np.array_equal(nxt.image, src[y0:y1, x0:x1])
+                    args = {"image": t.call["image"], "box": t.call["box"]}
+                    assert nxt.text == TOOLS.run(ToolCall("zoom", args), task).text
             if t.role == "tool":
                 assert turns[i - 1].role == "assistant" and turns[i - 1].call == t.call
         assert tools >= 1
@@ -73,3 +79,46 @@ def test_turns_serialise_to_json():
     assert json.loads(json.dumps(rows)) == rows
     assert [r["role"] for r in rows] == ["user", "assistant", "tool", "assistant"]
     assert rows[2]["image_shape"][2] == 3 and rows[1]["policy"] and not rows[2]["policy"]
+
+
+def test_normalised_box_covers_the_pixel_box():
+    assert normalised_box([90, 20, 166, 96], 256, 256) == [0.35, 0.07, 0.65, 0.38]
+    for box in ([0, 0, 256, 256], [3, 250, 7, 256], [127, 1, 129, 2]):
+        x0, y0, x1, y1 = box_pixels(normalised_box(box, 256, 256), 256, 256)
+        assert x0 <= box[0] and y0 <= box[1] and x1 >= box[2] and y1 >= box[3]
+        assert x1 - x0 <= box[2] - box[0] + 6 and y1 - y0 <= box[3] - box[1] + 6
+
+
+def test_observations_are_the_loops_and_turn_lists():
+    task = world_task(CFG, "change", 1)
+    turns = demonstration(task)
+    obs = [t for t in turns if t.role == "tool"]
+    assert obs[0].text == TOOLS.run(ToolCall("compare", {"images": [1, 2]}), task).text
+    assert obs[0].text.startswith("1 region changed") or "regions changed" in obs[0].text
+    assert policy_turns(turns)[0] == '<tool>{"name": "compare", "images": [1, 2]}</tool>'
+    assert answer_turns(turns) == [policy_turns(turns)[-1]] and "<tool>" not in answer_turns(turns)[0]
+
+
+def test_detail_demo_can_zoom_on_the_tray():
+    task = world_task(CFG, "detail", 0)
+    (call,) = [t.call for t in demonstration(task, detail_zoom="tray") if t.role == "assistant" and t.call]
+    src = task.sources[call["image"] - 1]
+    x0, y0, x1, y1 = box_pixels(call["box"], src.shape[1], src.shape[0])
+    tx0, ty0, tx1, ty1 = task.meta["tray"]
+    assert x0 <= tx0 and y0 <= ty0 and x1 >= tx1 and y1 >= ty1  # the whole tray, a few pixels more
+    assert (x1 - x0) - (tx1 - tx0) <= 8
+    bx0, by0, bx1, by1 = task.meta["box"]  # the asked objects lie on it (their padded box may stick out)
+    assert x0 <= (bx0 + bx1) / 2 <= x1 and y0 <= (by0 + by1) / 2 <= y1
+    with pytest.raises(ValueError, match="detail_zoom"):
+        demonstration(task, detail_zoom="nowhere")
+
+
+def test_bare_answers_name_no_object():
+    from rl.agent.answers import objects_in
+
+    for kind in ("detail", "dialogue"):
+        task = world_task(CFG, kind, 3)
+        replies = [t.text for t in demonstration(task, bare_answers=True) if t.policy and t.call is None]
+        assert replies and all(objects_in(r) == [] for r in replies), replies
+        named = [t.text for t in demonstration(task) if t.policy and t.call is None]
+        assert all(objects_in(r) for r in named), named

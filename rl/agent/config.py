@@ -1,0 +1,201 @@
+"""The typed config of ``rl agent``: policy, world tasks, loop, cold start, baseline, GRPO, eval.
+
+    cfg = load_config(AgentRunConfig, "configs/rl/agent_tiny.yaml", ["grpo.steps=4"])
+
+Unknown keys and wrong types are errors (``mm.config``); cross-field checks say how to fix a value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rl.advantages import ADVANTAGE_SCALES
+from rl.agent.simulator import SimulatorConfig
+from rl.agent.task import KINDS
+from rl.agent.world_demos import DETAIL_ZOOMS
+from rl.agent.world_tasks import WorldTaskConfig
+from rl.losses import AGG_MODES
+
+
+@dataclass(kw_only=True)
+class PolicyConfig:
+    """The policy every stage starts from: a NoteVLM built from a spec, or any adapter folder."""
+
+    spec: str = "configs/mm/notevlm_tiny.yaml"
+    """NoteVLM spec YAML (``mm.model.factory.NoteVLMSpec``), built at random init (ignored with init)."""
+    overrides: list[str] = field(default_factory=lambda: ["max_images=8", "max_length=1024"])
+    """``key=value`` overrides of the spec (each zoom adds an image: leave room for the note's and the
+    zooms')."""
+    init: str | None = None
+    """A model folder (NoteVLM or a transformers family the agent backend supports) instead of the spec."""
+    seed: int = 0
+    """Seed of the random init."""
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Which world tasks train the policies."""
+
+    kinds: list[str] = field(default_factory=lambda: list(KINDS))
+    """Task kinds of the training mix and of the eval (detail, change, caption, dialogue)."""
+    train_tasks: int = 256
+    """Tasks of the train split (cycling through kinds, one note each) for the SFTs and GRPO."""
+    bare_answers: bool = True
+    """Detail answers and dialogue replies of the demonstrations state the value only ("It is red.",
+    "There are 2 in all."), not the object's name, which a small policy tends to misname."""
+    detail_zoom: str = "tray"
+    """Where detail demonstrations zoom: "tray" (the tray the tiny objects lie on, findable in the
+    downsampled view) or "target" (the asked objects' box, a few pixels in the view)."""
+
+    def __post_init__(self) -> None:
+        bad = [k for k in self.kinds if k not in KINDS]
+        if bad or not self.kinds:
+            raise ValueError(f"data.kinds must be a non-empty subset of {list(KINDS)}, got {self.kinds}")
+        if self.detail_zoom not in DETAIL_ZOOMS:
+            raise ValueError(f"data.detail_zoom must be one of {DETAIL_ZOOMS}, got {self.detail_zoom!r}")
+        if self.train_tasks < 1:
+            raise ValueError(f"data.train_tasks must be >= 1, got {self.train_tasks}")
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    """Limits of one trajectory (``rl.agent.loop.LoopConfig``)."""
+
+    max_turns: int = 8
+    """Most policy turns (tool calls and dialogue replies count)."""
+    max_new_tokens: int = 128
+    """Most tokens of one policy turn."""
+    max_tokens: int = 384
+    """Most policy tokens of a trajectory."""
+    max_length: int | None = 1024
+    """Most ids of a trajectory, prompt and observations included (the model's context); null = no limit."""
+    batch_size: int = 16
+    """Trajectories generated together."""
+    user_patience: int = 2
+    """Wrong replies the simulated user tolerates in a dialogue."""
+    user_max_turns: int = 4
+    """Most replies of the policy the simulated user reads."""
+
+    def simulator(self) -> SimulatorConfig:
+        return SimulatorConfig(patience=self.user_patience, max_turns=self.user_max_turns)
+
+
+@dataclass(kw_only=True)
+class SFTConfig:
+    """Supervised training on demonstrations (the tool cold start and the no-tool baseline alike)."""
+
+    steps: int = 200
+    """Optimizer steps (the same for both SFT models: the same budget)."""
+    batch_size: int = 8
+    """Demonstrations per step."""
+    lr: float = 1.0e-3
+    """AdamW learning rate (constant)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (0 = off)."""
+    log_every: int = 10
+    """Steps between metric records."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1 or self.log_every < 1:
+            raise ValueError(
+                f"sft.steps, sft.batch_size and sft.log_every must be >= 1, got "
+                f"{self.steps}, {self.batch_size}, {self.log_every}"
+            )
+
+
+@dataclass(kw_only=True)
+class GRPOStageConfig:
+    """Multi-turn GRPO over whole trajectories, from the tool SFT model."""
+
+    steps: int = 50
+    """Optimizer steps (0 skips GRPO: the tool GRPO model is the tool SFT model)."""
+    tasks_per_step: int = 4
+    """Tasks per step; each is rolled out group_size times."""
+    group_size: int = 4
+    """Trajectories per task (advantages are centred within the group)."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts."""
+    top_p: float = 1.0
+    """Nucleus mass of the rollouts."""
+    lr: float = 1.0e-4
+    """AdamW learning rate (constant)."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (0 = off)."""
+    scale: str = "group"
+    """Advantage scaling: group, batch or none (``rl.advantages.group_advantages``)."""
+    eps_low: float = 0.2
+    """Lower ratio clip."""
+    eps_high: float | None = 0.28
+    """Upper ratio clip (DAPO clip-higher); null = eps_low."""
+    agg: str = "token-mean"
+    """Token-loss aggregation (``rl.losses.aggregate_loss``)."""
+    invalid_call_penalty: float = 0.1
+    """Reward subtracted per malformed, unknown or failing tool call."""
+    truncation_penalty: float = 0.1
+    """Reward subtracted from a trajectory that ends without an answer (out of turns or tokens; a turn that
+    runs to its budget inside an unclosed ``<tool>`` is no call, so without this it escapes the call
+    penalty)."""
+    hallucination_weight: float = 0.5
+    """Caption tasks: reward minus this times the share of judged attribute/count claims that are false."""
+    turn_reward_weight: float = 0.0
+    """Dialogues: reward plus this times the mean turn-level score the simulated user gave (0 = off)."""
+    checkpoint_every: int = 5
+    """Steps between resumable checkpoints (model, optimizer, step)."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.tasks_per_step < 1 or self.group_size < 2 or self.checkpoint_every < 1:
+            raise ValueError(
+                "grpo needs steps >= 0, tasks_per_step >= 1, group_size >= 2 and checkpoint_every >= 1; got "
+                f"{self.steps}, {self.tasks_per_step}, {self.group_size}, {self.checkpoint_every}"
+            )
+        if self.scale not in ADVANTAGE_SCALES:
+            raise ValueError(f"grpo.scale must be one of {ADVANTAGE_SCALES}, got {self.scale!r}")
+        if self.agg not in AGG_MODES:
+            raise ValueError(f"grpo.agg must be one of {AGG_MODES}, got {self.agg!r}")
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    """Held-out eval on the test split of the world."""
+
+    seeds: list[int] = field(default_factory=lambda: [0])
+    """World seeds whose test split is evaluated (the judged report wants 0, 1 and 2)."""
+    tasks_per_kind: int = 32
+    """Test tasks of each kind per seed."""
+    n_boot: int = 1000
+    """Bootstrap resamples of the 95% intervals (units: tasks)."""
+    transcripts: int = 2
+    """Trajectories per kind written to transcripts.md (of the tool GRPO model)."""
+
+    def __post_init__(self) -> None:
+        if not self.seeds or self.tasks_per_kind < 1 or self.n_boot < 10:
+            raise ValueError(
+                f"eval needs seeds, tasks_per_kind >= 1 and n_boot >= 10; got {self.seeds}, "
+                f"{self.tasks_per_kind}, {self.n_boot}"
+            )
+
+
+@dataclass(kw_only=True)
+class AgentRunConfig:
+    """``rl agent``: init -> tool SFT (cold start) and no-tool SFT -> multi-turn GRPO -> eval -> report."""
+
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """The starting policy."""
+    world: WorldTaskConfig = field(default_factory=WorldTaskConfig)
+    """The task world (its seed is the training world; eval.seeds name the held-out ones)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The training tasks."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Trajectory limits and the simulated user."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """Both SFT stages."""
+    grpo: GRPOStageConfig = field(default_factory=GRPOStageConfig)
+    """The GRPO stage."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """The held-out eval."""
+    seed: int = 0
+    """Seed of data order and sampling (each step reseeds from (seed, step), so a resumed run is exact)."""
+    threads: int = 0
+    """torch CPU threads (0 = torch's default)."""

@@ -1,0 +1,132 @@
+"""The ``rl agent`` report: metrics with intervals per model, the targets, transcripts and curves.
+
+Writes ``OUT/report.json`` (every metric of every model with its bootstrap 95% interval, the paired
+gains of the tool GRPO model over the no-tool SFT model, and each target with whether it held),
+``OUT/report.md`` (the same as tables), ``OUT/transcripts.md`` (a few held-out trajectories with their
+tool calls, observations and simulated-user turns) and ``OUT/sft.png`` / ``OUT/grpo.png`` (the curves).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mm.train.metrics import atomic_write_text, plot_metrics, read_metrics
+from rl.agent.config import AgentRunConfig
+from rl.agent.evaluate import paired_gains, summarise
+
+TARGETS: tuple[tuple[str, str, float], ...] = (
+    ("accuracy/detail", "gain>=", 0.15),
+    ("accuracy/change", "gain>=", 0.15),
+    ("caption/attribute_hallucination", "gain<", 0.0),
+    ("caption/count_hallucination", "gain<", 0.0),
+    ("valid_call_rate", "value>=", 0.95),
+    ("goal_reached", "gain>", 0.0),
+)
+"""(metric, test, threshold): the tool GRPO model against the no-tool SFT model ("gain") or alone."""
+SHOWN = ("accuracy/detail", "accuracy/change", "accuracy/caption", "accuracy/dialogue", "score/detail",
+         "score/change", "score/caption", "score/dialogue", "caption/attribute_hallucination",
+         "caption/count_hallucination", "caption/attribute_claims_per_caption",
+         "caption/attribute_false_per_caption", "caption/count_claims_per_caption",
+         "caption/count_false_per_caption", "valid_call_rate", "calls_per_task", "goal_reached")  # fmt: skip
+"""Metrics in the report's table, in order."""
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def check_targets(metrics: dict[str, dict], gains: dict[str, dict]) -> list[dict[str, Any]]:
+    """Each target of :data:`TARGETS` with the value it is judged on and whether it held."""
+    out = []
+    for name, test, threshold in TARGETS:
+        source = gains if test.startswith("gain") else metrics
+        value = source.get(name, {}).get("value")
+        op = test.removeprefix("gain").removeprefix("value")
+        held = None if value is None else {">=": value >= threshold, "<": value < threshold,
+                                           ">": value > threshold}[op]  # fmt: skip
+        what = "tool GRPO - no-tool SFT" if test.startswith("gain") else "tool GRPO"
+        out.append(
+            {"metric": name, "judged_on": what, "test": f"{op} {threshold}", "value": value, "held": held}
+        )
+    return out
+
+
+def _fmt(m: dict[str, Any] | None) -> str:
+    if not m or m.get("value") is None:
+        return "-"
+    lo, hi = m.get("low"), m.get("high")
+    band = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else ""
+    return f"{m['value']:.3f}{band}"
+
+
+def write_report(cfg: AgentRunConfig, out: Path, models: dict[str, tuple[str, bool]]) -> dict[str, Any]:
+    """Write the report files (module docstring); returns a short result for ``report/result.json``."""
+    rows = {name: _read_rows(out / "eval" / f"{name}.jsonl") for name in models}
+    metrics = {name: summarise(r, n_boot=cfg.eval.n_boot) for name, r in rows.items()}
+    names = [n for n, _, _ in TARGETS] + ["accuracy/caption", "accuracy/dialogue"]
+    names += [f"caption/{k}_false_per_caption" for k in ("attribute", "count")]
+    gains = paired_gains(rows["notool_sft"], rows["tool_grpo"], names, n_boot=cfg.eval.n_boot)
+    targets = check_targets(metrics["tool_grpo"], gains)
+    seconds = {
+        s: json.loads((out / s / "result.json").read_text()).get("seconds")
+        for s in ("init", "sft_tool", "sft_notool", "grpo", "eval")
+        if (out / s / "result.json").exists()
+    }
+    report = {
+        "seeds": list(cfg.eval.seeds), "tasks_per_kind": cfg.eval.tasks_per_kind, "metrics": metrics,
+        "gains_tool_grpo_over_notool_sft": gains, "targets": targets, "stage_seconds": seconds,
+    }  # fmt: skip
+    atomic_write_text(out / "report.json", json.dumps(report, indent=1))
+    atomic_write_text(out / "report.md", _markdown(report, list(models)))
+    _transcripts(out, cfg)
+    _curves(out)
+    return {"targets_held": sum(bool(t["held"]) for t in targets), "targets": len(targets)}
+
+
+def _markdown(report: dict[str, Any], models: list[str]) -> str:
+    lines = [
+        "# rl agent: held-out report",
+        "",
+        f"World seeds {report['seeds']}, test split, {report['tasks_per_kind']} tasks per kind per seed; "
+        "greedy decoding; bootstrap 95% intervals over tasks.",
+        "",
+        "| metric | " + " | ".join(models) + " | tool_grpo - notool_sft |",
+        "|---|" + "---|" * (len(models) + 1),
+    ]
+    gains = report["gains_tool_grpo_over_notool_sft"]
+    for name in SHOWN:
+        cells = [_fmt(report["metrics"][m].get(name)) for m in models]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_fmt(gains.get(name))} |")
+    lines += ["", "## Targets", "", "| metric | judged on | test | value | held |", "|---|---|---|---|---|"]
+    for t in report["targets"]:
+        value = "-" if t["value"] is None else f"{t['value']:.3f}"
+        held = "n/a" if t["held"] is None else ("yes" if t["held"] else "no")
+        lines.append(f"| {t['metric']} | {t['judged_on']} | {t['test']} | {value} | {held} |")
+    secs = ", ".join(f"{k} {v} s" for k, v in report["stage_seconds"].items())
+    lines += ["", f"Stage times: {secs}.", ""]
+    return "\n".join(lines)
+
+
+def _transcripts(out: Path, cfg: AgentRunConfig) -> None:
+    parts = ["# Held-out transcripts", ""]
+    for name in ("tool_grpo", "notool_sft"):
+        path = out / "eval" / f"{name}.transcripts.md"
+        if path.exists():
+            parts += [f"## {name}", "", "```", path.read_text(), "```", ""]
+    atomic_write_text(out / "transcripts.md", "\n".join(parts))
+
+
+def _curves(out: Path) -> None:
+    sft = [
+        dict(r, stage=s) for s in ("sft_tool", "sft_notool") for r in read_metrics(out / s / "metrics.jsonl")
+    ]
+    if sft:
+        tool = [r for r in sft if r["stage"] == "sft_tool"]
+        notool = [dict(r, notool_loss=r["loss"]) for r in sft if r["stage"] == "sft_notool"]
+        plot_metrics(tool + notool, ["loss", "notool_loss"], out / "sft.png", title="SFT: tool / no-tool")
+    grpo = read_metrics(out / "grpo" / "metrics.jsonl")
+    if grpo:
+        keys = ["reward_mean", "valid_call_rate", "mean_turns", "loss"]
+        plot_metrics(grpo, keys, out / "grpo.png", title="multi-turn GRPO")

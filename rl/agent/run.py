@@ -1,0 +1,150 @@
+"""``rl agent`` end to end: stages with resume, each writing ``OUT/<stage>/result.json`` atomically.
+
+    run_agent(cfg, Path("runs/agent"))
+
+Stages, in order (a stage whose result.json exists is skipped on a re-run, so an interrupted run
+continues where it stopped; GRPO also resumes from its last checkpoint inside the stage). A re-run must
+keep the training sections of the config (``OUT/training_config.json``); ``eval`` may change, e.g. to
+evaluate more worlds after deleting ``OUT/eval`` and ``OUT/report``:
+
+1. ``init``: the policy (``rl.agent.stages.build_backend``) -> ``init/model.pt``
+2. ``sft_tool``: cold start on tool demonstrations -> ``sft_tool/model.pt``
+3. ``sft_notool``: the no-tool baseline, same size and SFT budget -> ``sft_notool/model.pt``
+4. ``grpo``: multi-turn GRPO from ``sft_tool`` -> ``grpo/model.pt``
+5. ``eval``: the three models on the held-out tasks -> ``eval/<model>.jsonl`` rows
+6. ``report``: ``report.md``, ``report.json``, ``transcripts.md``, ``*.png`` curves
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mm.config import to_dict
+from mm.errors import UserError
+from mm.train.metrics import atomic_write_text
+from rl.agent.config import AgentRunConfig
+from rl.agent.evaluate import eval_model
+from rl.agent.report import write_report
+from rl.agent.stages import build_backend, run_grpo, run_sft, save_weights
+
+STAGES = ("init", "sft_tool", "sft_notool", "grpo", "eval", "report")
+"""The stages of ``rl agent``, in order."""
+MODELS = {"notool_sft": ("sft_notool", False), "tool_sft": ("sft_tool", True), "tool_grpo": ("grpo", True)}
+"""Evaluated model -> (the stage whose model.pt it is, whether it has tools)."""
+
+
+TRAINING_SECTIONS = ("policy", "world", "data", "rollout", "sft", "grpo", "seed")
+"""Config sections a resumed run must keep (the trained models depend on them)."""
+
+
+def check_training_config(cfg: AgentRunConfig, out: Path) -> None:
+    """Record the training sections in ``OUT/training_config.json``, or refuse a resume that changed them."""
+    mine = {k: v for k, v in to_dict(cfg).items() if k in TRAINING_SECTIONS}
+    path = out / "training_config.json"
+    if not path.exists():
+        atomic_write_text(path, json.dumps(mine, indent=1))
+        return
+    before = json.loads(path.read_text())
+    changed = sorted(k for k in TRAINING_SECTIONS if before.get(k) != json.loads(json.dumps(mine.get(k))))
+    if changed:
+        raise UserError(
+            f"{out} was trained with other {', '.join(changed)} settings than this config; resuming would "
+            "mix them. Use a new --out, or --no-resume to start over"
+        )
+
+
+def result_path(out: Path, stage: str) -> Path:
+    return out / stage / "result.json"
+
+
+def write_result(out: Path, stage: str, result: dict[str, Any]) -> None:
+    """``OUT/<stage>/result.json``, atomically (its presence marks the stage done)."""
+    path = result_path(out, stage)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(result, indent=1, default=str))
+
+
+def run_agent(
+    cfg: AgentRunConfig,
+    out: Path,
+    *,
+    log: Callable[[str], None] = print,
+    grpo_stop_after: int | None = None,
+) -> dict[str, Any] | None:
+    """Run (or resume) every stage; returns the report's JSON, or None when ``grpo_stop_after`` stopped
+    the GRPO stage early (a simulated interruption, for tests)."""
+    out.mkdir(parents=True, exist_ok=True)
+    check_training_config(cfg, out)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    for stage in STAGES:
+        if result_path(out, stage).exists():
+            log(f"[agent] {stage}: done before, skipped")
+            continue
+        t0 = time.perf_counter()
+        stage_dir = out / stage
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        result = _run_stage(cfg, out, stage, stage_dir, grpo_stop_after)
+        if result is None:
+            log(f"[agent] {stage}: stopped before the end (re-run to resume)")
+            return None
+        result["seconds"] = round(time.perf_counter() - t0, 1)
+        write_result(out, stage, result)
+        log(f"[agent] {stage}: done in {result['seconds']} s")
+    return json.loads((out / "report.json").read_text())
+
+
+def _run_stage(
+    cfg: AgentRunConfig, out: Path, stage: str, stage_dir: Path, grpo_stop_after: int | None
+) -> dict[str, Any] | None:
+    init = out / "init" / "model.pt"
+    if stage == "init":
+        backend = build_backend(cfg)
+        save_weights(backend, stage_dir / "model.pt")
+        model = backend.adapter.model
+        return {"family": backend.adapter.family, "parameters": sum(p.numel() for p in model.parameters())}
+    if stage == "sft_tool":
+        return run_sft(cfg, stage_dir, init, tools=True, stage=stage)
+    if stage == "sft_notool":
+        return run_sft(cfg, stage_dir, init, tools=False, stage=stage)
+    if stage == "grpo":
+        if cfg.grpo.steps == 0:
+            shutil.copyfile(out / "sft_tool" / "model.pt", stage_dir / "model.pt")
+            return {"stage": "grpo", "steps": 0}
+        return run_grpo(cfg, stage_dir, out / "sft_tool" / "model.pt", stop_after=grpo_stop_after)
+    if stage == "eval":
+        return _eval(cfg, out, stage_dir)
+    if stage == "report":
+        return write_report(cfg, out, MODELS)
+    raise ValueError(f"unknown stage {stage!r}; stages: {STAGES}")
+
+
+def _eval(cfg: AgentRunConfig, out: Path, stage_dir: Path) -> dict[str, Any]:
+    counts = {}
+    for name, (stage, tools) in MODELS.items():
+        backend = build_backend(cfg, out / stage / "model.pt")
+        rows, trajs = eval_model(backend, cfg, tools=tools)
+        lines = "".join(json.dumps(r) + "\n" for r in rows)
+        atomic_write_text(stage_dir / f"{name}.jsonl", lines)
+        shown = _shown(trajs, cfg.eval.transcripts)
+        atomic_write_text(stage_dir / f"{name}.transcripts.md", "\n\n".join(t.transcript() for t in shown))
+        counts[name] = len(rows)
+    return {"rows": counts, "seeds": list(cfg.eval.seeds)}
+
+
+def _shown(trajs: list, per_kind: int) -> list:
+    """The first ``per_kind`` trajectories of each kind."""
+    seen: dict[str, int] = {}
+    picked = []
+    for t in trajs:
+        if seen.get(t.task.kind, 0) < per_kind:
+            seen[t.task.kind] = seen.get(t.task.kind, 0) + 1
+            picked.append(t)
+    return picked

@@ -1,0 +1,209 @@
+"""The training stages of ``rl agent``: policy init, SFT on replayed demonstrations, multi-turn GRPO.
+
+Every stage is a pure function of the config and the stage it starts from, and reseeds torch from
+``(cfg.seed, stage, step)`` before each step, so a stage re-run (or resumed from its checkpoint) gives
+the same weights and metrics. Weights travel between stages as ``state_dict`` files (``model.pt``).
+
+- tool SFT (cold start): world demonstrations (``rl.agent.world_demos``) replayed through the real loop
+  and tools by ``rl.agent.demos.scripted_policy``; the loss is on policy turns only (observations and
+  the simulated user's messages are masked by ``response_mask``).
+- no-tool SFT: the same tasks' answers only (no tool instructions, an empty tool registry), same steps
+  and batch: the same-size, same-budget baseline.
+- GRPO: ``tasks_per_step`` train tasks x ``group_size`` sampled trajectories, rewarded by
+  ``rl.agent.scoring.trajectory_reward``, one clipped policy-gradient step on policy tokens
+  (``rl.agent.train.grpo_loss``). Dialogues are driven by the user simulator.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mm.train.metrics import MetricsLogger, read_metrics
+from rl.agent.backend import AgentBackend, Sampling, backend_for
+from rl.agent.config import AgentRunConfig
+from rl.agent.demos import scripted_policy
+from rl.agent.loop import LoopConfig, rollout, summary
+from rl.agent.scoring import trajectory_reward
+from rl.agent.task import AgentTask
+from rl.agent.tools import TOOLS, ToolRegistry
+from rl.agent.train import AgentGRPOConfig, grpo_loss, sft_loss
+from rl.agent.trajectory import Trajectory
+from rl.agent.world_demos import answer_turns, demonstration, policy_turns
+from rl.agent.world_tasks import mixed_tasks
+
+NO_TOOLS = ToolRegistry()
+"""The no-tool baseline's registry: any call it writes is an unknown tool."""
+
+
+def step_seed(cfg: AgentRunConfig, stage: str, step: int) -> int:
+    """The torch seed of one step of one stage."""
+    return zlib.crc32(f"{cfg.seed}/{stage}/{step}".encode())
+
+
+def build_backend(cfg: AgentRunConfig, weights: Path | None = None) -> AgentBackend:
+    """The policy of ``cfg.policy`` behind its agent backend, with ``weights`` (a state_dict) loaded."""
+    if cfg.policy.init is not None:
+        from mm.model.adapter.load import load_adapter
+
+        adapter = load_adapter(cfg.policy.init)
+    else:
+        from mm.model.adapter.notevlm import NoteVLMAdapter
+        from mm.model.factory import build_notevlm, load_notevlm_spec
+
+        spec = load_notevlm_spec(cfg.policy.spec, list(cfg.policy.overrides))
+        torch.manual_seed(cfg.policy.seed)
+        model, processor = build_notevlm(spec)
+        adapter = NoteVLMAdapter(model=model, processor=processor)
+    if weights is not None:
+        adapter.model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    return backend_for(adapter)
+
+
+def loop_config(cfg: AgentRunConfig, *, tools: bool, sample: bool = False) -> LoopConfig:
+    r = cfg.rollout
+    sampling = (
+        Sampling(do_sample=True, temperature=cfg.grpo.temperature, top_p=cfg.grpo.top_p)
+        if sample
+        else Sampling()
+    )
+    return LoopConfig(
+        max_turns=r.max_turns, max_new_tokens=r.max_new_tokens, max_tokens=r.max_tokens,
+        max_length=r.max_length, batch_size=r.batch_size, sampling=sampling, instructions=tools,
+    )  # fmt: skip
+
+
+def train_tasks(cfg: AgentRunConfig) -> list[AgentTask]:
+    return list(mixed_tasks(cfg.world, "train", cfg.data.train_tasks, tuple(cfg.data.kinds)))
+
+
+def demo_trajectories(backend: AgentBackend, cfg: AgentRunConfig, tasks: Sequence[AgentTask], *, tools: bool):
+    """Demonstrations replayed through the loop: with tool calls (``tools``) or answers only."""
+    pick = policy_turns if tools else answer_turns
+    d = cfg.data
+    turns = {
+        t.task_id: pick(demonstration(t, detail_zoom=d.detail_zoom, bare_answers=d.bare_answers))
+        for t in tasks
+    }
+    return rollout(
+        backend, tasks, loop_config(cfg, tools=tools), registry=TOOLS if tools else NO_TOOLS,
+        policy=scripted_policy(backend, turns), users=cfg.rollout.simulator(),
+    )  # fmt: skip
+
+
+def _clip(backend: AgentBackend, limit: float) -> float:
+    params = [p for p in backend.adapter.model.parameters() if p.requires_grad]
+    norm = torch.nn.utils.clip_grad_norm_(params, limit if limit > 0 else float("inf"))
+    return float(norm)
+
+
+def _optimizer(backend: AgentBackend, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    params = [p for p in backend.adapter.model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
+def save_weights(backend: AgentBackend, path: Path) -> None:
+    """``state_dict`` of the policy, written atomically."""
+    tmp = path.with_suffix(".tmp")
+    torch.save(backend.adapter.model.state_dict(), tmp)
+    tmp.replace(path)
+
+
+def run_sft(cfg: AgentRunConfig, stage_dir: Path, init: Path, *, tools: bool, stage: str) -> dict[str, Any]:
+    """SFT on replayed demonstrations (tool or no-tool); writes ``model.pt`` and ``metrics.jsonl``."""
+    backend = build_backend(cfg, init)
+    tasks = train_tasks(cfg)
+    demos = demo_trajectories(backend, cfg, tasks, tools=tools)
+    s = cfg.sft
+    optimizer = _optimizer(backend, s.lr, s.weight_decay)
+    log = MetricsLogger(stage_dir / "metrics.jsonl")
+    backend.adapter.model.train()
+    order: list[int] = []
+    for step in range(1, s.steps + 1):
+        gen = torch.Generator().manual_seed(step_seed(cfg, stage, step))
+        if len(order) < s.batch_size:
+            order += torch.randperm(len(demos), generator=gen).tolist()
+        batch, order = [demos[i] for i in order[: s.batch_size]], order[s.batch_size :]
+        torch.manual_seed(step_seed(cfg, stage, step))
+        optimizer.zero_grad(set_to_none=True)
+        loss = sft_loss(backend, batch)
+        loss.backward()
+        norm = _clip(backend, s.grad_clip)
+        optimizer.step()
+        if step % s.log_every == 0 or step == s.steps:
+            log.log({"step": step, "loss": float(loss.detach()), "grad_norm": norm})
+    save_weights(backend, stage_dir / "model.pt")
+    demo_stats = summary(demos)
+    return {"stage": stage, "steps": s.steps, "demos": len(demos), "demo_summary": demo_stats,
+            "final_loss": read_metrics(stage_dir / "metrics.jsonl")[-1]["loss"]}  # fmt: skip
+
+
+def reward_fn(cfg: AgentRunConfig) -> Callable[[Trajectory], float]:
+    g = cfg.grpo
+
+    def reward(traj: Trajectory) -> float:
+        return trajectory_reward(
+            traj, invalid_call_penalty=g.invalid_call_penalty, hallucination_weight=g.hallucination_weight,
+            turn_reward_weight=g.turn_reward_weight, truncation_penalty=g.truncation_penalty,
+        )  # fmt: skip
+
+    return reward
+
+
+def run_grpo(
+    cfg: AgentRunConfig, stage_dir: Path, init: Path, *, stop_after: int | None = None
+) -> dict[str, Any] | None:
+    """Multi-turn GRPO from ``init``; resumes from ``stage_dir/checkpoint.pt``. ``stop_after``: stop (as
+    an interrupted run would) once that step's checkpoint is written, and return None."""
+    g = cfg.grpo
+    backend = build_backend(cfg, init)
+    optimizer = _optimizer(backend, g.lr)
+    ckpt = stage_dir / "checkpoint.pt"
+    start = 0
+    if ckpt.exists():
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)
+        backend.adapter.model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = int(state["step"])
+    log = MetricsLogger(stage_dir / "metrics.jsonl", resume_step=start if start else None)
+    tasks = train_tasks(cfg)
+    algo = AgentGRPOConfig(
+        group_size=g.group_size, scale=g.scale, eps_low=g.eps_low, eps_high=g.eps_high, agg=g.agg
+    )
+    loop = loop_config(cfg, tools=True, sample=True)
+    reward = reward_fn(cfg)
+    backend.adapter.model.train()
+    for step in range(start + 1, g.steps + 1):
+        first = (step - 1) * g.tasks_per_step
+        chosen = [tasks[(first + i) % len(tasks)] for i in range(g.tasks_per_step)]
+        group = [t for t in chosen for _ in range(g.group_size)]
+        torch.manual_seed(step_seed(cfg, "grpo", step))
+        trajs = rollout(backend, group, loop, users=cfg.rollout.simulator())
+        rewards = torch.tensor([reward(t) for t in trajs], dtype=torch.float32)  # (B,)
+        optimizer.zero_grad(set_to_none=True)
+        loss, metrics = grpo_loss(backend, trajs, rewards, algo, temperature=g.temperature)
+        loss.backward()
+        norm = _clip(backend, g.grad_clip)
+        optimizer.step()
+        record = {"step": step, "loss": float(loss.detach()), "grad_norm": norm}
+        record |= {k: float(v) for k, v in metrics.items()} | summary(trajs)
+        log.log(record)
+        if step % g.checkpoint_every == 0 or step == g.steps:
+            _checkpoint(backend, optimizer, step, ckpt)
+            if stop_after is not None and step >= stop_after:
+                return None
+    save_weights(backend, stage_dir / "model.pt")
+    records = read_metrics(stage_dir / "metrics.jsonl")
+    return {"stage": "grpo", "steps": g.steps, "last": records[-1] if records else None}
+
+
+def _checkpoint(backend: AgentBackend, optimizer: torch.optim.Optimizer, step: int, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {"model": backend.adapter.model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp
+    )
+    tmp.replace(path)

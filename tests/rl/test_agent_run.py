@@ -1,0 +1,148 @@
+"""``rl agent`` end to end on a tiny config: the CLI writes its report, an interrupted run resumes to the
+same result (a GRPO stage stopped after step k equals an uninterrupted run), bad configs are errors;
+simulated dialogues inside the loop; trajectory rewards."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mm.config import ConfigError, load_config
+from rl.agent.config import AgentRunConfig
+from rl.agent.scoring import eval_row, trajectory_reward
+from rl.agent.stages import build_backend, demo_trajectories
+from rl.agent.world_tasks import WorldTaskConfig, world_task
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs/rl/agent_tiny.yaml"
+SMALL = ["data.train_tasks=4", "sft.steps=2", "grpo.steps=3", "grpo.checkpoint_every=1", "eval.n_boot=20"]
+
+
+def _cfg(*overrides: str) -> AgentRunConfig:
+    return load_config(AgentRunConfig, TINY, [*SMALL, *overrides])
+
+
+def test_cli_runs_end_to_end(tmp_path, capsys):
+    from rl.cli import main
+
+    out = tmp_path / "run"
+    assert main(["agent", "--config", str(TINY), "--out", str(out), "--set", *SMALL]) == 0
+    assert "targets held" in capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["metrics"]) == {"notool_sft", "tool_sft", "tool_grpo"}
+    for name in ("accuracy/detail", "accuracy/change", "goal_reached"):
+        m = report["metrics"]["tool_grpo"][name]
+        assert 0.0 <= m["low"] <= m["value"] <= m["high"] <= 1.0
+    assert [t["metric"] for t in report["targets"]][:2] == ["accuracy/detail", "accuracy/change"]
+    assert "| accuracy/change |" in (out / "report.md").read_text()
+    assert "[policy 1]" in (out / "transcripts.md").read_text()
+    assert (out / "sft.png").stat().st_size > 0 and (out / "grpo.png").stat().st_size > 0
+    rows = [json.loads(x) for x in (out / "eval/tool_grpo.jsonl").read_text().splitlines()]
+    assert sorted({r["kind"] for r in rows}) == ["caption", "change", "detail", "dialogue"]
+    # a re-run finds every stage done and changes nothing
+    before = (out / "report.json").read_text()
+    assert main(["agent", "--config", str(TINY), "--out", str(out), "--set", *SMALL]) == 0
+    assert "done before, skipped" in capsys.readouterr().out
+    assert (out / "report.json").read_text() == before
+    # a resume with other training settings is refused; --no-resume starts over
+    assert main(["agent", "--config", str(TINY), "--out", str(out), "--set", *SMALL, "sft.lr=0.5"]) == 2
+    assert "other sft settings" in capsys.readouterr().err
+    assert (out / "report.json").read_text() == before and "lr: 0.5" not in (out / "config.yaml").read_text()
+
+
+def test_grpo_stopped_after_step_k_and_resumed_equals_uninterrupted(tmp_path):
+    from rl.agent.run import run_agent
+
+    cfg = _cfg()
+    whole = run_agent(cfg, tmp_path / "whole", log=lambda s: None)
+    assert run_agent(cfg, tmp_path / "cut", log=lambda s: None, grpo_stop_after=1) is None
+    cut = tmp_path / "cut"
+    assert not (cut / "grpo/result.json").exists() and (cut / "grpo/checkpoint.pt").exists()
+    assert len((cut / "grpo/metrics.jsonl").read_text().splitlines()) == 1
+    resumed = run_agent(cfg, cut, log=lambda s: None)
+    a = (tmp_path / "whole/grpo/metrics.jsonl").read_text().splitlines()
+    b = (cut / "grpo/metrics.jsonl").read_text().splitlines()
+    assert len(a) == 3 and a == b  # every metric of every step equal
+    assert resumed["metrics"] == whole["metrics"]
+    for name in ("tool_grpo", "notool_sft"):
+        assert (cut / f"eval/{name}.jsonl").read_text() == (tmp_path / f"whole/eval/{name}.jsonl").read_text()
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("grpo.bogus=1", "bogus"),
+        ("data.kinds=[detail,poem]", "data.kinds"),
+        ("grpo.group_size=1", "group_size"),
+        ("eval.seeds=[]", "seeds"),
+        ("sft.steps=0", "sft.steps"),
+        ("grpo.scale=wide", "grpo.scale"),
+    ],
+)
+def test_bad_config_is_an_error(override, message):
+    with pytest.raises((ConfigError, ValueError), match=message):
+        _cfg(override)
+
+
+def test_dialogue_demo_runs_against_the_simulator_with_user_turns_masked():
+    cfg = _cfg("rollout.max_new_tokens=128", "rollout.max_tokens=512", "rollout.max_turns=8")
+    backend = build_backend(cfg)
+    task = world_task(WorldTaskConfig(seed=0), "dialogue", 0)
+    (traj,) = demo_trajectories(backend, cfg, [task], tools=True)
+    assert traj.satisfied is True and traj.truncation is None and traj.user_turns[-1].done
+    assert all(c.valid for c in traj.calls) and len(traj.calls) >= 1
+    assert len(traj.user_turns) == len(traj.replies) >= 2
+    text_of = [backend.decode(traj.ids[s:e]) for kind, s, e in traj.spans if kind == "observation"]
+    users = [t for t in text_of if t.startswith("\n<user>")]
+    assert len(users) == len(traj.user_turns) - 1  # the last reply ends the dialogue
+    for kind, s, e in traj.spans:
+        assert set(traj.response_mask[s:e]) == ({1} if kind == "policy" else {0})
+    assert eval_row(traj, 0)["goal_reached"] == 1.0 and eval_row(traj, 0)["correct"] == 1.0
+    # the no-tool baseline's demonstration: the same replies, no calls
+    (plain,) = demo_trajectories(backend, cfg, [task], tools=False)
+    assert plain.calls == [] and plain.replies == traj.replies and plain.satisfied
+
+
+def test_trajectory_reward_of_demonstrations_and_penalties():
+    cfg = _cfg("rollout.max_new_tokens=160", "rollout.max_tokens=512")
+    backend = build_backend(cfg)
+    world = WorldTaskConfig(seed=0)
+    tasks = [world_task(world, kind, 1) for kind in ("detail", "change", "caption")]
+    trajs = demo_trajectories(backend, cfg, tasks, tools=True)
+    kw = {"invalid_call_penalty": 0.25, "hallucination_weight": 0.5, "turn_reward_weight": 0.0}
+    assert [trajectory_reward(t, **kw) for t in trajs] == pytest.approx([1.0, 1.0, 1.0])
+    from rl.agent.parse import ParseError
+    from rl.agent.trajectory import CallRecord
+
+    trajs[0].calls.append(CallRecord(9, ParseError("malformed_json", "x"), "error: x"))
+    assert trajectory_reward(trajs[0], **kw) == pytest.approx(0.75)
+    trajs[0].answer, trajs[0].truncation = None, "turn_tokens"  # no answer: score 0, the call and the cut
+    assert trajectory_reward(trajs[0], **kw, truncation_penalty=0.5) == pytest.approx(-0.75)
+    assert trajectory_reward(trajs[0], **kw) == pytest.approx(-0.25)
+    # the crab is purple and there is one umbrella: 1 of 1 attribute and 1 of 1 count claims are false;
+    # F1 = 2 * (2/4) * (2/10) / (2/4 + 2/10) = 2/7, minus 0.5 x 2/2
+    trajs[2].answer = "The photo shows a medium green crab. On the tray are three tiny umbrellas."
+    assert trajectory_reward(trajs[2], **kw) == pytest.approx(2 / 7 - 0.5)
+
+
+def test_policy_init_takes_a_model_folder(tmp_path):
+    import torch
+
+    from rl.agent.stages import run_sft
+
+    cfg = _cfg()
+    backend = build_backend(cfg)
+    folder = tmp_path / "model"
+    backend.adapter.model.save_pretrained(str(folder))
+    backend.adapter.processor.save_pretrained(folder)
+    cfg = _cfg(f"policy.init={folder}", "data.train_tasks=2", "sft.steps=1", "sft.batch_size=2")
+    loaded = build_backend(cfg)
+    assert loaded.adapter.family == "notevlm"
+    mine, theirs = backend.adapter.model.state_dict(), loaded.adapter.model.state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    torch.save(theirs, tmp_path / "init.pt")
+    (tmp_path / "sft").mkdir()
+    result = run_sft(cfg, tmp_path / "sft", tmp_path / "init.pt", tools=True, stage="sft_tool")
+    assert result["demos"] == 2 and result["final_loss"] > 0 and (tmp_path / "sft/model.pt").exists()
