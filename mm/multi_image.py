@@ -60,13 +60,25 @@ class ImageIndexEmbedding(nn.Embedding):
     """Add a learned per-slot embedding ``E[n]`` (row n of ``weight``) to every token of image n.
 
     An ``nn.Embedding`` (``weight`` is (max_images, D)), so a model holding it as ``image_index`` saves
-    the tensor ``image_index.weight``. Padded tokens stay exactly 0.
+    the tensor ``image_index.weight`` (the key a plain ``nn.Embedding`` there had: such checkpoints load
+    as they are). Padded tokens stay exactly 0. Used by NoteVLM (on its fusion tokens) and by the
+    pretraining note encoder (on its per-image features, as K = 1 tokens: :meth:`add_per_image`).
+
+    ``std``: the init N(0, std^2) of the rows; None keeps ``nn.Embedding``'s N(0, 1) (the pretraining
+    model's init, so its seeded runs draw the same numbers).
     """
 
-    def __init__(self, *, max_images: int = 4, dim: int):
+    def __init__(self, *, max_images: int = 4, dim: int, std: float | None = 0.02):
         super().__init__(max_images, dim)
         self.max_images = max_images
-        nn.init.normal_(self.weight, std=0.02)
+        if std is not None:
+            nn.init.normal_(self.weight, std=std)
+
+    def add_per_image(self, features: torch.Tensor, image_mask: torch.Tensor) -> torch.Tensor:
+        """Per-image features (B, N, D) and slot mask (B, N) -> features + E[n] (B, N, D); padded slots 0."""
+        if features.dim() != 3:
+            raise ValueError(f"features must be (B, N_img, D), got shape {tuple(features.shape)}")
+        return self(features[:, :, None], image_mask.to(torch.bool)[:, :, None])[:, :, 0]  # (B, N, D)
 
     def forward(self, tokens: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
         _check_tokens(tokens, token_mask)

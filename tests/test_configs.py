@@ -22,7 +22,8 @@ YAMLS = sorted(
 EXPECTED_KIND = {
     "mm/align": "train", "mm/align_tiny": "train", "mm/sft": "train", "mm/sft_tiny": "train",
     "mm/sft_lora_tiny": "train", "mm/pretrain": "pretrain", "mm/pretrain_tiny": "pretrain",
-    "mm/compare_tiny": "compare", "mm/world": "world", "mm/world_default": "world",
+    "mm/compare_tiny": "compare", "mm/compare_multi_image": "compare", "mm/world": "world",
+    "mm/world_default": "world",
     "mm/notevlm_tiny": "notevlm", "mm/notevlm_small": "notevlm", "rl/dpo": "dpo", "rl/dpo_tiny": "dpo",
     "rl/grpo": "grpo", "rl/grpo_tiny": "grpo", "rl/grpo_files": "grpo_files", "rl/pipeline": "pipeline",
     "rl/distill": "distill", "rl/distill_tiny": "distill",

@@ -1,4 +1,4 @@
-"""Fusion modules: image patches -> exactly K LM tokens per image, behind one interface.
+"""Fusion modules: image patches -> exactly K LM tokens per image (or per note), behind one interface.
 
     fusion = build_fusion("qformer", budget=16, d_vision=64, d_model=128, grid=(8, 8), layers=2)
     tokens, token_mask = fusion(patches, image_mask)  # (B, N, P, D_v), (B, N) -> (B, N, K, D), (B, N, K)
@@ -6,6 +6,7 @@
 
 Kinds: ``mlp`` (LLaVA mlp2x_gelu + optional grid pooling), ``qformer`` (BLIP-2),
 ``resampler`` (Perceiver / Qwen-VL with 2D positions). See each module for the paper and deviations.
+Scope ``note`` and ``budget_per: note`` (qformer, resampler; :mod:`mm.fusion.base`): K tokens per note.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mm.fusion.base import FUSION_SCOPES, FusionModule
+from mm.fusion.base import BUDGETS_PER, FUSION_SCOPES, FusionModule
 from mm.fusion.mlp import MLPProjector
 from mm.fusion.qformer import QFormer
 from mm.fusion.resampler import Resampler
@@ -29,7 +30,7 @@ class FusionConfig:
     kind: str = "qformer"
     """One of FUSION_KINDS: "mlp", "qformer", "resampler"."""
     budget: int = 16
-    """K, the number of LM tokens each image becomes."""
+    """K, the number of LM tokens each image becomes (each note, under budget_per "note")."""
     dim: int | None = None
     """Internal width of qformer/resampler queries; None = the LM width. Ignored by mlp."""
     layers: int = 2
@@ -43,6 +44,9 @@ class FusionConfig:
     scope: str = "image"
     """qformer/resampler: "image" (each image's K queries read that image) or "note" (every slot's K
     queries read all the note's images, with slot embeddings). mlp supports "image" only."""
+    budget_per: str = "image"
+    """What K counts: "image" (K tokens per image slot: N x K per note) or "note" (scope "note" only: one
+    set of K queries reads every photo, so every note costs K tokens whatever its photo count)."""
 
     def __post_init__(self) -> None:
         if self.kind not in _REGISTRY:
@@ -52,6 +56,13 @@ class FusionConfig:
         if self.scope == "note" and self.kind == "mlp":
             raise ValueError(
                 "fusion scope 'note' needs kind qformer or resampler (mlp maps each patch on its own)"
+            )
+        if self.budget_per not in BUDGETS_PER:
+            raise ValueError(f"fusion budget_per must be one of {BUDGETS_PER}, got {self.budget_per!r}")
+        if self.budget_per == "note" and self.scope != "note":
+            raise ValueError(
+                "fusion budget_per 'note' needs scope 'note' (a note's K tokens read all its photos); "
+                "set scope: note, or budget_per: image"
             )
         if self.budget < 1:
             raise ValueError(f"fusion budget must be >= 1, got {self.budget}")
@@ -70,6 +81,8 @@ class FusionConfig:
             kw["cross_attention_freq"] = self.cross_attention_freq
         if self.scope != "image":  # only when set, so per-image configs and checkpoints read as before
             kw["scope"] = self.scope
+        if self.budget_per != "image":
+            kw["budget_per"] = self.budget_per
         return kw
 
 
@@ -122,6 +135,7 @@ def describe_kinds(
 
 
 __all__ = [
+    "BUDGETS_PER",
     "FUSION_KINDS",
     "FUSION_SCOPES",
     "FusionConfig",

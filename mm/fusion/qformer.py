@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mm.fusion.base import FUSION_SCOPES, FusionModule, NoteSlots
+from mm.fusion.base import FusionModule, NoteSlots, check_scope
 from mm.fusion.layers import Attention, FeedForward, linear_flops
 
 
@@ -75,11 +75,11 @@ class QFormer(FusionModule):
         mlp_ratio: float = 4.0,
         scope: str = "image",
         max_images: int = 4,
+        budget_per: str = "image",
     ):
         super().__init__(budget=budget, d_vision=d_vision, d_model=d_model, grid=grid)
-        if scope not in FUSION_SCOPES:
-            raise ValueError(f"qformer scope must be one of {FUSION_SCOPES}, got {scope!r}")
-        self.scope = scope
+        check_scope("qformer", scope, budget_per)
+        self.scope, self.budget_per = scope, budget_per
         if layers < 1 or cross_attention_freq < 1:
             raise ValueError(
                 "qformer needs layers >= 1 and cross_attention_freq >= 1, "
@@ -102,7 +102,11 @@ class QFormer(FusionModule):
         self.ln_out = nn.LayerNorm(dim)
         self.proj = nn.Linear(dim, d_model)
         # created last so that scope "image" builds (and draws random numbers) exactly as before
-        self.slots = NoteSlots(max_images=max_images, dim=dim, kv_dim=d_vision) if scope == "note" else None
+        self.slots = (
+            NoteSlots(max_images=max_images, dim=dim, kv_dim=d_vision, per_note=budget_per == "note")
+            if scope == "note"
+            else None
+        )
 
     def fuse_notes(self, x: torch.Tensor, image_mask: torch.Tensor) -> torch.Tensor:
         # x (B, N, P, D_v) with padded slots zero, image_mask (B, N)
@@ -111,12 +115,12 @@ class QFormer(FusionModule):
         for layer in self.layers:
             q = layer(q, kv, q_mask, k_mask)  # (B, N*K, D)
         out = self.proj(self.ln_out(q))  # (B, N*K, D_lm)
-        return out.reshape(B, N, self.budget, -1)  # (B, N, K, D_lm)
+        return out.reshape(B, -1, self.budget, out.shape[-1])  # (B, S, K, D_lm); S = N or 1
 
     def flops_per_note(self, images: int) -> int:
         if self.scope == "image":
             return self.flops_per_image() * images
-        K, P = self.budget * images, self.num_patches * images
+        K, P = self.tokens_per_note(images), self.num_patches * images
         return sum(layer.flops(K, P) for layer in self.layers) + linear_flops(K, self.dim, self.d_model)
 
     def fuse_images(self, x: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mm.fusion.base import FUSION_SCOPES, FusionModule, NoteSlots
+from mm.fusion.base import FusionModule, NoteSlots, check_scope
 from mm.fusion.layers import Attention, FeedForward, factor_grid, linear_flops, sincos_2d
 
 
@@ -69,11 +69,11 @@ class Resampler(FusionModule):
         mlp_ratio: float = 4.0,
         scope: str = "image",
         max_images: int = 4,
+        budget_per: str = "image",
     ):
         super().__init__(budget=budget, d_vision=d_vision, d_model=d_model, grid=grid)
-        if scope not in FUSION_SCOPES:
-            raise ValueError(f"resampler scope must be one of {FUSION_SCOPES}, got {scope!r}")
-        self.scope = scope
+        check_scope("resampler", scope, budget_per)
+        self.scope, self.budget_per = scope, budget_per
         if layers < 1:
             raise ValueError(f"resampler needs layers >= 1, got {layers}")
         dim = d_model if dim is None else dim
@@ -90,7 +90,11 @@ class Resampler(FusionModule):
         self.ln_out = nn.LayerNorm(dim)
         self.proj = nn.Linear(dim, d_model)
         # created last so that scope "image" builds (and draws random numbers) exactly as before
-        self.slots = NoteSlots(max_images=max_images, dim=dim, kv_dim=dim) if scope == "note" else None
+        self.slots = (
+            NoteSlots(max_images=max_images, dim=dim, kv_dim=dim, per_note=budget_per == "note")
+            if scope == "note"
+            else None
+        )
 
     def fuse_notes(self, x: torch.Tensor, image_mask: torch.Tensor) -> torch.Tensor:
         # x (B, N, P, D_v) with padded slots zero, image_mask (B, N)
@@ -98,16 +102,16 @@ class Resampler(FusionModule):
         x = self.kv_proj(x)  # (B, N, P, D)
         lat, kv, _, k_mask = self.slots.flatten(self.queries, x, image_mask)  # (B, N*K, D), (B, N*P, D)
         q_pos, k_pos = self.positions(x.device, x.dtype)  # (K, D), (P, D)
-        q_pos, k_pos = q_pos.repeat(N, 1), k_pos.repeat(N, 1)  # (N*K, D), (N*P, D)
+        q_pos, k_pos = q_pos.repeat(self.output_slots(N), 1), k_pos.repeat(N, 1)  # (S*K, D), (N*P, D)
         for layer in self.layers:
             lat = layer(lat, q_pos, kv, k_pos, k_mask)
         out = self.proj(self.ln_out(lat))  # (B, N*K, D_lm)
-        return out.reshape(B, N, self.budget, -1)  # (B, N, K, D_lm)
+        return out.reshape(B, -1, self.budget, out.shape[-1])  # (B, S, K, D_lm); S = N or 1
 
     def flops_per_note(self, images: int) -> int:
         if self.scope == "image":
             return self.flops_per_image() * images
-        K, P = self.budget * images, self.num_patches * images
+        K, P = self.tokens_per_note(images), self.num_patches * images
         f = linear_flops(P, self.d_vision, self.dim) + linear_flops(K, self.dim, self.d_model)
         return f + sum(layer.flops(K, P) for layer in self.layers)
 

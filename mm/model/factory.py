@@ -164,6 +164,7 @@ def build_processor(
         image_mean=spec.image_mean if spec.image_mean is not None else mean,
         image_std=spec.image_std if spec.image_std is not None else std,
         resize=vision.resize,
+        budget_per=spec.fusion.budget_per,
     )
 
 

@@ -14,6 +14,11 @@ visibility mode (`config.visibility`). For "own", every forward that holds the n
 `<image>` tokens (training, scoring, the prefill of cached generation, each step of uncached generation)
 gets a 4D mask (B, 1, T, T) built from the `<image>` layout; decode steps of cached generation keep the 2D
 mask, since text after the last photo is shared and sees everything in every mode.
+
+Budget per note (fusion ``budget_per: note``): the fusion yields K tokens for the whole note, written as
+one `<image>` block (NoteProcessor with ``budget_per="note"``). Those tokens mix every photo, so they
+belong to no photo: under "own" they are shared (like a shared prompt: they see everything before them
+and every later token sees them), and only caller-given text segments still hide each other.
 """
 
 from __future__ import annotations
@@ -144,6 +149,12 @@ class NoteVLMModel(NoteVLMPreTrainedModel):
         self.vision_tower, self.fusion = build_vision_and_fusion(config)
         self.language_model = AutoModel.from_config(config.text_config)
         multi = config.multi_image
+        if multi.index_embeddings and self.fusion.budget_per == "note":
+            raise ValueError(
+                "image_index_embeddings tag each image's tokens with its slot, but a fusion with budget_per "
+                "'note' yields one block of tokens per note (its patch slot embeddings already tag the "
+                "photos); set image_index_embeddings: false"
+            )
         self.image_index = (
             ImageIndexEmbedding(max_images=multi.max_images, dim=config.text_config.hidden_size)
             if multi.index_embeddings
@@ -161,7 +172,8 @@ class NoteVLMModel(NoteVLMPreTrainedModel):
     def get_image_features(
         self, pixel_values: torch.Tensor, image_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fusion tokens (B, N, K, D) and the bool slot mask (B, N) for ``pixel_values`` (B, N, 3, H, W)."""
+        """Fusion tokens (B, S, K, D) and the bool slot mask (B, N) for ``pixel_values`` (B, N, 3, H, W);
+        S = N, or 1 for a fusion with budget_per "note" (K tokens per note)."""
         if pixel_values.dim() != 5:
             raise ValueError(
                 f"pixel_values must be (B, N_images, 3, H, W), got shape {tuple(pixel_values.shape)}; "
@@ -179,7 +191,7 @@ class NoteVLMModel(NoteVLMPreTrainedModel):
         if image_mask.shape != (B, N):
             raise ValueError(f"image_mask must be (B, N)=({B}, {N}), got {tuple(image_mask.shape)}")
         patches = self.vision_tower(pixel_values.to(self.dtype), image_mask)  # (B, N, P, Dv)
-        tokens, token_mask = self.fusion(patches, image_mask)  # (B, N, K, D), (B, N, K)
+        tokens, token_mask = self.fusion(patches, image_mask)  # (B, S, K, D), (B, S, K)
         if self.image_index is not None:
             tokens = self.image_index(tokens, token_mask)  # (B, N, K, D); padded slots stay 0
         return tokens, image_mask
@@ -191,20 +203,22 @@ class NoteVLMModel(NoteVLMPreTrainedModel):
         image_tokens: torch.Tensor,
         image_mask: torch.Tensor,
     ) -> torch.Tensor:
-        """Replace each note's `<image>` embeddings (B, T, D) by its real images' tokens, in order."""
+        """Replace each note's `<image>` embeddings (B, T, D) by its fusion tokens (B, S, K, D), in order."""
         K = self.config.fusion_budget
+        per_note = self.fusion.budget_per == "note"
+        slots = image_mask.any(1, keepdim=True) if per_note else image_mask  # (B, S) token groups of K
         placeholders = input_ids == self.config.image_token_id  # (B, T)
         found = placeholders.sum(dim=1)  # (B,)
-        expected = image_mask.sum(dim=1) * K  # (B,)
+        expected = slots.sum(dim=1) * K  # (B,)
         if not torch.equal(found, expected):
             bad = int((found != expected).nonzero()[0, 0])
+            what = "1 note block" if per_note else f"{int(image_mask[bad].sum())} image(s)"
             raise ValueError(
                 f"sample {bad}: found {int(found[bad])} `<image>` tokens in input_ids but it has "
-                f"{int(image_mask[bad].sum())} image(s) x K={K} = {int(expected[bad])} fusion tokens; "
-                "build inputs with NoteProcessor (same tokens_per_image as config.fusion_budget) and do not "
-                "truncate image tokens"
+                f"{what} x K={K} = {int(expected[bad])} fusion tokens; build inputs with NoteProcessor "
+                "(tokens_per_image and budget_per as the model's fusion) and do not truncate image tokens"
             )
-        feats = image_tokens[image_mask]  # (n_real, K, D), note-major then image order
+        feats = image_tokens[slots]  # (n_groups, K, D), note-major then image order
         feats = feats.reshape(-1, feats.shape[-1]).to(inputs_embeds.dtype)  # (n_real * K, D)
         return inputs_embeds.masked_scatter(placeholders.unsqueeze(-1), feats)
 
@@ -293,9 +307,14 @@ class NoteVLMModel(NoteVLMPreTrainedModel):
                 f"visibility {mode!r} needs a 4D attention mask, which attn_implementation={impl!r} does not "
                 "take; load the model with attn_implementation='sdpa' or 'eager'"
             )
-        image_ids, derived = layout_ids(
-            input_ids, image_token_id=self.config.image_token_id, tokens_per_image=self.config.fusion_budget
-        )  # (B, T), (B, T)
+        if self.fusion.budget_per == "note":  # the note block mixes every photo: shared, like a prompt
+            image_ids = derived = torch.full_like(input_ids, -1)  # (B, T)
+        else:
+            image_ids, derived = layout_ids(
+                input_ids,
+                image_token_id=self.config.image_token_id,
+                tokens_per_image=self.config.fusion_budget,
+            )  # (B, T), (B, T)
         if segment_ids is not None and segment_ids.shape != input_ids.shape:
             raise ValueError(
                 f"segment_ids must be (B, T)={tuple(input_ids.shape)} like input_ids, got "

@@ -6,7 +6,9 @@ Token layout of one sample (the user turn is rendered by the tokenizer's chat te
 
 Each image becomes exactly K = `tokens_per_image` `<image>` placeholders between `<im_start>` and
 `<im_end>` (the per-image index lives in the fusion's index embeddings, LLaVA-style placeholders
-otherwise). Labels are -100 everywhere except the answer and its `<eos>`, so only the answer is learned.
+otherwise). With ``budget_per="note"`` (a fusion yielding K tokens per note) the note's images become one
+block `<im_start> <image> x K <im_end>`, whatever their number. Labels are -100 everywhere except the
+answer and its `<eos>`, so only the answer is learned.
 A sample longer than `max_length` is cut from the end; if the cut would remove image tokens (or the whole
 answer) it is rejected with a :class:`mm.errors.UserError` before any forward pass.
 """
@@ -40,6 +42,7 @@ class NoteProcessor:
         tokenizer: a `PreTrainedTokenizerFast` with `<pad> <bos> <eos> <image> <im_start> <im_end>`.
         image_size: images are fitted to (image_size, image_size), as ``resize`` says.
         tokens_per_image: K, must equal the model's `fusion_budget`.
+        budget_per: "image" (K placeholders per image) or "note" (K per note), the fusion's `budget_per`.
         max_length: longest token sequence; longer samples are cut from the end (never inside images).
         max_images: most images per note (the model's `max_images`).
         image_mean / image_std: per-channel normalisation applied to [0, 1] pixels.
@@ -59,7 +62,10 @@ class NoteProcessor:
         image_mean: Sequence[float] = (0.5, 0.5, 0.5),
         image_std: Sequence[float] = (0.5, 0.5, 0.5),
         resize: str = "stretch",
+        budget_per: str = "image",
     ) -> None:
+        if budget_per not in ("image", "note"):
+            raise ValueError(f"NoteProcessor: budget_per must be 'image' or 'note', got {budget_per!r}")
         if resize not in RESIZE_MODES:
             raise ValueError(f"NoteProcessor: resize must be one of {RESIZE_MODES}, got {resize!r}")
         if tokens_per_image < 1 or image_size < 1 or max_length < 1 or max_images < 1:
@@ -75,6 +81,7 @@ class NoteProcessor:
         self.image_mean = tuple(float(x) for x in image_mean)
         self.image_std = tuple(float(x) for x in image_std)
         self.resize = resize
+        self.budget_per = budget_per
         self.image_token_id = self._special_id(IMAGE_TOKEN)
         self.im_start_id = self._special_id(IM_START_TOKEN)
         self.im_end_id = self._special_id(IM_END_TOKEN)
@@ -135,6 +142,7 @@ class NoteProcessor:
     def prompt_ids(self, n_images: int, prompt: str) -> list[int]:
         """Token ids of the user turn (images then prompt) and the assistant prefix, ready for the answer."""
         tok = self.tokenizer
+        n_images = 1 if self.budget_per == "note" else n_images  # one block of K for the whole note
         content = IMAGE_TOKEN * n_images + prompt
         if tok.chat_template:
             text = tok.apply_chat_template(
@@ -297,6 +305,7 @@ class NoteProcessor:
             "image_mean": list(self.image_mean),
             "image_std": list(self.image_std),
             "resize": self.resize,
+            **({"budget_per": self.budget_per} if self.budget_per != "image" else {}),
         }
 
     def save_pretrained(self, directory: str | Path) -> None:

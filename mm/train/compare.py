@@ -6,8 +6,11 @@ scope), an align stage from it (fusion only) and an SFT stage from the aligned m
 all with the same recipes and notes. Then the SFT model is scored on held-out notes: greedy captions
 (object recall, recall by photo position 1st vs 2nd-4th, precision, CHAIR_i; :mod:`mm.train.compare_metrics`)
 and POPE (adversarial, per-photo questions). The table: means over seeds with 95% t intervals; tokens per
-note (K x mean photos of the held-out notes), fusion parameters, fusion FLOPs for a note of the held-out
-mean photo count (rounded), SFT step time.
+note (K x mean photos of the held-out notes, or K for a budget per note), fusion parameters, fusion FLOPs
+for a note of the held-out mean photo count (rounded), SFT step time.
+
+``note_budget`` set: note-scope rows use budget_per "note" with that many tokens per note (e.g. 32, half
+of K=16 x 4 photos) while image-scope rows keep K per image: the equal-quality-at-fewer-tokens comparison.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from mm.vision import build_vision_tower
 TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("kind", "fusion", "{}"),
     ("budget", "K", "{}"),
+    ("budget_per", "K per", "{}"),
     ("scope", "scope", "{}"),
     ("visibility", "visibility", "{}"),
     ("seeds", "seeds", "{}"),
@@ -51,7 +55,7 @@ TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 """(key, header, format) of each column of compare.md; averaged columns also show their 95% interval."""
 
-GROUP_KEYS = ("kind", "budget", "scope", "visibility")
+GROUP_KEYS = ("kind", "budget", "budget_per", "scope", "visibility")
 """What makes a variant; rows of the same variant and different seeds are averaged."""
 EXACT_KEYS = ("tokens_per_note", "fusion_params", "fusion_flops_per_note")
 """Columns that do not vary with the seed: shown without an interval."""
@@ -70,7 +74,10 @@ class CompareConfig:
     seeds: list[int] = field(default_factory=lambda: [0])
     """Seeds of every stage; the table shows the mean over seeds and a 95% t interval."""
     budget: int = 16
-    """K, tokens per image, the same for every variant."""
+    """K, tokens per image, the same for every variant (but see note_budget)."""
+    note_budget: int | None = None
+    """None: note-scope rows also yield K tokens per image slot. An int: note-scope rows use fusion
+    budget_per "note" with this many tokens per note, whatever its photo count."""
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     """InfoNCE recipe (its model.fusion.kind / budget are set per row)."""
     align_steps: int = 100
@@ -92,6 +99,11 @@ class CompareConfig:
             raise ValueError(f"seeds must be a non-empty list of distinct ints, got {self.seeds}")
         if not self.variants():
             raise ValueError("no variant to run: mlp has scope 'image' only; add 'image' to scopes")
+        if self.note_budget is not None and (self.note_budget < 1 or "note" not in self.scopes):
+            raise ValueError(
+                f"note_budget={self.note_budget} needs to be >= 1 and 'note' in scopes (it sets the tokens "
+                f"per note of note-scope rows), got scopes={self.scopes}; drop note_budget or add scope note"
+            )
         if self.budget < 1 or self.align_steps < 0:
             raise ValueError(f"need budget >= 1 and align_steps >= 0, got {self.budget}, {self.align_steps}")
         d, h = self.pretrain.model.d_model, text_hidden_size(self.sft.model.text)
@@ -110,11 +122,19 @@ class CompareConfig:
             if not (k == "mlp" and s != "image")
         ]
 
+    def budget_of(self, scope: str) -> tuple[int, str]:
+        """(budget, budget_per) of the rows of ``scope``: (note_budget, "note") for note scope when set."""
+        if scope == "note" and self.note_budget is not None:
+            return self.note_budget, "note"
+        return self.budget, "image"
 
-def variant_folder(kind: str, scope: str, visibility: str, seed: int) -> str:
-    """Run folder name of a variant: the kind, plus what differs from the defaults ("qformer-note-own-s1")."""
+
+def variant_folder(kind: str, scope: str, visibility: str, seed: int, note_budget: int | None = None) -> str:
+    """Run folder name of a variant: the kind, plus what differs from the defaults ("qformer-note-own-s1";
+    "qformer-note32" for note scope with 32 tokens per note)."""
     parts = [kind]
-    parts += [scope] if scope != "image" else []
+    if scope != "image":
+        parts += [scope + (str(note_budget) if note_budget and scope == "note" else "")]
     parts += [visibility] if visibility != "all" else []
     parts += [f"s{seed}"] if seed != 0 else []
     return "-".join(parts)
@@ -131,7 +151,8 @@ def stage_configs(
 ) -> tuple[PretrainConfig, TrainConfig, TrainConfig]:
     """The pretrain, align and SFT configs of one row (same recipe; this variant, budget, seed and data)."""
     p = cfg.pretrain
-    fusion = replace(p.model.fusion, kind=kind, budget=cfg.budget, scope=scope)
+    budget, per = cfg.budget_of(scope)
+    fusion = replace(p.model.fusion, kind=kind, budget=budget, scope=scope, budget_per=per)
     pre = replace(
         p,
         model=replace(p.model, fusion=fusion),
@@ -244,9 +265,11 @@ def run_variant(
         pre_cfg.model.fusion, d_vision=tower.dim, d_model=pre_cfg.model.d_model, grid=tower.grid
     )
     m = res.metrics
+    budget, per = cfg.budget_of(scope)
     return {
         "kind": kind,
-        "budget": cfg.budget,
+        "budget": budget,
+        "budget_per": per,
         "scope": scope,
         "visibility": visibility,
         "seed": seed,
@@ -254,7 +277,7 @@ def run_variant(
         "caption_loss": m.get("caption_loss"),
         "yesno_acc": m.get("yesno_acc"),
         **scores,
-        "tokens_per_note": cfg.budget * scores["mean_photos"],
+        "tokens_per_note": budget * (1 if per == "note" else scores["mean_photos"]),
         "fusion_params": fusion.num_parameters(),
         "fusion_flops_per_note": fusion.flops_per_note(max(1, round(scores["mean_photos"]))),
         "step_seconds": res.step_seconds,

@@ -46,10 +46,11 @@ def run(args: argparse.Namespace) -> int:
     (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     rows: list[dict] = []
     pretrained: dict = {}
-    header = f"# Fusion comparison at K={cfg.budget} on {folder}\n\n"
+    per_note = f", {cfg.note_budget} tokens per note in note scope" if cfg.note_budget else ""
+    header = f"# Fusion comparison at K={cfg.budget}{per_note} on {folder}\n\n"
     for seed in cfg.seeds:
         for kind, scope, visibility in cfg.variants():
-            name = compare.variant_folder(kind, scope, visibility, seed)
+            name = compare.variant_folder(kind, scope, visibility, seed, cfg.note_budget)
             row = compare.run_variant(
                 cfg, kind, folder=folder, out=out / name, scope=scope, visibility=visibility, seed=seed,
                 pretrained=pretrained, show_progress=args.progress,

@@ -84,7 +84,10 @@ def test_compare_scopes_and_visibility_columns(tmp_path):
                  "--data", str(world), "--set", *sets]) == 0  # fmt: skip
     rows = json.loads((out / "compare.json").read_text())
     assert [(r["scope"], r["visibility"]) for r in rows] == [
-        ("image", "all"), ("image", "own"), ("note", "all"), ("note", "own")
+        ("image", "all"),
+        ("image", "own"),
+        ("note", "all"),
+        ("note", "own"),
     ]
     for r in rows:
         for k in ("recall_first", "recall_later", "chair_i", "pope_f1", "tokens_per_note", "step_seconds"):
@@ -95,10 +98,43 @@ def test_compare_scopes_and_visibility_columns(tmp_path):
         assert cfg["fusion_kwargs"].get("scope", "image") == r["scope"]
     assert not (out / "resampler-own" / "pretrain").exists()  # "own" reuses the "all" pretraining
     md = (out / "compare.md").read_text()
-    assert "recall 1st photo" in md and "POPE F1" in md and "| resampler | 4 | note | own | 1 |" in md
+    assert "recall 1st photo" in md and "POPE F1" in md and "| resampler | 4 | image | note | own | 1 |" in md
 
 
-def compare_folder(row):
+def compare_folder(row, note_budget=None):
     from mm.train.compare import variant_folder
 
-    return variant_folder(row["kind"], row["scope"], row["visibility"], row["seed"])
+    return variant_folder(row["kind"], row["scope"], row["visibility"], row["seed"], note_budget)
+
+
+@pytest.mark.slow
+def test_compare_note_budget_rows(tmp_path):
+    """note_budget=6: the note-scope row costs 6 tokens per note whatever its photos; image scope K each."""
+    world = make_world(tmp_path / "notes", notes=32)
+    out = tmp_path / "cmp"
+    sets = ["kinds=[qformer]", "scopes=[image, note]", "note_budget=6"]
+    assert main(["compare-fusion", "--config", str(_config(tmp_path / "c.yaml")), "--out", str(out),
+                 "--data", str(world), "--set", *sets]) == 0  # fmt: skip
+    rows = json.loads((out / "compare.json").read_text())
+    img, note = rows
+    assert (img["budget"], img["budget_per"], note["budget"], note["budget_per"]) == (4, "image", 6, "note")
+    assert note["tokens_per_note"] == 6 and img["tokens_per_note"] > 4  # the 2 held-out notes have 2+ photos
+    cfg = json.loads((out / compare_folder(note, 6) / "sft" / "model" / "config.json").read_text())
+    assert cfg["fusion_budget"] == 6 and cfg["fusion_kwargs"]["budget_per"] == "note"
+    assert (out / "qformer-note6" / "sft" / "model" / "note_processor.json").read_text().count('"note"') == 1
+    assert "| qformer | 6 | note | note | all | 1 | 6.0 |" in (out / "compare.md").read_text()
+
+
+def test_note_budget_config_and_stage_configs():
+    from mm.train.compare import CompareConfig, stage_configs, variant_folder
+
+    cfg = CompareConfig(kinds=["qformer", "mlp"], scopes=["image", "note"], note_budget=32)
+    assert cfg.budget_of("image") == (16, "image") and cfg.budget_of("note") == (32, "note")
+    fusion = stage_configs(cfg, "qformer", "data", scope="note")[0].model.fusion
+    assert (fusion.budget, fusion.budget_per, fusion.scope) == (32, "note", "note")
+    pre, _, _ = stage_configs(cfg, "qformer", "data", scope="image")
+    assert (pre.model.fusion.budget, pre.model.fusion.budget_per) == (16, "image")
+    assert variant_folder("qformer", "note", "own", 1, 32) == "qformer-note32-own-s1"
+    assert variant_folder("qformer", "image", "all", 0, 32) == "qformer"
+    with pytest.raises(ValueError, match="note_budget=8 needs"):
+        CompareConfig(scopes=["image"], note_budget=8)

@@ -1,8 +1,10 @@
 """The pretraining model (note encoder + text encoder + temperature) and its losses.
 
 pixel_values (B, N, 3, H, W) -> vision tower -> patches (B, N, P, Dv) -> fusion (any kind, budget K)
--> tokens (B, N, K, D) -> mean over K -> per-image MLP (+ image index embedding) -> masked mean over
-images -> projection -> L2-normalised note embedding (B, E)
+-> tokens (B, N, K, D) -> mean over K -> per-image MLP (+ image index embedding,
+:class:`mm.multi_image.ImageIndexEmbedding`, the one NoteVLM uses) -> masked mean over images ->
+projection -> L2-normalised note embedding (B, E). A fusion with budget_per "note" yields one group of K
+tokens per note (B, 1, K, D): the same path with one slot and no index embedding (nothing per image).
 text ids (B, T) -> TextEncoder -> projection -> L2-normalised text embedding (B, E)
 """
 
@@ -15,6 +17,7 @@ from torch import nn
 from mm import contrastive
 from mm.errors import UserError
 from mm.fusion import build_fusion_from_config
+from mm.multi_image import ImageIndexEmbedding
 from mm.train.pretrain.config import LossConfig, PretrainModelConfig
 from mm.train.text_encoder import TextEncoder
 from mm.vision import VisionConfig, build_vision_tower, normalisation, resolve_pretrained
@@ -32,7 +35,15 @@ class NoteTextModel(nn.Module):
         self.fusion = build_fusion_from_config(
             cfg.fusion, d_vision=self.vision.dim, d_model=cfg.d_model, grid=self.vision.grid
         )
-        self.image_index = nn.Embedding(cfg.max_images, cfg.d_model)
+        if cfg.fusion.budget_per == "note" and (num_tags or loss.multi_positive):
+            raise UserError(
+                "fusion budget_per 'note' yields tokens per note, not per image, so per-image tag heads "
+                "and loss.multi_positive have nothing to read; set budget_per: image, or turn off the tag "
+                "loss and multi_positive"
+            )
+        # std=None: nn.Embedding's N(0, 1) init; the key stays image_index.weight, so checkpoints written
+        # when this was a plain nn.Embedding load as they are
+        self.image_index = ImageIndexEmbedding(max_images=cfg.max_images, dim=cfg.d_model, std=None)
         self.image_mlp = nn.Sequential(
             nn.LayerNorm(cfg.d_model),
             nn.Linear(cfg.d_model, cfg.d_model),
@@ -57,18 +68,19 @@ class NoteTextModel(nn.Module):
         self, pixel_values: torch.Tensor, image_mask: torch.Tensor, *, tags: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(B, N, 3, H, W), (B, N) -> per-image features (B, N, D) (zeros at padded slots); with ``tags``
-        also the tag logits (B, N, C) of the tag head."""
+        also the tag logits (B, N, C) of the tag head. Budget per note: one note slot, (B, 1, D)."""
         B, N = image_mask.shape
         if N > self.cfg.max_images:
             raise ValueError(f"notes have {N} image slots, model.max_images is {self.cfg.max_images}")
         patches = self.vision(pixel_values, image_mask)  # (B, N, P, Dv)
-        tokens, token_mask = self.fusion(patches, image_mask)  # (B, N, K, D), (B, N, K)
+        tokens, token_mask = self.fusion(patches, image_mask)  # (B, S, K, D), (B, S, K); S = N or 1
         token_mask = token_mask.to(torch.bool)
-        m = token_mask[..., None].to(tokens.dtype)  # (B, N, K, 1)
-        per_image = (tokens * m).sum(2) / m.sum(2).clamp(min=1.0)  # (B, N, D)
-        idx = self.image_index.weight[:N][None]  # (1, N, D)
-        per_image = per_image + self.image_mlp(per_image + idx)  # (B, N, D)
-        per_image = per_image * image_mask[..., None].to(per_image.dtype)
+        slots = token_mask.any(2)  # (B, S)
+        m = token_mask[..., None].to(tokens.dtype)  # (B, S, K, 1)
+        per_image = (tokens * m).sum(2) / m.sum(2).clamp(min=1.0)  # (B, S, D)
+        tagged = self.image_index.add_per_image(per_image, slots) if tokens.shape[1] == N else per_image
+        per_image = per_image + self.image_mlp(tagged)  # (B, S, D)
+        per_image = per_image * slots[..., None].to(per_image.dtype)
         if not tags:
             return per_image
         if self.tag_head is None:
@@ -84,11 +96,13 @@ class NoteTextModel(nn.Module):
     def encode_note(
         self, pixel_values: torch.Tensor, image_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Normalised note embeddings (B, E) and per-image embeddings (B, N, E)."""
+        """Normalised note embeddings (B, E) and per-image embeddings (B, N, E) ((B, 1, E) per note)."""
         return self._pool(self.encode_images(pixel_values, image_mask), image_mask)
 
     def _pool(self, per_image: torch.Tensor, image_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        w = image_mask[..., None].to(per_image.dtype)  # (B, N, 1)
+        if per_image.shape[1] != image_mask.shape[1]:  # budget per note: one slot per note
+            image_mask = image_mask.any(1, keepdim=True)  # (B, 1)
+        w = image_mask[..., None].to(per_image.dtype)  # (B, S, 1)
         pooled = (per_image * w).sum(1) / w.sum(1).clamp(min=1.0)  # (B, D)
         note = F.normalize(self.note_proj(pooled), dim=-1)  # (B, E)
         images = F.normalize(self.note_proj(per_image), dim=-1) * w  # (B, N, E)

@@ -114,6 +114,7 @@ def build_model_and_processor(cfg: TrainConfig) -> tuple[Any, Any, dict[str, Any
         image_mean=mean,
         image_std=std,
         resize=vision_cfg.resize,
+        budget_per=config.fusion_kwargs.get("budget_per", "image"),
     )
     return model, processor, origin
 
