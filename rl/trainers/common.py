@@ -87,6 +87,20 @@ class RunConfig(SharedRunConfig):
     """Write a checkpoint every n steps (and at the last step)."""
 
 
+@dataclass(kw_only=True)
+class EvalRunConfig(RunConfig):
+    """:class:`RunConfig` plus a held-out evaluation cadence (``rl rm``: pair accuracy; ``rl distill``:
+    CHAIR_i and recall)."""
+
+    eval_every: int = 50
+    """Evaluate on the held-out data every n steps (and at the last step)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.eval_every < 1:
+            raise ValueError(f"train.eval_every must be >= 1, got {self.eval_every}")
+
+
 # ---------------------------------------------------------------- policy and reference
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rl.trainers.common import OptimConfig, RunConfig
+from rl.trainers.common import EvalRunConfig, OptimConfig
 from rl.trainers.dpo_config import FilesLoraConfig, ModelConfig
 
 LOSS_KINDS = ("reverse_kl", "gjsd", "sft_on_teacher")
@@ -124,17 +124,8 @@ class DistillLossConfig:
             raise ValueError(f"loss.temperature must be > 0, got {self.temperature}")
 
 
-@dataclass(kw_only=True)
-class DistillRunConfig(RunConfig):
-    """Steps, seed, cadence and device, plus the held-out evaluation cadence."""
-
-    eval_every: int = 50
-    """Held-out CHAIR_i / recall every n steps and at the last step (when data.eval_notes > 0)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.eval_every < 1:
-            raise ValueError(f"train.eval_every must be >= 1, got {self.eval_every}")
+DistillRunConfig = EvalRunConfig
+"""Steps, seed, cadence and device, plus the held-out evaluation cadence."""
 
 
 @dataclass(kw_only=True)

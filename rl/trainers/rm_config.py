@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rl.trainers.common import OptimConfig, RunConfig
+from rl.trainers.common import EvalRunConfig, OptimConfig
 from rl.trainers.dpo_config import FilesDataConfig, FilesLoraConfig, ModelConfig
 
 
@@ -43,17 +43,8 @@ class RMLoraConfig(FilesLoraConfig):
     """Train LoRA adapters (and the value head); false = full fine-tuning of all but the vision tower."""
 
 
-@dataclass(kw_only=True)
-class RMRunConfig(RunConfig):
-    """Steps, seed, cadence and device, plus the held-out evaluation cadence."""
-
-    eval_every: int = 50
-    """Held-out pair accuracy every n steps (and at the last step)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.eval_every < 1:
-            raise ValueError(f"train.eval_every must be >= 1, got {self.eval_every}")
+RMRunConfig = EvalRunConfig
+"""Steps, seed, cadence and device, plus the held-out evaluation cadence."""
 
 
 @dataclass(kw_only=True)
