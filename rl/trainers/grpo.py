@@ -58,7 +58,7 @@ from rl.kl import kl_estimate
 from rl.losses import aggregate_loss
 from rl.rewards import RewardConfig, batch_scores, mention_credits
 from rl.rollout.seeded import prompt_generators, prompt_seed
-from rl.sampling import fill_groups, overlong_penalty
+from rl.sampling import overlong_penalty
 from rl.trainers.common import (
     Reference,
     batch_token_logps,
@@ -72,6 +72,7 @@ from rl.trainers.grpo_config import PROMPT_KINDS, AlgoConfig, DataConfig, GRPOCo
 from rl.trainers.grpo_data import Prompt, PromptSet, load_prompt_notes
 from rl.trainers.grpo_shard import (
     AGG_BY_TOKENS,
+    collect_groups,
     counts,
     gather_rewards,
     global_counts,
@@ -257,30 +258,10 @@ class GRPOTrainer(loop.StepTrainer):
         """This rank's rows of the rollout of ``step`` with their advantages (from the global batch's
         rewards), reference / old log-probs, loss weights and the global rollout metrics."""
         algo, ro, G = self.cfg.algo, self.cfg.rollout, self.cfg.rollout.group_size
-        seen: list[torch.Tensor] = []
-        stats: dict[str, tuple[float, float]] = {}
-        stand_in: list[Any] = []
-        calls = iter(range(algo.max_sample_batches))
-
-        def sample_fn() -> tuple[list[Any], torch.Tensor]:
-            groups, rewards, comps = self._sample(step, next(calls))
-            seen.append(rewards)
-            for key, (a, n) in comps.items():
-                s0, n0 = stats.get(key, (0.0, 0.0))
-                stats[key] = (s0 + a, n0 + n)
-            stand_in.append(next(x for x in groups if x is not None))
-            return groups, rewards
-
-        if algo.dynamic_sampling:
-            filled = fill_groups(
-                sample_fn, target_groups=self.cfg.data.prompts_per_step, max_batches=algo.max_sample_batches
-            )
-            kept, rewards = filled.groups, filled.rewards
-        else:
-            kept, rewards = sample_fn()
-        groups = [x for x in kept if x is not None]
-        weighted = bool(groups)  # else the rank holds no kept group: a stand-in group with weight 0
-        groups = groups or stand_in[:1]
+        kept, rewards, groups, weighted, seen, stats = collect_groups(
+            lambda k: self._sample(step, k), dynamic=algo.dynamic_sampling,
+            target_groups=self.cfg.data.prompts_per_step, max_batches=algo.max_sample_batches,
+        )  # fmt: skip
         first = groups[0][0]
         in_order = [g for _, g, _ in groups] == list(range(first.input_ids.shape[0] // G))
         if in_order and all(r is first for r, _, _ in groups):

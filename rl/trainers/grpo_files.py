@@ -39,7 +39,7 @@ from rl.importance import truncated_is_weights
 from rl.kl import entropy_from_logits
 from rl.rollout import Completions, SamplingSpec, build_engine
 from rl.rollout.seeded import prompt_seed
-from rl.sampling import fill_groups, overlong_penalty
+from rl.sampling import overlong_penalty
 from rl.trainers.common import Reference, make_optimizer, start_run
 from rl.trainers.grpo import GRPO_PLOT_KEYS, compute_advantages, grpo_loss, shard_loss
 from rl.trainers.grpo_files_config import GRPOFilesConfig
@@ -47,6 +47,7 @@ from rl.trainers.grpo_files_data import PromptImages, read_prompts
 from rl.trainers.grpo_files_sourced import SourcedFilesReward, build_sourced_reward, yesno_rows
 from rl.trainers.grpo_rewards import BuiltinReward, build_reward, call_reward
 from rl.trainers.grpo_shard import (
+    collect_groups,
     counts,
     gather_rewards,
     global_counts,
@@ -184,30 +185,10 @@ class FilesGRPOTrainer(loop.StepTrainer):
         rewards), old / reference log-probs, IS weights, loss weights and the global metrics."""
         cfg, algo, ro = self.cfg, self.cfg.algo, self.cfg.rollout
         G = ro.group_size
-        seen: list[torch.Tensor] = []
-        stats: dict[str, tuple[float, float]] = {}
-        stand_in: list[Any] = []
-        calls = iter(range(algo.max_sample_batches))
-
-        def sample_fn() -> tuple[list[Any], torch.Tensor]:
-            groups, rewards, parts = self._sample(step, next(calls))
-            seen.append(rewards)
-            for key, (a, n) in parts.items():
-                s0, n0 = stats.get(key, (0.0, 0.0))
-                stats[key] = (s0 + a, n0 + n)
-            stand_in.append(next(x for x in groups if x is not None))
-            return groups, rewards
-
-        if algo.dynamic_sampling:
-            filled = fill_groups(
-                sample_fn, target_groups=cfg.data.prompts_per_step, max_batches=algo.max_sample_batches
-            )
-            kept, rewards = filled.groups, filled.rewards
-        else:
-            kept, rewards = sample_fn()
-        groups = [x for x in kept if x is not None]
-        weighted = bool(groups)  # else the rank holds no kept group: a stand-in group with weight 0
-        groups = groups or stand_in[:1]
+        kept, rewards, groups, weighted, seen, stats = collect_groups(
+            lambda k: self._sample(step, k), dynamic=algo.dynamic_sampling,
+            target_groups=cfg.data.prompts_per_step, max_batches=algo.max_sample_batches,
+        )  # fmt: skip
         samples = [g["sample"] for g in groups for _ in range(G)]
         ids = [t for g in groups for t in g["ids"]]
         batch = self.adapter.answer_batch(samples, ids)  # (b*G, T) + response_mask, on the model's device

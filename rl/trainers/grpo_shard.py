@@ -21,15 +21,15 @@ Single process all of this is the identity (weight exactly 1, no communication).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from mm.train import common
 from rl.advantages import group_reward_std
-from rl.sampling import informative_groups
+from rl.sampling import fill_groups, informative_groups
 
 AGG_BY_TOKENS = ("token-mean",)
 """Loss aggregations normalised by the number of response tokens; the others by non-empty sequences."""
@@ -171,3 +171,54 @@ def local_rows(kept: Sequence[Any], group_size: int) -> torch.Tensor:
         [g * group_size + i for g, x in enumerate(kept) if x is not None for i in range(group_size)],
         dtype=torch.long,
     )
+
+
+class Collected(NamedTuple):
+    """One step's sampled groups (:func:`collect_groups`)."""
+
+    kept: list[Any]
+    """The global batch's kept groups in order: this rank's records, None at the other ranks' positions."""
+    rewards: torch.Tensor
+    """``(B, G)`` rewards of the kept groups (global)."""
+    groups: list[Any]
+    """This rank's kept groups, or one stand-in group (loss weight 0) when it holds none."""
+    weighted: bool
+    """False when ``groups`` is the stand-in."""
+    seen: list[torch.Tensor]
+    """The rewards of every sampling batch drawn (for the metrics)."""
+    stats: dict[str, tuple[float, float]]
+    """Reward components summed over the batches drawn, as ``(sum, count)``."""
+
+
+def collect_groups(
+    sample: Callable[[int], tuple[list[Any], torch.Tensor, dict[str, tuple[float, float]]]],
+    *,
+    dynamic: bool,
+    target_groups: int,
+    max_batches: int,
+) -> Collected:
+    """Draw sampling batch ``k = 0, 1, ...`` by ``sample(k) -> (groups, rewards, components)`` once, or
+    with DAPO's dynamic sampling (:func:`rl.sampling.fill_groups`) until ``target_groups`` informative
+    groups are kept; the GRPO trainers' common first half of a step."""
+    seen: list[torch.Tensor] = []
+    stats: dict[str, tuple[float, float]] = {}
+    stand_in: list[Any] = []
+    calls = iter(range(max_batches))
+
+    def sample_fn() -> tuple[list[Any], torch.Tensor]:
+        groups, rewards, comps = sample(next(calls))
+        seen.append(rewards)
+        for key, (a, n) in comps.items():
+            s0, n0 = stats.get(key, (0.0, 0.0))
+            stats[key] = (s0 + a, n0 + n)
+        stand_in.append(next(x for x in groups if x is not None))
+        return groups, rewards
+
+    if dynamic:
+        filled = fill_groups(sample_fn, target_groups=target_groups, max_batches=max_batches)
+        kept, rewards = filled.groups, filled.rewards
+    else:
+        kept, rewards = sample_fn()
+    groups = [x for x in kept if x is not None]
+    weighted = bool(groups)  # else the rank holds no kept group: a stand-in group with weight 0
+    return Collected(list(kept), rewards, groups or stand_in[:1], weighted, seen, stats)
