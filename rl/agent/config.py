@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rl.advantages import ADVANTAGE_SCALES
+from rl.agent.perception import PERCEPTION_VIEWS
 from rl.agent.simulator import SimulatorConfig
 from rl.agent.task import KINDS
 from rl.agent.world_demos import DETAIL_ZOOMS
@@ -78,6 +79,47 @@ class RolloutConfig:
 
     def simulator(self) -> SimulatorConfig:
         return SimulatorConfig(patience=self.user_patience, max_turns=self.user_max_turns)
+
+
+@dataclass(kw_only=True)
+class PerceptionConfig:
+    """Single-turn reading of world images (``rl.agent.perception``) before both SFT stages, which start
+    from its model: the no-tool baseline can read a zoom crop as well as the tool policy, it never gets
+    one."""
+
+    steps: int = 0
+    """Optimizer steps (0 skips the stage: both SFTs start from the initial policy)."""
+    notes: int = 400
+    """Train notes whose photos make the items (every photo, every question of ``views``)."""
+    views: list[str] = field(default_factory=lambda: list(PERCEPTION_VIEWS))
+    """What items show: "tray" (a tray zoom crop), "target" (a target zoom crop), "view" (the photo)."""
+    batch_size: int = 32
+    """Items per step."""
+    lr: float = 1.0e-3
+    """AdamW learning rate (constant)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (0 = off)."""
+    log_every: int = 50
+    """Steps between metric records."""
+    check_notes: int = 0
+    """Further train notes (after the training ones) whose tray and target items the stage answers
+    greedily at its end: reading accuracy per view and question, in its result.json (0 = no check)."""
+
+    def __post_init__(self) -> None:
+        bad = [v for v in self.views if v not in PERCEPTION_VIEWS]
+        if bad or not self.views:
+            raise ValueError(
+                f"perception.views must be a non-empty subset of {list(PERCEPTION_VIEWS)}, got {self.views}"
+            )
+        if self.steps < 0 or self.notes < 1 or self.batch_size < 1 or self.log_every < 1:
+            raise ValueError(
+                "perception needs steps >= 0, notes >= 1, batch_size >= 1 and log_every >= 1; got "
+                f"{self.steps}, {self.notes}, {self.batch_size}, {self.log_every}"
+            )
+        if self.check_notes < 0:
+            raise ValueError(f"perception.check_notes must be >= 0, got {self.check_notes}")
 
 
 @dataclass(kw_only=True)
@@ -179,7 +221,8 @@ class EvalConfig:
 
 @dataclass(kw_only=True)
 class AgentRunConfig:
-    """``rl agent``: init -> tool SFT (cold start) and no-tool SFT -> multi-turn GRPO -> eval -> report."""
+    """``rl agent``: init -> perception -> tool SFT (cold start) and no-tool SFT -> multi-turn GRPO -> eval
+    -> report."""
 
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """The starting policy."""
@@ -189,6 +232,8 @@ class AgentRunConfig:
     """The training tasks."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Trajectory limits and the simulated user."""
+    perception: PerceptionConfig = field(default_factory=PerceptionConfig)
+    """The reading stage both SFT stages start from."""
     sft: SFTConfig = field(default_factory=SFTConfig)
     """Both SFT stages."""
     grpo: GRPOStageConfig = field(default_factory=GRPOStageConfig)

@@ -71,18 +71,25 @@ def write_report(cfg: AgentRunConfig, out: Path, models: dict[str, tuple[str, bo
     targets = check_targets(metrics["tool_grpo"], gains)
     seconds = {
         s: json.loads((out / s / "result.json").read_text()).get("seconds")
-        for s in ("init", "sft_tool", "sft_notool", "grpo", "eval")
+        for s in ("init", "perception", "sft_tool", "sft_notool", "grpo", "eval")
         if (out / s / "result.json").exists()
     }
     report = {
         "seeds": list(cfg.eval.seeds), "tasks_per_kind": cfg.eval.tasks_per_kind, "metrics": metrics,
         "gains_tool_grpo_over_notool_sft": gains, "targets": targets, "stage_seconds": seconds,
+        "reading_check": _reading_check(out),
     }  # fmt: skip
     atomic_write_text(out / "report.json", json.dumps(report, indent=1))
     atomic_write_text(out / "report.md", _markdown(report, list(models)))
     _transcripts(out, cfg)
     _curves(out)
     return {"targets_held": sum(bool(t["held"]) for t in targets), "targets": len(targets)}
+
+
+def _reading_check(out: Path) -> dict[str, Any] | None:
+    """The perception stage's reading check on train notes it did not train on (None without one)."""
+    path = out / "perception" / "result.json"
+    return json.loads(path.read_text()).get("reading_check") if path.exists() else None
 
 
 def _markdown(report: dict[str, Any], models: list[str]) -> str:
@@ -104,6 +111,13 @@ def _markdown(report: dict[str, Any], models: list[str]) -> str:
         value = "-" if t["value"] is None else f"{t['value']:.3f}"
         held = "n/a" if t["held"] is None else ("yes" if t["held"] else "no")
         lines.append(f"| {t['metric']} | {t['judged_on']} | {t['test']} | {value} | {held} |")
+    if report.get("reading_check"):
+        lines += [
+            "", "## Perception: greedy reading of train notes it did not train on", "",
+            "| view/question | items | accuracy | share of the most frequent answer |", "|---|---|---|---|",
+        ]  # fmt: skip
+        for key, r in report["reading_check"].items():
+            lines.append(f"| {key} | {r['n']} | {r['accuracy']:.3f} | {r['top_answer_share']:.3f} |")
     secs = ", ".join(f"{k} {v} s" for k, v in report["stage_seconds"].items())
     lines += ["", f"Stage times: {secs}.", ""]
     return "\n".join(lines)

@@ -8,11 +8,13 @@ keep the training sections of the config (``OUT/training_config.json``); ``eval`
 evaluate more worlds after deleting ``OUT/eval`` and ``OUT/report``:
 
 1. ``init``: the policy (``rl.agent.stages.build_backend``) -> ``init/model.pt``
-2. ``sft_tool``: cold start on tool demonstrations -> ``sft_tool/model.pt``
-3. ``sft_notool``: the no-tool baseline, same size and SFT budget -> ``sft_notool/model.pt``
-4. ``grpo``: multi-turn GRPO from ``sft_tool`` -> ``grpo/model.pt``
-5. ``eval``: the three models on the held-out tasks -> ``eval/<model>.jsonl`` rows
-6. ``report``: ``report.md``, ``report.json``, ``transcripts.md``, ``*.png`` curves
+2. ``perception``: single-turn reading of world images (``rl.agent.perception_stage``; a copy of
+   ``init`` when ``perception.steps`` is 0) -> ``perception/model.pt``
+3. ``sft_tool``: cold start on tool demonstrations, from ``perception`` -> ``sft_tool/model.pt``
+4. ``sft_notool``: the no-tool baseline, same size, start and SFT budget -> ``sft_notool/model.pt``
+5. ``grpo``: multi-turn GRPO from ``sft_tool`` -> ``grpo/model.pt``
+6. ``eval``: the three models on the held-out tasks -> ``eval/<model>.jsonl`` rows
+7. ``report``: ``report.md``, ``report.json``, ``transcripts.md``, ``*.png`` curves
 """
 
 from __future__ import annotations
@@ -31,16 +33,17 @@ from mm.errors import UserError
 from mm.train.metrics import atomic_write_text
 from rl.agent.config import AgentRunConfig
 from rl.agent.evaluate import eval_model
+from rl.agent.perception_stage import run_perception
 from rl.agent.report import write_report
 from rl.agent.stages import build_backend, run_grpo, run_sft, save_weights
 
-STAGES = ("init", "sft_tool", "sft_notool", "grpo", "eval", "report")
+STAGES = ("init", "perception", "sft_tool", "sft_notool", "grpo", "eval", "report")
 """The stages of ``rl agent``, in order."""
 MODELS = {"notool_sft": ("sft_notool", False), "tool_sft": ("sft_tool", True), "tool_grpo": ("grpo", True)}
 """Evaluated model -> (the stage whose model.pt it is, whether it has tools)."""
 
 
-TRAINING_SECTIONS = ("policy", "world", "data", "rollout", "sft", "grpo", "seed")
+TRAINING_SECTIONS = ("policy", "world", "data", "rollout", "perception", "sft", "grpo", "seed")
 """Config sections a resumed run must keep (the trained models depend on them)."""
 
 
@@ -104,12 +107,17 @@ def run_agent(
 def _run_stage(
     cfg: AgentRunConfig, out: Path, stage: str, stage_dir: Path, grpo_stop_after: int | None
 ) -> dict[str, Any] | None:
-    init = out / "init" / "model.pt"
+    init = out / "perception" / "model.pt"
     if stage == "init":
         backend = build_backend(cfg)
         save_weights(backend, stage_dir / "model.pt")
         model = backend.adapter.model
         return {"family": backend.adapter.family, "parameters": sum(p.numel() for p in model.parameters())}
+    if stage == "perception":
+        if cfg.perception.steps == 0 and not cfg.perception.check_notes:
+            shutil.copyfile(out / "init" / "model.pt", stage_dir / "model.pt")
+            return {"stage": "perception", "steps": 0}
+        return run_perception(cfg, stage_dir, out / "init" / "model.pt")
     if stage == "sft_tool":
         return run_sft(cfg, stage_dir, init, tools=True, stage=stage)
     if stage == "sft_notool":

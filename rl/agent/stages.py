@@ -95,13 +95,13 @@ def demo_trajectories(backend: AgentBackend, cfg: AgentRunConfig, tasks: Sequenc
     )  # fmt: skip
 
 
-def _clip(backend: AgentBackend, limit: float) -> float:
+def clip_grads(backend: AgentBackend, limit: float) -> float:
     params = [p for p in backend.adapter.model.parameters() if p.requires_grad]
     norm = torch.nn.utils.clip_grad_norm_(params, limit if limit > 0 else float("inf"))
     return float(norm)
 
 
-def _optimizer(backend: AgentBackend, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+def optimizer_for(backend: AgentBackend, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
     params = [p for p in backend.adapter.model.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
@@ -119,7 +119,7 @@ def run_sft(cfg: AgentRunConfig, stage_dir: Path, init: Path, *, tools: bool, st
     tasks = train_tasks(cfg)
     demos = demo_trajectories(backend, cfg, tasks, tools=tools)
     s = cfg.sft
-    optimizer = _optimizer(backend, s.lr, s.weight_decay)
+    optimizer = optimizer_for(backend, s.lr, s.weight_decay)
     log = MetricsLogger(stage_dir / "metrics.jsonl")
     backend.adapter.model.train()
     order: list[int] = []
@@ -132,7 +132,7 @@ def run_sft(cfg: AgentRunConfig, stage_dir: Path, init: Path, *, tools: bool, st
         optimizer.zero_grad(set_to_none=True)
         loss = sft_loss(backend, batch)
         loss.backward()
-        norm = _clip(backend, s.grad_clip)
+        norm = clip_grads(backend, s.grad_clip)
         optimizer.step()
         if step % s.log_every == 0 or step == s.steps:
             log.log({"step": step, "loss": float(loss.detach()), "grad_norm": norm})
@@ -161,7 +161,7 @@ def run_grpo(
     an interrupted run would) once that step's checkpoint is written, and return None."""
     g = cfg.grpo
     backend = build_backend(cfg, init)
-    optimizer = _optimizer(backend, g.lr)
+    optimizer = optimizer_for(backend, g.lr)
     ckpt = stage_dir / "checkpoint.pt"
     start = 0
     if ckpt.exists():
@@ -187,7 +187,7 @@ def run_grpo(
         optimizer.zero_grad(set_to_none=True)
         loss, metrics = grpo_loss(backend, trajs, rewards, algo, temperature=g.temperature)
         loss.backward()
-        norm = _clip(backend, g.grad_clip)
+        norm = clip_grads(backend, g.grad_clip)
         optimizer.step()
         record = {"step": step, "loss": float(loss.detach()), "grad_norm": norm}
         record |= {k: float(v) for k, v in metrics.items()} | summary(trajs)

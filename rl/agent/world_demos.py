@@ -132,15 +132,21 @@ def detail_demo(
     turns = [DemoTurn("user", task.question, False)]
     box = m["box"] if zoom == "target" else tray_box(task, m["tray"])
     _use(turns, _zoom(task, m["image"], box), task, run_tool)
-    if m["ask"] == "color":
-        answer = f"It is {task.answer}." if bare else f"The tiny {m['object']} is {task.answer}."
-    else:
-        n = int(task.answer)
-        c = vocab.category(m["object"])
-        what = "" if bare else f" tiny {c.name if n == 1 else c.plural}"
-        answer = f"There {'is' if n == 1 else 'are'} {n}{what}."
-    turns.append(DemoTurn("assistant", answer, True))
+    turns.append(DemoTurn("assistant", detail_answer(m["ask"], task.answer, m["object"], bare), True))
     return turns
+
+
+def detail_answer(ask: str, value: str, obj: str, bare: bool = False, size: str = "tiny") -> str:
+    """The expert's answer to a detail question: ``ask`` "color" ("It is red." / "The tiny cup is red.")
+    or "count" ("There are 2." / "There are 2 tiny cups."); ``bare``: without naming the object."""
+    if ask == "color":
+        return f"It is {value}." if bare else f"The {size} {obj} is {value}."
+    if ask != "count":
+        raise ValueError(f"ask must be 'color' or 'count', got {ask!r}")
+    n = int(value)
+    c = vocab.category(obj)
+    what = "" if bare else f" {size} {c.name if n == 1 else c.plural}"
+    return f"There {'is' if n == 1 else 'are'} {n}{what}."
 
 
 def change_demo(task: AgentTask, run_tool: RunTool) -> list[DemoTurn]:

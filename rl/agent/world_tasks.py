@@ -117,7 +117,7 @@ def scene_objects(scene: DetailScene) -> list[tuple[str, str]]:
     return [(o.category, o.color) for o in scene.objects()]
 
 
-def _box(cfg: WorldTaskConfig, objs) -> list[int]:
+def objects_box(cfg: WorldTaskConfig, objs) -> list[int]:
     S = cfg.detail.source_size
     boxes = [object_box(o, S) for o in objs]
     union = (
@@ -161,7 +161,7 @@ def detail_task(cfg: WorldTaskConfig, note: WorldNote) -> AgentTask:
     images = tuple(photo(cfg, note, i) for i in range(len(note.scenes)))
     meta = {
         "note": note.id, "split": note.split, "ask": ask, "object": cat, "image": k + 1,
-        "box": _box(cfg, targets), "tray": list(scene.tray),
+        "box": objects_box(cfg, targets), "tray": list(scene.tray),
     }  # fmt: skip
     return AgentTask(f"{note.id}/detail", "detail", images, question, answer, meta)
 
@@ -226,7 +226,7 @@ def caption_task(cfg: WorldTaskConfig, note: WorldNote) -> AgentTask:
     )
     meta = {
         "note": note.id, "split": note.split, "image": 1, "photo": k + 1, "objects": [scene_objects(scene)],
-        "box": _box(cfg, scene.tiny), "tray": list(scene.tray),
+        "box": objects_box(cfg, scene.tiny), "tray": list(scene.tray),
     }  # fmt: skip
     return AgentTask(
         f"{note.id}/caption", "caption", (photo(cfg, note, k),), question, reference_caption(scene), meta

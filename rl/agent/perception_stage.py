@@ -1,0 +1,112 @@
+"""The ``perception`` stage of ``rl agent``: supervised single-turn reading (``rl.agent.perception``).
+
+    result = run_perception(cfg, out / "perception", out / "init" / "model.pt")
+
+Each step replays ``batch_size`` items through the real loop (no tools, no tool instructions: an item
+is the image, the question and the answer, as the no-tool baseline is prompted) with the scripted
+answer, and takes the SFT loss on the answer's tokens. The step's items are drawn from a fixed list with
+a generator seeded from ``(cfg.seed, "perception", step)``, so a re-run gives the same weights. At the
+end, :func:`reading_check` answers the tray and target items of further train notes greedily and
+records accuracy per view and question kind (the train-split evidence that the policy reads).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mm.train.metrics import MetricsLogger, read_metrics
+from rl.agent.backend import AgentBackend
+from rl.agent.config import AgentRunConfig
+from rl.agent.demos import scripted_policy
+from rl.agent.loop import rollout
+from rl.agent.perception import perception_items, reading_score
+from rl.agent.stages import (
+    NO_TOOLS,
+    build_backend,
+    clip_grads,
+    loop_config,
+    optimizer_for,
+    save_weights,
+    step_seed,
+)
+from rl.agent.task import AgentTask
+from rl.agent.train import sft_loss
+
+
+def item_trajectories(backend: AgentBackend, cfg: AgentRunConfig, items: Sequence[AgentTask]):
+    """``items`` replayed through the loop with their scripted answers (no tools, no instructions)."""
+    turns = {t.task_id: [t.meta["reply"]] for t in items}
+    return rollout(
+        backend, items, loop_config(cfg, tools=False), registry=NO_TOOLS,
+        policy=scripted_policy(backend, turns),
+    )  # fmt: skip
+
+
+def reading_check(backend: AgentBackend, cfg: AgentRunConfig, items: Sequence[AgentTask]) -> dict[str, Any]:
+    """Greedy answers to ``items``: accuracy (:func:`reading_score`) per ``view/ask``, and the
+    share of the most frequent answer per ``view/ask`` (a constant answer shows as 1.0)."""
+    backend.adapter.model.eval()
+    trajs = rollout(backend, items, loop_config(cfg, tools=False), registry=NO_TOOLS)
+    scores: dict[str, list[float]] = defaultdict(list)
+    answers: dict[str, list[str]] = defaultdict(list)
+    for t in trajs:
+        key = f"{t.task.meta['view']}/{t.task.meta['ask']}"
+        scores[key].append(reading_score(t.task, t.answer or ""))
+        answers[key].append(t.answer or "")
+    out = {}
+    for key in sorted(scores):
+        top = max(answers[key].count(a) for a in set(answers[key]))
+        out[key] = {
+            "n": len(scores[key]),
+            "accuracy": round(sum(scores[key]) / len(scores[key]), 3),
+            "top_answer_share": round(top / len(answers[key]), 3),
+        }
+    return out
+
+
+def run_perception(cfg: AgentRunConfig, stage_dir: Path, init: Path) -> dict[str, Any]:
+    """The perception stage from ``init``; writes ``model.pt`` and ``metrics.jsonl``."""
+    p = cfg.perception
+    backend = build_backend(cfg, init)
+    items = perception_items(cfg.world, p.notes, p.views, bare=cfg.data.bare_answers)
+    optimizer = optimizer_for(backend, p.lr, p.weight_decay)
+    log = MetricsLogger(stage_dir / "metrics.jsonl")
+    backend.adapter.model.train()
+    for step in range(1, p.steps + 1):
+        gen = torch.Generator().manual_seed(step_seed(cfg, "perception", step))
+        pick = torch.randint(len(items), (p.batch_size,), generator=gen).tolist()
+        trajs = item_trajectories(backend, cfg, [items[i] for i in pick])
+        torch.manual_seed(step_seed(cfg, "perception", step))
+        optimizer.zero_grad(set_to_none=True)
+        loss = sft_loss(backend, trajs)
+        loss.backward()
+        norm = clip_grads(backend, p.grad_clip)
+        optimizer.step()
+        if step % p.log_every == 0 or step == p.steps:
+            log.log({"step": step, "loss": float(loss.detach()), "grad_norm": norm})
+    save_weights(backend, stage_dir / "model.pt")
+    result: dict[str, Any] = {"stage": "perception", "steps": p.steps, "items": len(items)}
+    if p.steps:
+        result["final_loss"] = read_metrics(stage_dir / "metrics.jsonl")[-1]["loss"]
+    if p.check_notes:
+        views = [v for v in p.views if v != "view"] or list(p.views)
+        held = _check_items(cfg, views)
+        result["reading_check"] = reading_check(backend, cfg, held)
+    return result
+
+
+def _check_items(cfg: AgentRunConfig, views: Sequence[str]) -> list[AgentTask]:
+    """Items of the ``check_notes`` train notes after the training ones (notes the stage never saw)."""
+    from rl.agent.world_tasks import note_split
+
+    index, seen = 0, 0
+    while seen < cfg.perception.notes:  # the note index after the last training note
+        seen += note_split(cfg.world, index) == "train"
+        index += 1
+    p = cfg.perception
+    return perception_items(cfg.world, p.check_notes, views, bare=cfg.data.bare_answers, start=index)
