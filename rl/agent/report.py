@@ -9,6 +9,7 @@ tool calls, observations and simulated-user turns) and ``OUT/sft.png`` / ``OUT/g
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,26 +62,36 @@ def _fmt(m: dict[str, Any] | None) -> str:
     return f"{m['value']:.3f}{band}"
 
 
-def write_report(cfg: AgentRunConfig, out: Path, models: dict[str, tuple[str, bool]]) -> dict[str, Any]:
-    """Write the report files (module docstring); returns a short result for ``report/result.json``."""
-    rows = {name: _read_rows(out / "eval" / f"{name}.jsonl") for name in models}
-    metrics = {name: summarise(r, n_boot=cfg.eval.n_boot) for name, r in rows.items()}
+def model_rows(out: Path, models: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    """Each model's eval rows of run folder ``out``."""
+    return {name: _read_rows(out / "eval" / f"{name}.jsonl") for name in models}
+
+
+def compare_models(rows: dict[str, list[dict[str, Any]]], n_boot: int) -> dict[str, Any]:
+    """Metrics per model, paired gains of the tool GRPO model over the no-tool SFT model, the targets."""
+    metrics = {name: summarise(r, n_boot=n_boot) for name, r in rows.items()}
     names = [n for n, _, _ in TARGETS] + ["accuracy/caption", "accuracy/dialogue"]
     names += [f"caption/{k}_false_per_caption" for k in ("attribute", "count")]
-    gains = paired_gains(rows["notool_sft"], rows["tool_grpo"], names, n_boot=cfg.eval.n_boot)
+    gains = paired_gains(rows["notool_sft"], rows["tool_grpo"], names, n_boot=n_boot)
     targets = check_targets(metrics["tool_grpo"], gains)
+    return {"metrics": metrics, "gains_tool_grpo_over_notool_sft": gains, "targets": targets}
+
+
+def write_report(cfg: AgentRunConfig, out: Path, models: dict[str, tuple[str, bool]]) -> dict[str, Any]:
+    """Write the report files (module docstring); returns a short result for ``report/result.json``."""
+    compared = compare_models(model_rows(out, list(models)), cfg.eval.n_boot)
+    targets = compared["targets"]
     seconds = {
         s: json.loads((out / s / "result.json").read_text()).get("seconds")
         for s in ("init", "perception", "sft_tool", "sft_notool", "grpo", "eval")
         if (out / s / "result.json").exists()
     }
     report = {
-        "seeds": list(cfg.eval.seeds), "tasks_per_kind": cfg.eval.tasks_per_kind, "metrics": metrics,
-        "gains_tool_grpo_over_notool_sft": gains, "targets": targets, "stage_seconds": seconds,
-        "reading_check": _reading_check(out),
+        "seeds": list(cfg.eval.seeds), "tasks_per_kind": cfg.eval.tasks_per_kind, **compared,
+        "stage_seconds": seconds, "reading_check": _reading_check(out),
     }  # fmt: skip
     atomic_write_text(out / "report.json", json.dumps(report, indent=1))
-    atomic_write_text(out / "report.md", _markdown(report, list(models)))
+    atomic_write_text(out / "report.md", markdown(report, list(models)))
     _transcripts(out, cfg)
     _curves(out)
     return {"targets_held": sum(bool(t["held"]) for t in targets), "targets": len(targets)}
@@ -92,7 +103,7 @@ def _reading_check(out: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()).get("reading_check") if path.exists() else None
 
 
-def _markdown(report: dict[str, Any], models: list[str]) -> str:
+def markdown(report: dict[str, Any], models: list[str]) -> str:
     lines = [
         "# rl agent: held-out report",
         "",
@@ -118,8 +129,8 @@ def _markdown(report: dict[str, Any], models: list[str]) -> str:
         ]  # fmt: skip
         for key, r in report["reading_check"].items():
             lines.append(f"| {key} | {r['n']} | {r['accuracy']:.3f} | {r['top_answer_share']:.3f} |")
-    secs = ", ".join(f"{k} {v} s" for k, v in report["stage_seconds"].items())
-    lines += ["", f"Stage times: {secs}.", ""]
+    secs = ", ".join(f"{k} {v} s" for k, v in report.get("stage_seconds", {}).items())
+    lines += ["", f"Stage times: {secs}." if secs else "", ""]
     return "\n".join(lines)
 
 
