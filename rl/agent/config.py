@@ -14,7 +14,7 @@ from rl.agent.perception import PERCEPTION_VIEWS
 from rl.agent.simulator import SimulatorConfig
 from rl.agent.task import KINDS
 from rl.agent.world_demos import DETAIL_ZOOMS
-from rl.agent.world_tasks import WorldTaskConfig
+from rl.agent.world_tasks import SPLITS, WorldTaskConfig
 from rl.losses import AGG_MODES
 
 
@@ -210,12 +210,21 @@ class EvalConfig:
     """Bootstrap resamples of the 95% intervals (units: tasks)."""
     transcripts: int = 2
     """Trajectories per kind written to transcripts.md (of the tool GRPO model)."""
+    split: str = "test"
+    """Notes evaluated: "test" (held out: the judged report) or "train" (a check on the training split,
+    e.g. from ``start`` past the training tasks' notes; never a held-out figure)."""
+    start: int = 0
+    """First note index of the evaluated split (each kind's tasks come from notes start, start + 1, ...)."""
 
     def __post_init__(self) -> None:
         if not self.seeds or self.tasks_per_kind < 1 or self.n_boot < 10:
             raise ValueError(
                 f"eval needs seeds, tasks_per_kind >= 1 and n_boot >= 10; got {self.seeds}, "
                 f"{self.tasks_per_kind}, {self.n_boot}"
+            )
+        if self.split not in SPLITS or self.start < 0:
+            raise ValueError(
+                f"eval.split must be one of {SPLITS} and eval.start >= 0; got {self.split!r}, {self.start}"
             )
 
 

@@ -31,11 +31,15 @@ from rl.agent.world_tasks import WorldTaskConfig, world_tasks
 
 
 def heldout_tasks(cfg: AgentRunConfig, seed: int) -> list:
-    """``eval.tasks_per_kind`` test tasks of each kind of world ``seed`` (the training world's settings)."""
+    """``eval.tasks_per_kind`` tasks of each kind of world ``seed`` (the training world's settings), from
+    the ``eval.split`` notes (test unless a train-split check asks otherwise) from ``eval.start`` on."""
     from dataclasses import replace
 
     world: WorldTaskConfig = replace(cfg.world, seed=seed)
-    return [t for kind in cfg.data.kinds for t in world_tasks(world, kind, "test", cfg.eval.tasks_per_kind)]
+    e = cfg.eval
+    return [
+        t for kind in cfg.data.kinds for t in world_tasks(world, kind, e.split, e.tasks_per_kind, e.start)
+    ]
 
 
 def eval_model(

@@ -87,7 +87,8 @@ def write_report(cfg: AgentRunConfig, out: Path, models: dict[str, tuple[str, bo
         if (out / s / "result.json").exists()
     }
     report = {
-        "seeds": list(cfg.eval.seeds), "tasks_per_kind": cfg.eval.tasks_per_kind, **compared,
+        "seeds": list(cfg.eval.seeds), "split": cfg.eval.split, "tasks_per_kind": cfg.eval.tasks_per_kind,
+        **compared,
         "stage_seconds": seconds, "reading_check": _reading_check(out),
     }  # fmt: skip
     atomic_write_text(out / "report.json", json.dumps(report, indent=1))
@@ -107,7 +108,8 @@ def markdown(report: dict[str, Any], models: list[str]) -> str:
     lines = [
         "# rl agent: held-out report",
         "",
-        f"World seeds {report['seeds']}, test split, {report['tasks_per_kind']} tasks per kind per seed; "
+        f"World seeds {report['seeds']}, {report.get('split', 'test')} split, {report['tasks_per_kind']} "
+        "tasks per kind per seed; "
         "greedy decoding; bootstrap 95% intervals over tasks.",
         "",
         "| metric | " + " | ".join(models) + " | tool_grpo - notool_sft |",

@@ -124,6 +124,8 @@ def test_items_reject_bad_arguments():
         ("perception.batch_size=0", "perception needs"),
         ("perception.check_notes=-2", "check_notes"),
         ("perception.bogus=1", "bogus"),
+        ("eval.split=dev", "eval.split"),
+        ("eval.start=-1", "eval.start"),
     ],
 )
 def test_bad_perception_config_is_an_error(override, message):
@@ -185,3 +187,17 @@ def test_perception_off_copies_the_initial_policy(tmp_path):
     a = torch.load(tmp_path / "init/model.pt", weights_only=True)
     b = torch.load(tmp_path / "perception/model.pt", weights_only=True)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_eval_can_check_the_train_split_past_the_training_notes():
+    from rl.agent.evaluate import heldout_tasks
+
+    cfg = load_config(AgentRunConfig, TINY, ["eval.tasks_per_kind=2", "eval.split=train", "eval.start=300"])
+    tasks = heldout_tasks(cfg, 0)
+    assert len(tasks) == 2 * len(cfg.data.kinds)
+    for t in tasks:
+        assert (
+            t.meta["note"] >= "aw0-000300" and note_split(WORLD, int(t.meta["note"].split("-")[1])) == "train"
+        )
+    test = heldout_tasks(load_config(AgentRunConfig, TINY, ["eval.tasks_per_kind=2"]), 0)
+    assert all(t.meta["split"] == "test" for t in test)
