@@ -12,10 +12,12 @@ then the SFT model and both runs' models on ``--eval-notes`` held-out test notes
 
 Criteria (:func:`run_report`, over the per-step ``entropy`` and ``reward_mean`` of metrics.jsonl, with
 ``W = --window`` steps): a run *collapses* when the mean entropy of its last W steps is below
-``--floor`` times that of its first W steps; it *holds the floor* when every step's entropy is at or above
-``--floor`` times its first-W mean; its reward *rises* when the last-W minus first-W mean reward has a 95%
-Student-t interval (over steps, pooled variance) above 0. Across pairs the means get a 95% Student-t
-interval over worlds (:func:`rl.pipeline_table.t_interval`).
+``--floor`` times that of its first W steps; it *holds the floor* when the W-step rolling mean of its
+entropy stays at or above ``--floor`` times its first-W mean over the whole run; its reward *rises*
+when the last-W minus first-W mean reward has a 95% Student-t interval (over steps, pooled variance)
+above 0. ``zero_std_first`` / ``zero_std_last``: the share of groups whose responses all got one reward
+(no learning signal), a symptom of collapse. Across pairs the means get a 95% Student-t interval over
+worlds (:func:`rl.pipeline_table.t_interval`).
 
 Writes OUT/<name>/{plain,remedy}/ (the runs), OUT/summary.json, OUT/entropy.png (entropy and reward
 curves of both runs, one row per pair) and prints a table.
@@ -52,6 +54,13 @@ def window_means(values: Sequence[float], window: int) -> tuple[float, float]:
     return statistics.fmean(values[:window]), statistics.fmean(values[-window:])
 
 
+def rolling_min(values: Sequence[float], window: int) -> float:
+    """The least mean of ``window`` consecutive values (needs ``len(values) >= window >= 1``)."""
+    if window < 1 or len(values) < window:
+        raise ValueError(f"need at least window={window} >= 1 values, got {len(values)}")
+    return min(statistics.fmean(values[i : i + window]) for i in range(len(values) - window + 1))
+
+
 def gain_interval(values: Sequence[float], window: int) -> list[float]:
     """95% Student-t interval of ``mean(last window) - mean(first window)`` (pooled variance, over steps;
     needs ``window >= 2``). Steps are autocorrelated, so this is narrower than a repeat over seeds."""
@@ -85,10 +94,10 @@ def run_report(
         "entropy_first": e_first,
         "entropy_last": e_last,
         "entropy_ratio": e_last / e_first,
-        "entropy_min": min(entropy),
+        "entropy_min": rolling_min(entropy, window),
         "entropy_floor": floor * e_first,
         "collapsed": e_last < floor * e_first,
-        "above_floor": min(entropy) >= floor * e_first,
+        "above_floor": rolling_min(entropy, window) >= floor * e_first,
         "reward_first": r_first,
         "reward_last": r_last,
         "reward_gain": r_last - r_first,
@@ -145,8 +154,11 @@ def pair(name: str, sft: str, data: str, out: Path, args: argparse.Namespace) ->
         train(Path(args.config), sft, data, folder, args, extra)
         recs = [r for r in read_metrics(folder / "metrics.jsonl") if "entropy" in r]
         ent, rew = [r["entropy"] for r in recs], [r["reward_mean"] for r in recs]
+        zero_std = window_means([r["zero_std_frac"] for r in recs], args.window)
         row[run] = {
             **run_report(ent, rew, window=args.window, floor=args.floor),
+            "zero_std_first": zero_std[0],
+            "zero_std_last": zero_std[1],
             "curves": {"entropy": ent, "reward_mean": rew},
             "eval": evaluate(folder / "model", data, args.eval_notes),
         }
@@ -156,7 +168,7 @@ def pair(name: str, sft: str, data: str, out: Path, args: argparse.Namespace) ->
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per run kind: the mean over pairs (95% t interval over worlds) of the headline figures."""
     keys = ("entropy_first", "entropy_last", "entropy_ratio", "entropy_min", "reward_first", "reward_last",
-            "reward_gain")  # fmt: skip
+            "reward_gain", "zero_std_first", "zero_std_last")  # fmt: skip
     out: dict[str, Any] = {}
     for run in RUNS:
         flat = [{**r[run], **{k: r[run]["eval"][k] for k in ("chair_i", "recall")}} for r in rows]
@@ -208,11 +220,13 @@ def plot(rows: list[dict[str, Any]], png: Path, floor: float) -> None:
 
     fig, axes = plt.subplots(len(rows), 2, figsize=(9, 3 * len(rows)), squeeze=False)
     for (ax_e, ax_r), r in zip(axes, rows):
-        for run in RUNS:
+        for run, color in zip(RUNS, ("tab:blue", "tab:orange")):
             c = r[run]["curves"]
-            ax_e.plot(range(1, len(c["entropy"]) + 1), c["entropy"], label=run)
-            ax_r.plot(range(1, len(c["reward_mean"]) + 1), c["reward_mean"], label=run)
-        ax_e.axhline(r["plain"]["entropy_floor"], ls="--", c="grey", lw=1, label=f"floor ({floor:g} x start)")
+            ax_e.plot(range(1, len(c["entropy"]) + 1), c["entropy"], c=color, label=run)
+            ax_r.plot(range(1, len(c["reward_mean"]) + 1), c["reward_mean"], c=color, label=run)
+            ax_e.axhline(
+                r[run]["entropy_floor"], ls="--", c=color, lw=1, label=f"{run} floor ({floor:g} x start)"
+            )
         ax_e.set_title(f"{r['name']}: token entropy (nats)")
         ax_r.set_title(f"{r['name']}: reward_mean")
         for ax in (ax_e, ax_r):

@@ -26,6 +26,13 @@ def test_window_means_golden(ec):
         ec.window_means([1.0, 2.0], 3)
 
 
+def test_rolling_min_golden(ec):
+    assert ec.rolling_min([3.0, 1.0, 2.0, 0.0, 4.0], 2) == pytest.approx(1.0)  # means 2, 1.5, 1, 2
+    assert ec.rolling_min([3.0, 1.0], 1) == 1.0
+    with pytest.raises(ValueError, match="window=3"):
+        ec.rolling_min([1.0], 3)
+
+
 def test_gain_interval_golden(ec):
     # first [0, 2] (mean 1, var 2), last [4, 6] (mean 5, var 2): gain 4, pooled var 2,
     # se sqrt(2 * 2 / 2) = sqrt(2), t(2 df) = 4.303
@@ -51,7 +58,8 @@ def test_run_report_collapse_and_rise(ec):
 
 def test_run_report_floor_held_flat_reward(ec):
     r = ec.run_report([1.0, 0.9, 0.7, 0.6, 0.8, 0.9], [0.0, 1.0, 0.5, 0.5, 1.0, 0.0], window=2, floor=0.5)
-    assert not r["collapsed"] and r["above_floor"] and r["entropy_min"] == pytest.approx(0.6)
+    # 2-step rolling means 0.95, 0.8, 0.65, 0.7, 0.85: the least 0.65 >= 0.5 * 0.95
+    assert not r["collapsed"] and r["above_floor"] and r["entropy_min"] == pytest.approx(0.65)
     assert r["reward_gain"] == pytest.approx(0.0) and not r["reward_rises"]
 
 
@@ -72,8 +80,8 @@ def test_summarize_means_over_worlds(ec):
     def run(ratio, gain, chair, collapsed):
         return {"entropy_first": 1.0, "entropy_last": ratio, "entropy_ratio": ratio, "entropy_min": ratio,
                 "reward_first": 0.0, "reward_last": gain, "reward_gain": gain, "collapsed": collapsed,
-                "above_floor": not collapsed, "reward_rises": True,
-                "eval": {"chair_i": chair, "recall": 0.8}}  # fmt: skip
+                "above_floor": not collapsed, "reward_rises": True, "zero_std_first": 0.0,
+                "zero_std_last": 0.5, "eval": {"chair_i": chair, "recall": 0.8}}  # fmt: skip
 
     rows = [{"plain": run(0.2, 1.0, 0.10, True), "remedy": run(0.8, 0.5, 0.12, False)},
             {"plain": run(0.4, 2.0, 0.20, True), "remedy": run(0.9, 0.7, 0.14, False)}]  # fmt: skip
@@ -89,7 +97,7 @@ def test_summarize_means_over_worlds(ec):
 
 def test_table_lists_every_run(ec):
     rep = ec.run_report([1.0, 1.0, 0.3, 0.3], [0.0, 0.2, 1.0, 1.2], window=2, floor=0.5)
-    run = {**rep, "eval": {"chair_i": 0.1, "recall": 0.9}}
+    run = {**rep, "zero_std_first": 0.0, "zero_std_last": 0.5, "eval": {"chair_i": 0.1, "recall": 0.9}}
     rows = [{"name": "world0", "sft_eval": {"chair_i": 0.2, "recall": 0.9}, "plain": run, "remedy": run}]
     text = ec.table(rows, ec.summarize(rows))
     assert text.count("world0") == 3 and "collapsed" in text and "mean remedy" in text
