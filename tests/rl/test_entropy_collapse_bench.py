@@ -101,3 +101,15 @@ def test_table_lists_every_run(ec):
     rows = [{"name": "world0", "sft_eval": {"chair_i": 0.2, "recall": 0.9}, "plain": run, "remedy": run}]
     text = ec.table(rows, ec.summarize(rows))
     assert text.count("world0") == 3 and "collapsed" in text and "mean remedy" in text
+
+
+def test_remedy_overrides_and_bad_pairs(ec, capsys):
+    import argparse
+
+    args = argparse.Namespace(remedy="clip_cov", remedy_set=["algo.clip_cov_ratio=0.05"])
+    assert ec.remedy_overrides(args) == ["algo.loss_mode=clip_cov", "algo.clip_cov_ratio=0.02",
+                                         "algo.clip_cov_ratio=0.05"]  # fmt: skip
+    assert all(s.startswith("algo.") for sets in ec.REMEDIES.values() for s in sets)
+    with pytest.raises(SystemExit) as err:
+        ec.main(["--sft", "a", "b", "--data", "d"])
+    assert err.value.code == 2 and "one --data (and --names) per --sft" in capsys.readouterr().err
