@@ -133,13 +133,21 @@ def train(cfg: Path, sft: str, data: str, out: Path, args: argparse.Namespace, e
     subprocess.run(cmd, check=True)
 
 
-def evaluate(model: Path, data: str, notes: int) -> dict[str, Any]:
-    """CHAIR_i, recall and CHAIR_s with their bootstrap intervals on held-out test notes."""
+def evaluate(model: Path, data: str, notes: int, cache: Path, reuse: bool) -> dict[str, Any]:
+    """CHAIR_i, recall and CHAIR_s with their bootstrap intervals on held-out test notes, written to
+    ``cache`` (read back from it when ``reuse`` and it holds the same number of notes)."""
+    if reuse and cache.is_file():
+        kept = json.loads(cache.read_text())
+        if kept.get("eval_notes") == notes:
+            return kept
     from mm.eval.runners import evaluate_model
 
     res = evaluate_model(model, data, split="test", notes=notes, pope_splits=(), batch_size=64,
                          max_new_tokens=128)  # fmt: skip
-    return {**res["chair"], "intervals": res["chair_intervals"]}
+    out = {**res["chair"], "intervals": res["chair_intervals"], "eval_notes": notes}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(out, indent=1))
+    return out
 
 
 def pair(name: str, sft: str, data: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -150,7 +158,7 @@ def pair(name: str, sft: str, data: str, out: Path, args: argparse.Namespace) ->
         "name": name,
         "sft": sft,
         "data": data,
-        "sft_eval": evaluate(Path(sft), data, args.eval_notes),
+        "sft_eval": evaluate(Path(sft), data, args.eval_notes, out / name / "sft_eval.json", args.reuse),
     }
     for run, extra in zip(RUNS, ([], remedy_overrides(args))):
         folder = out / name / run
@@ -163,7 +171,7 @@ def pair(name: str, sft: str, data: str, out: Path, args: argparse.Namespace) ->
             "zero_std_first": zero_std[0],
             "zero_std_last": zero_std[1],
             "curves": {"entropy": ent, "reward_mean": rew},
-            "eval": evaluate(folder / "model", data, args.eval_notes),
+            "eval": evaluate(folder / "model", data, args.eval_notes, folder / "eval.json", args.reuse),
         }
     return row
 
@@ -260,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=10, help="steps averaged at the start and at the end")
     p.add_argument("--floor", type=float, default=0.8, help="entropy floor: share of the starting entropy")
     p.add_argument("--eval-notes", type=int, default=200, help="held-out test notes evaluated")
-    p.add_argument("--reuse", action="store_true", help="keep runs that already finished under OUT")
+    p.add_argument("--reuse", action="store_true", help="keep runs and evaluations already done under OUT")
     args = p.parse_args(argv)
     names = args.names or [f"world{i}" for i in range(len(args.sft))]
     if len(args.data) != len(args.sft) or len(names) != len(args.sft):
