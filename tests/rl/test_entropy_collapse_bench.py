@@ -113,3 +113,34 @@ def test_remedy_overrides_and_bad_pairs(ec, capsys):
     with pytest.raises(SystemExit) as err:
         ec.main(["--sft", "a", "b", "--data", "d"])
     assert err.value.code == 2 and "one --data (and --names) per --sft" in capsys.readouterr().err
+
+
+def test_smoke_two_runs_on_a_tiny_model(ec, tmp_path, capsys):
+    import json
+    import warnings
+
+    from tests.helpers.eval_model import make_data_dir, make_model_dir
+
+    model = make_model_dir(tmp_path)
+    data = make_data_dir(tmp_path, split="train")
+    lines = (data / "notes.jsonl").read_text().splitlines()
+    test = [json.dumps({**json.loads(x), "id": json.loads(x)["id"] + "t", "split": "test"}) for x in lines]
+    (data / "notes.jsonl").write_text("\n".join(lines + test) + "\n")  # the same notes held out too
+    out = tmp_path / "out"
+    sets = ["data.notes=0", "data.prompts_per_step=2", "rollout.group_size=3", "rollout.max_new_tokens=6",
+            "algo.overlong_penalty=true", "algo.overlong_cache=6"]  # fmt: skip
+    argv = ["--sft", str(model), "--data", str(data), "--out", str(out), "--steps", "4", "--window", "2",
+            "--eval-notes", "2", "--set", *sets]  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert ec.main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    row = summary["pairs"][0]
+    assert summary["remedy_overrides"] == ec.REMEDIES["clip_cov"] and row["name"] == "world0"
+    for run in ec.RUNS:
+        assert row[run]["steps"] == 4 and len(row[run]["curves"]["entropy"]) == 4
+        assert (out / "world0" / run / "eval.json").is_file() and 0 <= row[run]["eval"]["chair_i"] <= 1
+    assert summary["mean"]["remedy"]["pairs"] == 1 and (out / "entropy.png").stat().st_size > 0
+    cfg = (out / "world0" / "remedy" / "config.yaml").read_text()
+    assert "loss_mode: clip_cov" in cfg and "clip_cov_ratio: 0.02" in cfg
+    assert "mean remedy" in capsys.readouterr().out
