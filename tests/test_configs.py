@@ -26,6 +26,7 @@ EXPECTED_KIND = {
     "mm/world_default": "world",
     "mm/notevlm_tiny": "notevlm", "mm/notevlm_small": "notevlm", "rl/dpo": "dpo", "rl/dpo_tiny": "dpo",
     "rl/grpo": "grpo", "rl/grpo_tiny": "grpo", "rl/grpo_files": "grpo_files", "rl/pipeline": "pipeline",
+    "rl/grpo_entropy": "grpo",
     "rl/distill": "distill", "rl/distill_tiny": "distill",
     "rl/dpo_nogt": "dpo", "rl/dpo_nogt_tiny": "dpo", "rl/grpo_nogt": "grpo", "rl/grpo_nogt_tiny": "grpo",
     "rl/pipeline_nogt": "pipeline",

@@ -225,6 +225,12 @@ class GRPOConfig:
     """Steps, seed, cadence."""
 
     def __post_init__(self) -> None:
+        if self.algo.loss_mode == "kl_cov" and self.algo.num_iterations == 1:
+            raise ValueError(
+                "algo.loss_mode=kl_cov with algo.num_iterations=1 is plain unclipped GRPO: the old log-probs "
+                "are the current ones, so the |log pi - log pi_old| penalty is 0 with a 0 gradient; set "
+                "algo.num_iterations >= 2 or use clip_cov"
+            )
         if self.reward.source.startswith("rm:") and self.algo.mention_credit > 0:
             raise ValueError("reward.source rm:DIR gives one reward per response: set algo.mention_credit=0")
         if self.algo.overlong_penalty and self.algo.overlong_cache > self.rollout.max_new_tokens:

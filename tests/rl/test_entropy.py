@@ -19,7 +19,7 @@ from rl.entropy import (
     sampled_entropy_surrogate,
 )
 from rl.losses import policy_loss
-from rl.trainers.grpo_config import AlgoConfig
+from rl.trainers.grpo_config import AlgoConfig, GRPOConfig
 from tests.rl.test_grpo_trainer import GRPO_KEYS, _records, _run, dirs  # noqa: F401
 
 D = torch.float64
@@ -247,6 +247,19 @@ def test_config_errors(kwargs, message):
         AlgoConfig(**kwargs)
 
 
+def test_kl_cov_needs_two_updates_per_rollout():
+    # one update: old log-probs == current, so |log pi - log pi_old| is 0 and so is its gradient
+    logps, old, adv, mask = _batch(0, B=2, T=4)
+    x = logps.clone().requires_grad_(True)
+    penalised = kl_cov_loss(x, x.detach(), adv, mask, ratio=1.0, kl_coef=10.0)[0]
+    (g_pen,) = torch.autograd.grad(penalised, x)
+    (g_off,) = torch.autograd.grad(kl_cov_loss(x, x.detach(), adv, mask, ratio=1.0, kl_coef=0.0)[0], x)
+    assert torch.equal(g_pen, g_off)
+    with pytest.raises(ValueError, match="num_iterations >= 2"):
+        GRPOConfig(algo=AlgoConfig(loss_mode="kl_cov"))
+    assert GRPOConfig(algo=AlgoConfig(loss_mode="kl_cov", num_iterations=2)).algo.num_iterations == 2
+
+
 def test_bad_inputs_say_what_is_wrong():
     logps, old, adv, mask = _batch(0, B=2, T=4)
     with pytest.raises(ValueError, match=r"\(B, T\)"):
@@ -269,7 +282,7 @@ def test_bad_inputs_say_what_is_wrong():
     "sets, key",
     [
         (("algo.loss_mode=clip_cov", "algo.clip_cov_ratio=0.2", "algo.clip_cov_lb=0.0"), "clip_cov_frac"),
-        (("algo.loss_mode=kl_cov", "algo.kl_cov_ratio=0.2"), "kl_cov_frac"),
+        (("algo.loss_mode=kl_cov", "algo.kl_cov_ratio=0.2", "algo.num_iterations=2"), "kl_cov_frac"),
         (("algo.entropy_coef=0.01", "algo.forking_top=0.2"), "forking_frac"),
     ],
 )
