@@ -62,30 +62,65 @@ def caption_units(
 
 
 def scores(units: dict[str, list[float]]) -> dict[str, Any]:
-    """CHAIR_i and recall with 95% bootstrap intervals over notes."""
+    """CHAIR_i, recall and mean caption length (words) with 95% bootstrap intervals over notes."""
     from mm.eval.bootstrap import intervals
 
-    return intervals(units, {"chair_i": ("hallucinated", "mentions"), "recall": ("covered", "gt")})
+    return intervals(units, {"chair_i": ("hallucinated", "mentions"), "recall": ("covered", "gt"),
+                             "length": ("words", "captions")})  # fmt: skip
+
+
+GAP_METRICS = {"chair_i": (("hallucinated", "mentions"), -1), "recall": (("covered", "gt"), 1)}
+"""Metric -> ((numerator, denominator) unit keys, sign of an improvement)."""
+
+
+def _shares(weights: np.ndarray, student: dict, teacher: dict, method: dict, metric: str) -> np.ndarray:
+    """Share of the student-teacher gap closed by ``method`` on ``metric`` under each row of ``weights``
+    ``(R, n)`` (note resample counts): ``(M - S) / (T - S)`` ``(R,)``, NaN where a ratio is undefined."""
+    (num, den), _ = GAP_METRICS[metric]
+    with np.errstate(divide="ignore", invalid="ignore"):  # a resample without mentions: NaN, left out
+        s, t, m = (
+            (weights @ np.asarray(u[num])) / (weights @ np.asarray(u[den]))
+            for u in (student, teacher, method)
+        )
+        return (m - s) / (t - s)  # the same for both signs: (S - M) / (S - T) == (M - S) / (T - S)
+
+
+def _interval(values: np.ndarray) -> tuple[float | None, float | None]:
+    """2.5th and 97.5th percentiles of the finite resampled values (None when there are none)."""
+    boot = values[np.isfinite(values)]
+    return tuple(float(np.percentile(boot, q)) if len(boot) else None for q in (2.5, 97.5))  # type: ignore
+
+
+def _weights(n: int, n_boot: int, seed: int) -> np.ndarray:
+    from mm.eval.bootstrap import resample_weights
+
+    return np.vstack([np.ones(n), resample_weights(n, n_boot, seed)])  # (1 + n_boot, n); row 0 = all notes
 
 
 def gap_closed(student: dict, teacher: dict, method: dict, *, n_boot: int = 1000, seed: int = 0) -> dict:
     """Share of the student-teacher gap closed on CHAIR_i and recall, with paired bootstrap intervals."""
-    from mm.eval.bootstrap import resample_weights
-
-    n = len(student["gt"])
-    w = np.vstack([np.ones(n), resample_weights(n, n_boot, seed)])  # (1 + n_boot, n); row 0 = all notes
+    w = _weights(len(student["gt"]), n_boot, seed)
     out = {}
-    for metric, (num, den), sign in (("chair_i", ("hallucinated", "mentions"), -1),
-                                     ("recall", ("covered", "gt"), 1)):  # fmt: skip
-        with np.errstate(divide="ignore", invalid="ignore"):  # a resample without mentions: NaN, left out
-            s, t, m = (
-                (w @ np.asarray(u[num])) / (w @ np.asarray(u[den])) for u in (student, teacher, method)
-            )
-            share = (m - s) / (t - s)  # the same for both signs: (S - M) / (S - T) == (M - S) / (T - S)
-        boot = share[1:][np.isfinite(share[1:])]
-        low, high = (float(np.percentile(boot, q)) if len(boot) else None for q in (2.5, 97.5))
-        better = bool(sign * (m[0] - s[0]) > 0)
+    for metric, ((num, den), sign) in GAP_METRICS.items():
+        share = _shares(w, student, teacher, method, metric)
+        low, high = _interval(share[1:])
+        m, s = (sum(u[num]) / max(sum(u[den]), 1e-12) for u in (method, student))
+        better = bool(sign * (m - s) > 0)
         out[metric] = {"value": float(share[0]), "low": low, "high": high, "better_than_student": better}
+    return out
+
+
+def gap_difference(
+    student: dict, teacher: dict, a: dict, b: dict, *, n_boot: int = 1000, seed: int = 0
+) -> dict[str, dict[str, float | None]]:
+    """Gap closed by ``a`` minus gap closed by ``b`` on CHAIR_i and recall, with a paired bootstrap
+    interval (the same resampled notes for the four models); > 0 means ``a`` closes more."""
+    w = _weights(len(student["gt"]), n_boot, seed)
+    out = {}
+    for metric in GAP_METRICS:
+        diff = _shares(w, student, teacher, a, metric) - _shares(w, student, teacher, b, metric)
+        low, high = _interval(diff[1:])
+        out[metric] = {"value": float(diff[0]), "low": low, "high": high}
     return out
 
 
@@ -105,6 +140,10 @@ def summarize(result: dict[str, Any], units: dict[str, dict], methods: list[str]
                     "max": float(max(g[m]["value"] for g in runs)), "seeds": len(runs)}
                 for m in ("chair_i", "recall")
             }  # fmt: skip
+    result["opd_minus_kd"] = {
+        k.split("_seed")[1]: gap_difference(units["student"], units["teacher"], u, units["kd" + k[3:]])
+        for k, u in units.items() if k.startswith("opd_seed") and "kd" + k[3:] in units
+    }  # fmt: skip
 
 
 def _num(x: float | None) -> str:
@@ -126,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds")
     p.add_argument("--methods", nargs="+", default=["opd", "kd"], choices=list(METHODS), help="methods run")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="rl distill overrides for every method, e.g. rollout.temperature=0.7")  # fmt: skip
     args = p.parse_args(argv)
 
     from mm.config import load_config
@@ -157,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"optim.lr={args.lr}",
                     f"rollout.max_new_tokens={args.max_new_tokens}", f"train.seed={seed}",
                     f"train.checkpoint_every={args.steps}", f"train.threads={args.threads}",
-                    *METHODS[method]]  # fmt: skip
+                    *args.overrides, *METHODS[method]]  # fmt: skip
             cfg = load_config(DistillConfig, None, sets)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
