@@ -125,7 +125,8 @@ def gap_difference(
 
 
 def summarize(result: dict[str, Any], units: dict[str, dict], methods: list[str]) -> None:
-    """Scores of every model, the gap each run closes, and per method the mean and range over seeds."""
+    """Scores of every model, the gap each run closes, per method the mean and range over seeds, and each
+    run's gap closed minus off-policy KD's at the same training seed."""
     result["scores"] = {k: scores(u) for k, u in units.items()}
     result["gap_closed"] = {
         k: gap_closed(units["student"], units["teacher"], u) for k, u in units.items() if "_seed" in k
@@ -140,10 +141,12 @@ def summarize(result: dict[str, Any], units: dict[str, dict], methods: list[str]
                     "max": float(max(g[m]["value"] for g in runs)), "seeds": len(runs)}
                 for m in ("chair_i", "recall")
             }  # fmt: skip
-    result["opd_minus_kd"] = {
-        k.split("_seed")[1]: gap_difference(units["student"], units["teacher"], u, units["kd" + k[3:]])
-        for k, u in units.items() if k.startswith("opd_seed") and "kd" + k[3:] in units
-    }  # fmt: skip
+    result["minus_kd"] = {}  # run -> its gap closed minus that of kd with the same training seed (paired)
+    for k, u in units.items():
+        method, _, seed = k.partition("_seed")
+        kd = units.get(f"kd_seed{seed}")
+        if seed and method != "kd" and kd is not None:
+            result["minus_kd"][k] = gap_difference(units["student"], units["teacher"], u, kd)
 
 
 def _num(x: float | None) -> str:
@@ -208,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "step_seconds": summary["step_seconds"]}  # fmt: skip
             summarize(result, units, args.methods)
             result["seconds"] = round(time.perf_counter() - t0, 1)
+            result["units"] = units  # per held-out note: for merging runs made in separate processes
             (out / "evidence.json").write_text(json.dumps(result, indent=1))  # after every run
     print(f"{'model':<14} {'CHAIR_i [95% CI]':<26} {'recall [95% CI]':<26} gap closed (CHAIR_i / recall)")
     for k, s in result.get("scores", {}).items():

@@ -24,7 +24,9 @@ def _load(name, monkeypatch):
 
 
 def _units(hallucinated, mentions, covered, gt):
-    return {"hallucinated": hallucinated, "mentions": mentions, "covered": covered, "gt": gt}
+    n = len(gt)
+    return {"hallucinated": hallucinated, "mentions": mentions, "covered": covered, "gt": gt,
+            "words": [10.0] * n, "captions": [1.0] * n}  # fmt: skip
 
 
 def test_gap_closed_golden(monkeypatch):
@@ -59,7 +61,10 @@ def test_evidence_script_end_to_end(tmp_path, monkeypatch):
     assert set(result["scores"]) == {"student", "teacher", "opd_seed0", "kd_seed0"}
     assert set(result["gap_closed"]) == {"opd_seed0", "kd_seed0"}
     assert set(result["by_method"]) == {"opd", "kd"}
-    assert set(result["opd_minus_kd"]) == {"0"} and set(result["opd_minus_kd"]["0"]) == {"chair_i", "recall"}
+    assert set(result["minus_kd"]) == {"opd_seed0"} and set(result["minus_kd"]["opd_seed0"]) == {
+        "chair_i",
+        "recall",
+    }
     assert result["scores"]["student"]["length"]["value"] >= 0
     assert (out / "opd_seed0" / "model" / "config.json").is_file()
 
@@ -125,3 +130,22 @@ def test_worlds_aggregate_golden_and_verdicts(monkeypatch, capsys):
     assert "holds at the mean, does not hold in every world" in capsys.readouterr().out
     with pytest.raises(ValueError, match="needs opd and kd runs"):
         w.aggregate({"0": {"gap_closed": {"opd_seed0": worlds["0"]["gap_closed"]["opd_seed0"]}}})
+
+
+def test_worlds_merge_runs_made_apart(monkeypatch):
+    w = _load("distill_worlds", monkeypatch)
+    ev = _load("distill_evidence", monkeypatch)
+    s = _units([2, 2], [4, 4], [2, 2], [5, 5])
+    t = _units([1, 0], [5, 5], [4, 4], [5, 5])
+    a = _units([2, 1], [5, 5], [3, 4], [5, 5])
+    b = _units([2, 2], [5, 5], [3, 3], [5, 5])
+    merged = w.merge([{"units": {"student": s, "teacher": t, "opd_forward_seed0": a}},
+                      {"units": {"student": s, "teacher": t, "kd_seed0": b}}])  # fmt: skip
+    assert merged["gap_closed"]["opd_forward_seed0"]["chair_i"]["value"] == pytest.approx(0.5)
+    assert merged["gap_closed"]["kd_seed0"]["recall"]["value"] == pytest.approx(0.5)
+    assert merged["minus_kd"]["opd_forward_seed0"] == ev.gap_difference(s, t, a, b)
+    agg = w.aggregate({"0": merged}, opd="opd_forward")
+    assert agg["per_world"]["0"]["opd_minus_kd"]["chair_i"] == pytest.approx(0.25)
+    other = _units([0, 0], [4, 4], [2, 2], [5, 5])
+    with pytest.raises(ValueError, match="disagree on the student"):
+        w.merge([{"units": {"student": s, "kd_seed0": b}}, {"units": {"student": other, "opd_seed0": a}}])
