@@ -1,23 +1,27 @@
 """Evidence for ``rl distill``: on-policy distillation (OPD) vs off-policy KD at equal student compute.
 
-A bigger NoteVLM SFT model is the teacher, a smaller SFT model the student. From the student, each
-method trains ``--steps`` optimizer steps of ``--batch`` captions (the same prompts, learning rate and
-schedule; OPD samples them with the student, KD with the teacher):
+A bigger NoteVLM model is the teacher, a smaller SFT model the student. From the student, each method
+trains ``--steps`` optimizer steps of ``--batch`` captions (the same prompts, learning rate, schedule,
+rollout temperature and trainable parameters; OPD samples them with the student, KD with the teacher):
 
 - ``opd``: ``loss.kind=reverse_kl`` (exact per-token KL(student || teacher) on the student's samples);
 - ``kd``: ``loss.kind=sft_on_teacher`` (the student's NLL on teacher samples);
-- with ``--methods``, also ``opd_forward`` (forward KL on the student's samples) and ``gkd`` (GKD's
-  generalised JSD, beta 0.5, on half student and half teacher samples).
+- with ``--methods``, also ``opd_forward`` (forward KL(teacher || student) on the student's samples, the
+  recipe of ``configs/rl/distill.yaml``) and ``gkd`` (GKD's generalised JSD, beta 0.5, on half student
+  and half teacher samples). ``--set KEY=VALUE`` applies to every method alike.
 
 Then the student before, the teacher and each trained student caption the same held-out notes greedily,
 scored by CHAIR_i and recall with 95% bootstrap intervals over notes; the share of the student-teacher
 gap each method closes (``(S - M) / (S - T)`` for CHAIR_i, ``(M - S) / (T - S)`` for recall) comes with a
-paired bootstrap interval (the same resampled notes for the three models).
+paired bootstrap interval (the same resampled notes for the three models), and so does each method's
+share minus off-policy KD's at the same training seed (``minus_kd``).
 
     python benchmarks/distill_evidence.py --teacher runs/sft/model --student runs/sft-small/model \\
         --data runs/data/world --out runs/distill_evidence --steps 60 --batch 16 --eval-notes 100
 
-Writes OUT/evidence.json and prints a table; each run's folder is OUT/<method>_seed<k>.
+Writes OUT/evidence.json (with the per-note units, so runs made in separate processes can be merged)
+and prints a table; each run's folder is OUT/<method>_seed<k>. ``distill_worlds.py`` reads the outputs of
+several worlds: the mean over worlds with a Student-t interval and whether the target holds.
 """
 
 from __future__ import annotations
