@@ -230,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
         c, r = g["chair_i"], g["recall"]
         print(f"{method}: gap closed over {c['seeds']} seed(s): CHAIR_i {c['mean']:+.2f} [{c['min']:+.2f}, "
               f"{c['max']:+.2f}], recall {r['mean']:+.2f} [{r['min']:+.2f}, {r['max']:+.2f}]")  # fmt: skip
+    for run, d in result.get("minus_kd", {}).items():
+        c, r = d["chair_i"], d["recall"]
+        print(f"{run} minus kd (paired): CHAIR_i gap {c['value']:+.2f} [{_num(c['low'])}, {_num(c['high'])}], "
+              f"recall gap {r['value']:+.2f} [{_num(r['low'])}, {_num(r['high'])}]")  # fmt: skip
     print(f"total {result.get('seconds')} s")
     return 0
 
