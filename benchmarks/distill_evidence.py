@@ -232,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{c['max']:+.2f}], recall {r['mean']:+.2f} [{r['min']:+.2f}, {r['max']:+.2f}]")  # fmt: skip
     for run, d in result.get("minus_kd", {}).items():
         c, r = d["chair_i"], d["recall"]
-        print(f"{run} minus kd (paired): CHAIR_i gap {c['value']:+.2f} [{_num(c['low'])}, {_num(c['high'])}], "
-              f"recall gap {r['value']:+.2f} [{_num(r['low'])}, {_num(r['high'])}]")  # fmt: skip
+        print(f"{run} minus kd (paired): CHAIR_i {c['value']:+.2f} [{_num(c['low'])}, {_num(c['high'])}], "
+              f"recall {r['value']:+.2f} [{_num(r['low'])}, {_num(r['high'])}]")  # fmt: skip
     print(f"total {result.get('seconds')} s")
     return 0
 
