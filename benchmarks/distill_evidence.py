@@ -1,23 +1,27 @@
 """Evidence for ``rl distill``: on-policy distillation (OPD) vs off-policy KD at equal student compute.
 
-A bigger NoteVLM SFT model is the teacher, a smaller SFT model the student. From the student, each
-method trains ``--steps`` optimizer steps of ``--batch`` captions (the same prompts, learning rate and
-schedule; OPD samples them with the student, KD with the teacher):
+A bigger NoteVLM model is the teacher, a smaller SFT model the student. From the student, each method
+trains ``--steps`` optimizer steps of ``--batch`` captions (the same prompts, learning rate, schedule,
+rollout temperature and trainable parameters; OPD samples them with the student, KD with the teacher):
 
 - ``opd``: ``loss.kind=reverse_kl`` (exact per-token KL(student || teacher) on the student's samples);
 - ``kd``: ``loss.kind=sft_on_teacher`` (the student's NLL on teacher samples);
-- with ``--methods``, also ``opd_forward`` (forward KL on the student's samples) and ``gkd`` (GKD's
-  generalised JSD, beta 0.5, on half student and half teacher samples).
+- with ``--methods``, also ``opd_forward`` (forward KL(teacher || student) on the student's samples, the
+  recipe of ``configs/rl/distill.yaml``) and ``gkd`` (GKD's generalised JSD, beta 0.5, on half student
+  and half teacher samples). ``--set KEY=VALUE`` applies to every method alike.
 
 Then the student before, the teacher and each trained student caption the same held-out notes greedily,
 scored by CHAIR_i and recall with 95% bootstrap intervals over notes; the share of the student-teacher
 gap each method closes (``(S - M) / (S - T)`` for CHAIR_i, ``(M - S) / (T - S)`` for recall) comes with a
-paired bootstrap interval (the same resampled notes for the three models).
+paired bootstrap interval (the same resampled notes for the three models), and so does each method's
+share minus off-policy KD's at the same training seed (``minus_kd``).
 
     python benchmarks/distill_evidence.py --teacher runs/sft/model --student runs/sft-small/model \\
         --data runs/data/world --out runs/distill_evidence --steps 60 --batch 16 --eval-notes 100
 
-Writes OUT/evidence.json and prints a table; each run's folder is OUT/<method>_seed<k>.
+Writes OUT/evidence.json (with the per-note units, so runs made in separate processes can be merged)
+and prints a table; each run's folder is OUT/<method>_seed<k>. ``distill_worlds.py`` reads the outputs of
+several worlds: the mean over worlds with a Student-t interval and whether the target holds.
 """
 
 from __future__ import annotations
@@ -62,35 +66,71 @@ def caption_units(
 
 
 def scores(units: dict[str, list[float]]) -> dict[str, Any]:
-    """CHAIR_i and recall with 95% bootstrap intervals over notes."""
+    """CHAIR_i, recall and mean caption length (words) with 95% bootstrap intervals over notes."""
     from mm.eval.bootstrap import intervals
 
-    return intervals(units, {"chair_i": ("hallucinated", "mentions"), "recall": ("covered", "gt")})
+    return intervals(units, {"chair_i": ("hallucinated", "mentions"), "recall": ("covered", "gt"),
+                             "length": ("words", "captions")})  # fmt: skip
+
+
+GAP_METRICS = {"chair_i": (("hallucinated", "mentions"), -1), "recall": (("covered", "gt"), 1)}
+"""Metric -> ((numerator, denominator) unit keys, sign of an improvement)."""
+
+
+def _shares(weights: np.ndarray, student: dict, teacher: dict, method: dict, metric: str) -> np.ndarray:
+    """Share of the student-teacher gap closed by ``method`` on ``metric`` under each row of ``weights``
+    ``(R, n)`` (note resample counts): ``(M - S) / (T - S)`` ``(R,)``, NaN where a ratio is undefined."""
+    (num, den), _ = GAP_METRICS[metric]
+    with np.errstate(divide="ignore", invalid="ignore"):  # a resample without mentions: NaN, left out
+        s, t, m = (
+            (weights @ np.asarray(u[num])) / (weights @ np.asarray(u[den]))
+            for u in (student, teacher, method)
+        )
+        return (m - s) / (t - s)  # the same for both signs: (S - M) / (S - T) == (M - S) / (T - S)
+
+
+def _interval(values: np.ndarray) -> tuple[float | None, float | None]:
+    """2.5th and 97.5th percentiles of the finite resampled values (None when there are none)."""
+    boot = values[np.isfinite(values)]
+    return tuple(float(np.percentile(boot, q)) if len(boot) else None for q in (2.5, 97.5))  # type: ignore
+
+
+def _weights(n: int, n_boot: int, seed: int) -> np.ndarray:
+    from mm.eval.bootstrap import resample_weights
+
+    return np.vstack([np.ones(n), resample_weights(n, n_boot, seed)])  # (1 + n_boot, n); row 0 = all notes
 
 
 def gap_closed(student: dict, teacher: dict, method: dict, *, n_boot: int = 1000, seed: int = 0) -> dict:
     """Share of the student-teacher gap closed on CHAIR_i and recall, with paired bootstrap intervals."""
-    from mm.eval.bootstrap import resample_weights
-
-    n = len(student["gt"])
-    w = np.vstack([np.ones(n), resample_weights(n, n_boot, seed)])  # (1 + n_boot, n); row 0 = all notes
+    w = _weights(len(student["gt"]), n_boot, seed)
     out = {}
-    for metric, (num, den), sign in (("chair_i", ("hallucinated", "mentions"), -1),
-                                     ("recall", ("covered", "gt"), 1)):  # fmt: skip
-        with np.errstate(divide="ignore", invalid="ignore"):  # a resample without mentions: NaN, left out
-            s, t, m = (
-                (w @ np.asarray(u[num])) / (w @ np.asarray(u[den])) for u in (student, teacher, method)
-            )
-            share = (m - s) / (t - s)  # the same for both signs: (S - M) / (S - T) == (M - S) / (T - S)
-        boot = share[1:][np.isfinite(share[1:])]
-        low, high = (float(np.percentile(boot, q)) if len(boot) else None for q in (2.5, 97.5))
-        better = bool(sign * (m[0] - s[0]) > 0)
+    for metric, ((num, den), sign) in GAP_METRICS.items():
+        share = _shares(w, student, teacher, method, metric)
+        low, high = _interval(share[1:])
+        m, s = (sum(u[num]) / max(sum(u[den]), 1e-12) for u in (method, student))
+        better = bool(sign * (m - s) > 0)
         out[metric] = {"value": float(share[0]), "low": low, "high": high, "better_than_student": better}
     return out
 
 
+def gap_difference(
+    student: dict, teacher: dict, a: dict, b: dict, *, n_boot: int = 1000, seed: int = 0
+) -> dict[str, dict[str, float | None]]:
+    """Gap closed by ``a`` minus gap closed by ``b`` on CHAIR_i and recall, with a paired bootstrap
+    interval (the same resampled notes for the four models); > 0 means ``a`` closes more."""
+    w = _weights(len(student["gt"]), n_boot, seed)
+    out = {}
+    for metric in GAP_METRICS:
+        diff = _shares(w, student, teacher, a, metric) - _shares(w, student, teacher, b, metric)
+        low, high = _interval(diff[1:])
+        out[metric] = {"value": float(diff[0]), "low": low, "high": high}
+    return out
+
+
 def summarize(result: dict[str, Any], units: dict[str, dict], methods: list[str]) -> None:
-    """Scores of every model, the gap each run closes, and per method the mean and range over seeds."""
+    """Scores of every model, the gap each run closes, per method the mean and range over seeds, and each
+    run's gap closed minus off-policy KD's at the same training seed."""
     result["scores"] = {k: scores(u) for k, u in units.items()}
     result["gap_closed"] = {
         k: gap_closed(units["student"], units["teacher"], u) for k, u in units.items() if "_seed" in k
@@ -105,6 +145,12 @@ def summarize(result: dict[str, Any], units: dict[str, dict], methods: list[str]
                     "max": float(max(g[m]["value"] for g in runs)), "seeds": len(runs)}
                 for m in ("chair_i", "recall")
             }  # fmt: skip
+    result["minus_kd"] = {}  # run -> its gap closed minus that of kd with the same training seed (paired)
+    for k, u in units.items():
+        method, _, seed = k.partition("_seed")
+        kd = units.get(f"kd_seed{seed}")
+        if seed and method != "kd" and kd is not None:
+            result["minus_kd"][k] = gap_difference(units["student"], units["teacher"], u, kd)
 
 
 def _num(x: float | None) -> str:
@@ -126,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds")
     p.add_argument("--methods", nargs="+", default=["opd", "kd"], choices=list(METHODS), help="methods run")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="rl distill overrides for every method, e.g. rollout.temperature=0.7")  # fmt: skip
     args = p.parse_args(argv)
 
     from mm.config import load_config
@@ -157,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"optim.lr={args.lr}",
                     f"rollout.max_new_tokens={args.max_new_tokens}", f"train.seed={seed}",
                     f"train.checkpoint_every={args.steps}", f"train.threads={args.threads}",
-                    *METHODS[method]]  # fmt: skip
+                    *args.overrides, *METHODS[method]]  # fmt: skip
             cfg = load_config(DistillConfig, None, sets)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -167,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "step_seconds": summary["step_seconds"]}  # fmt: skip
             summarize(result, units, args.methods)
             result["seconds"] = round(time.perf_counter() - t0, 1)
+            result["units"] = units  # per held-out note: for merging runs made in separate processes
             (out / "evidence.json").write_text(json.dumps(result, indent=1))  # after every run
     print(f"{'model':<14} {'CHAIR_i [95% CI]':<26} {'recall [95% CI]':<26} gap closed (CHAIR_i / recall)")
     for k, s in result.get("scores", {}).items():
@@ -181,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
         c, r = g["chair_i"], g["recall"]
         print(f"{method}: gap closed over {c['seeds']} seed(s): CHAIR_i {c['mean']:+.2f} [{c['min']:+.2f}, "
               f"{c['max']:+.2f}], recall {r['mean']:+.2f} [{r['min']:+.2f}, {r['max']:+.2f}]")  # fmt: skip
+    for run, d in result.get("minus_kd", {}).items():
+        c, r = d["chair_i"], d["recall"]
+        print(f"{run} minus kd (paired): CHAIR_i {c['value']:+.2f} [{_num(c['low'])}, {_num(c['high'])}], "
+              f"recall {r['value']:+.2f} [{_num(r['low'])}, {_num(r['high'])}]")  # fmt: skip
     print(f"total {result.get('seconds')} s")
     return 0
 
