@@ -53,13 +53,13 @@ class TextPrompts:
 
     def __init__(self, tok: Any, prompts: list[str]) -> None:
         self.tok, self.prompts = tok, prompts
-        self.ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
 
     def __len__(self) -> int:
         return len(self.prompts)
 
     def batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        rows = [self.ids[i] for i in indices]
+        """Tokenized at every step, as TRL tokenizes each generation batch's prompts."""
+        rows = [self.tok(self.prompts[i], add_special_tokens=False)["input_ids"] for i in indices]
         P = max(len(r) for r in rows)
         pad = self.tok.pad_token_id
         ids = torch.tensor([[pad] * (P - len(r)) + r for r in rows])  # (n, P) left padded
