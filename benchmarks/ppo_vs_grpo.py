@@ -114,13 +114,15 @@ def table(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def markdown(rows: list[dict[str, Any]], means: dict[str, dict[str, Any]]) -> str:
     """The table: a row per run, then the mean with its interval."""
     head = ("| run | SFT CHAIR_i | GRPO CHAIR_i | PPO CHAIR_i | GRPO cut | PPO cut | PPO - GRPO (points) "
-            "| GRPO sampled tokens | PPO sampled tokens | PPO / GRPO tokens |")  # fmt: skip
+            "| GRPO sampled tokens | PPO sampled tokens | PPO / GRPO tokens "
+            "| recall GRPO / PPO |")  # fmt: skip
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
         lines.append(
             f"| {r['label']} | {r['sft_chair_i']:.3f} | {r['grpo_chair_i']:.3f} | {r['ppo_chair_i']:.3f} | "
             f"{r['grpo_cut']:.1%} | {r['ppo_cut']:.1%} | {r['cut_diff_points']:+.1f} | "
-            f"{r['grpo_tokens']:,.0f} | {r['ppo_tokens']:,.0f} | {r['tokens_ratio']:.3f} |"
+            f"{r['grpo_tokens']:,.0f} | {r['ppo_tokens']:,.0f} | {r['tokens_ratio']:.3f} | "
+            f"{r['grpo_recall']:.3f} / {r['ppo_recall']:.3f} |"
         )
 
     def cell(key: str, fmt: str) -> str:
@@ -130,7 +132,7 @@ def markdown(rows: list[dict[str, Any]], means: dict[str, dict[str, Any]]) -> st
     lines.append(
         f"| **mean [95% t interval]** | | | | {cell('grpo_cut', '{:.1%}')} | {cell('ppo_cut', '{:.1%}')} | "
         f"{cell('cut_diff_points', '{:+.1f}')} | {cell('grpo_tokens', '{:,.0f}')} | "
-        f"{cell('ppo_tokens', '{:,.0f}')} | {cell('tokens_ratio', '{:.3f}')} |"
+        f"{cell('ppo_tokens', '{:,.0f}')} | {cell('tokens_ratio', '{:.3f}')} | |"
     )
     return "\n".join(lines)
 

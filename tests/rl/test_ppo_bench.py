@@ -126,7 +126,8 @@ def test_table_over_runs_golden(tmp_path, monkeypatch, capsys):
     ]  # fmt: skip
     assert bench.main(["--table", *map(str, folders)]) == 0
     text = capsys.readouterr().out
-    assert "| world 0 | 0.100 | 0.030 | 0.040 | 70.0% | 60.0% | -10.0 | 1,000 | 1,100 | 1.100 |" in text
+    row = "| world 0 | 0.100 | 0.030 | 0.040 | 70.0% | 60.0% | -10.0 | 1,000 | 1,100 | 1.100 | 0.800 / 0.800"
+    assert row in text
     assert "-2.0 [-19.9, +15.9]" in text
     with pytest.raises(SystemExit, match="summary.json is missing"):
         bench.main(["--table", str(tmp_path / "nowhere")])
