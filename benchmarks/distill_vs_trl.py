@@ -20,7 +20,6 @@ medians of all step times after each round's first (warm-up) step, the ratio our
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -31,7 +30,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rl_bench import StepTimer, common_args, make_lm, median_after_warmup, texts  # beside this script
+from rl_bench import (  # beside this script
+    StepTimer,
+    common_args,
+    finish,
+    make_lm,
+    median_after_warmup,
+    print_ratio_table,
+    texts,
+)
 
 from mm.model.adapter import Sample, VLMAdapter
 
@@ -167,16 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     res = run(args)
-    r = res["gkd"]
-    ok = "ok" if r["ratio"] <= r["target"] else "MISS"
-    rounds = " ".join(f"{x:.2f}" for x in r["round_ratios"])
-    print(f"{'bench':<6} {'ours s/step':>12} {'TRL s/step':>12} {'ratio':>7} {'target':>7}  per-round ratios")
-    times = f"{r['ours_s']:>12.4f} {r['trl_s']:>12.4f}"
-    print(f"{'gkd':<6} {times} {r['ratio']:>6.2f}x {r['target']:>6.1f}x {ok:<4}  {rounds}")
-    print(f"load average (1 min) at start / end: {res['load_start']:.1f} / {res['load_end']:.1f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
-    return 0
+    print_ratio_table(res, ("gkd",))
+    return finish(res, args.json)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ and the load average. Compare ratios from one run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -39,7 +38,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rl_bench import StepTimer, common_args, make_lm, median_after_warmup, texts  # beside this script
+from rl_bench import (  # beside this script
+    StepTimer,
+    common_args,
+    finish,
+    make_lm,
+    median_after_warmup,
+    print_ratio_table,
+    texts,
+)
 
 
 def length_reward(completions: list[str], **kwargs: Any) -> list[float]:
@@ -204,18 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     res = run(args)
+    print_ratio_table(res, ("ppo",))
     r = res["ppo"]
-    ok = "ok" if r["ratio"] <= r["target"] else "MISS"
-    rounds = " ".join(f"{x:.2f}" for x in r["round_ratios"])
-    print(f"{'bench':<6} {'ours s/step':>12} {'TRL s/step':>12} {'ratio':>7} {'target':>7}  per-round ratios")
-    times = f"{r['ours_s']:>12.4f} {r['trl_s']:>12.4f}"
-    print(f"{'ppo':<6} {times} {r['ratio']:>6.2f}x {r['target']:>6.1f}x {ok:<4}  {rounds}")
     lens = f"ours {r['ours_answer_len']:.1f}, TRL {r['trl_answer_len']:.1f}"
     print(f"mean sampled answer length: {lens} tokens")
-    print(f"load average (1 min) at start / end: {res['load_start']:.1f} / {res['load_end']:.1f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
-    return 0
+    return finish(res, args.json)
 
 
 if __name__ == "__main__":

@@ -255,6 +255,27 @@ def median_after_warmup(times: list[float]) -> float:
     return statistics.median(times[1:] if len(times) > 1 else times)
 
 
+def print_ratio_table(res: dict[str, Any], names: tuple[str, ...]) -> None:
+    """One row per benchmark in ``names`` that ``res`` holds: median step times, ratio against the target,
+    per-round ratios (the table every ``*_vs_trl`` benchmark prints)."""
+    print(f"{'bench':<6} {'ours s/step':>12} {'TRL s/step':>12} {'ratio':>7} {'target':>7}  per-round ratios")
+    for name in names:
+        if name in res:
+            r = res[name]
+            ok = "ok" if r["ratio"] <= r["target"] else "MISS"
+            times = f"{r['ours_s']:>12.4f} {r['trl_s']:>12.4f}"
+            rounds = " ".join(f"{x:.2f}" for x in r["round_ratios"])
+            print(f"{name:<6} {times} {r['ratio']:>6.2f}x {r['target']:>6.1f}x {ok:<4}  {rounds}")
+
+
+def finish(res: dict[str, Any], json_path: str | None) -> int:
+    """Print the load averages, write ``res`` to ``json_path`` when given; the exit status."""
+    print(f"load average (1 min) at start / end: {res['load_start']:.1f} / {res['load_end']:.1f}")
+    if json_path:
+        Path(json_path).write_text(json.dumps(res, indent=1))
+    return 0
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import os
 
@@ -329,24 +350,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     res = run(args)
-    print(f"{'bench':<6} {'ours s/step':>12} {'TRL s/step':>12} {'ratio':>7} {'target':>7}  per-round ratios")
-    for name in ("dpo", "grpo"):
-        if name in res:
-            r = res[name]
-            ok = "ok" if r["ratio"] <= r["target"] else "MISS"
-            times = f"{r['ours_s']:>12.4f} {r['trl_s']:>12.4f}"
-            rounds = " ".join(f"{x:.2f}" for x in r["round_ratios"])
-            print(f"{name:<6} {times} {r['ratio']:>6.2f}x {r['target']:>6.1f}x {ok:<4}  {rounds}")
+    print_ratio_table(res, ("dpo", "grpo"))
     if "rollout_tokens_per_s" in res:
         tps = res["rollout_tokens_per_s"]
         hf = res["hf_generate_tokens_per_s"]
         print(
             f"rollout tokens/s ({args.prompts}x{args.group} per batch): ours {tps:.0f}, HF generate {hf:.0f}"
         )
-    print(f"load average (1 min) at start / end: {res['load_start']:.1f} / {res['load_end']:.1f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
-    return 0
+    return finish(res, args.json)
 
 
 if __name__ == "__main__":
