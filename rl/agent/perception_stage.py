@@ -28,14 +28,13 @@ from rl.agent.perception import perception_items, reading_score
 from rl.agent.stages import (
     NO_TOOLS,
     build_backend,
-    clip_grads,
     loop_config,
     optimizer_for,
     save_weights,
+    sft_step,
     step_seed,
 )
 from rl.agent.task import AgentTask
-from rl.agent.train import sft_loss
 
 
 def item_trajectories(backend: AgentBackend, cfg: AgentRunConfig, items: Sequence[AgentTask]):
@@ -81,14 +80,10 @@ def run_perception(cfg: AgentRunConfig, stage_dir: Path, init: Path) -> dict[str
         gen = torch.Generator().manual_seed(step_seed(cfg, "perception", step))
         pick = torch.randint(len(items), (p.batch_size,), generator=gen).tolist()
         trajs = item_trajectories(backend, cfg, [items[i] for i in pick])
-        torch.manual_seed(step_seed(cfg, "perception", step))
-        optimizer.zero_grad(set_to_none=True)
-        loss = sft_loss(backend, trajs)
-        loss.backward()
-        norm = clip_grads(backend, p.grad_clip)
-        optimizer.step()
+        seed = step_seed(cfg, "perception", step)
+        loss, norm = sft_step(backend, optimizer, trajs, seed=seed, grad_clip=p.grad_clip)
         if step % p.log_every == 0 or step == p.steps:
-            log.log({"step": step, "loss": float(loss.detach()), "grad_norm": norm})
+            log.log({"step": step, "loss": loss, "grad_norm": norm})
     save_weights(backend, stage_dir / "model.pt")
     result: dict[str, Any] = {"stage": "perception", "steps": p.steps, "items": len(items)}
     if p.steps:

@@ -101,6 +101,20 @@ def clip_grads(backend: AgentBackend, limit: float) -> float:
     return float(norm)
 
 
+def sft_step(
+    backend: AgentBackend, optimizer: torch.optim.Optimizer, trajs: Sequence[Trajectory], *, seed: int,
+    grad_clip: float,
+) -> tuple[float, float]:
+    """One supervised step on the policy turns of ``trajs``, torch seeded with ``seed``: (loss, grad norm)."""
+    torch.manual_seed(seed)
+    optimizer.zero_grad(set_to_none=True)
+    loss = sft_loss(backend, trajs)
+    loss.backward()
+    norm = clip_grads(backend, grad_clip)
+    optimizer.step()
+    return float(loss.detach()), norm
+
+
 def optimizer_for(backend: AgentBackend, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
     params = [p for p in backend.adapter.model.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
@@ -128,14 +142,10 @@ def run_sft(cfg: AgentRunConfig, stage_dir: Path, init: Path, *, tools: bool, st
         if len(order) < s.batch_size:
             order += torch.randperm(len(demos), generator=gen).tolist()
         batch, order = [demos[i] for i in order[: s.batch_size]], order[s.batch_size :]
-        torch.manual_seed(step_seed(cfg, stage, step))
-        optimizer.zero_grad(set_to_none=True)
-        loss = sft_loss(backend, batch)
-        loss.backward()
-        norm = clip_grads(backend, s.grad_clip)
-        optimizer.step()
+        seed = step_seed(cfg, stage, step)
+        loss, norm = sft_step(backend, optimizer, batch, seed=seed, grad_clip=s.grad_clip)
         if step % s.log_every == 0 or step == s.steps:
-            log.log({"step": step, "loss": float(loss.detach()), "grad_norm": norm})
+            log.log({"step": step, "loss": loss, "grad_norm": norm})
     save_weights(backend, stage_dir / "model.pt")
     demo_stats = summary(demos)
     return {"stage": stage, "steps": s.steps, "demos": len(demos), "demo_summary": demo_stats,
