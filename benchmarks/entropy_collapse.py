@@ -150,6 +150,72 @@ def evaluate(model: Path, data: str, notes: int, cache: Path, reuse: bool) -> di
     return out
 
 
+def sampled_reward(
+    model: Path,
+    data: str,
+    cfg: dict[str, Any],
+    *,
+    split: str,
+    notes: int | None,
+    seed: int,
+    cache: Path,
+    reuse: bool,
+) -> dict[str, Any]:
+    """The run's own reward, expected under its own sampling, on ``notes`` notes of ``split``.
+
+    ``cfg`` is a run's config.yaml (the plain config for the SFT model): each note gets
+    ``rollout.group_size`` captions at ``rollout.temperature`` (at most ``rollout.max_new_tokens``),
+    note ``i`` drawing from the seeded stream ``seed * 1_000_003 + i`` for every model (common random
+    numbers), scored by :func:`rl.rewards.score` with the run's ``reward`` weights. Returns the per-note
+    mean rewards (``units``, for paired intervals) and their mean, cached in ``cache``.
+    """
+    if reuse and cache.is_file():
+        kept = json.loads(cache.read_text())
+        if kept.get("split") == split and kept.get("limit") == notes and kept.get("seed") == seed:
+            return kept
+    from mm.eval.runners import held_out_notes, load_eval_adapter
+    from mm.model.adapter import Sample
+    from rl.rewards import RewardConfig, score
+    from rl.rollout.base import SamplingSpec
+    from rl.rollout.local import LocalEngine
+
+    ro, rw = cfg["rollout"], cfg["reward"]
+    keep = ("coverage_weight", "hallucination_weight", "caption_weight", "vocab")
+    reward = RewardConfig(**{k: rw[k] for k in keep})
+    spec = SamplingSpec(group_size=ro["group_size"], max_new_tokens=ro["max_new_tokens"],
+                        temperature=ro["temperature"])  # fmt: skip
+    held = held_out_notes(data, split=split, limit=notes)
+    adapter = load_eval_adapter(model, device="cpu")
+    engine = LocalEngine(adapter, spec)
+    units: list[float] = []
+    for lo in range(0, len(held), 16):
+        batch = held[lo : lo + 16]
+        samples = [Sample(images=[str(Path(data) / p) for p in n.images], text=cfg["data"]["caption_prompt"])
+                   for n in batch]  # fmt: skip
+        seeds = [seed * 1_000_003 + lo + i for i in range(len(batch))]
+        ids = engine.generate(samples, seeds=seeds).token_ids  # group-major: G per note
+        texts = [t.strip() for t in adapter.tokenizer.batch_decode(ids, skip_special_tokens=True)]
+        G = spec.group_size
+        for i, n in enumerate(batch):
+            objs = sorted(n.categories)
+            group = texts[i * G : (i + 1) * G]
+            units.append(statistics.fmean(score(t, objs, cfg=reward).total for t in group))
+    out = {"split": split, "limit": notes, "notes": len(held), "seed": seed, "mean": statistics.fmean(units),
+           "units": units}  # fmt: skip
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(out))
+    return out
+
+
+def reward_change(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """``after - before`` mean sampled reward with its paired 95% bootstrap interval over notes."""
+    from mm.eval.bootstrap import paired_change_interval
+
+    b, a = before["units"], after["units"]
+    iv = paired_change_interval((b, [1.0] * len(b)), (a, [1.0] * len(a)), relative=False)
+    return {"gain": iv.value, "interval": [iv.low, iv.high], "rises": iv.low > 0}
+
+
 def pair(name: str, sft: str, data: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Both runs of one SFT model, their reports, curves and held-out CHAIR."""
     from mm.train.metrics import read_metrics
@@ -173,7 +239,28 @@ def pair(name: str, sft: str, data: str, out: Path, args: argparse.Namespace) ->
             "curves": {"entropy": ent, "reward_mean": rew},
             "eval": evaluate(folder / "model", data, args.eval_notes, folder / "eval.json", args.reuse),
         }
+    if args.reward_notes:
+        add_sampled_rewards(row, Path(sft), data, out / name, args)
     return row
+
+
+def add_sampled_rewards(
+    row: dict[str, Any], sft: Path, data: str, folder: Path, args: argparse.Namespace
+) -> None:
+    """Each run's and the SFT model's expected reward (:func:`sampled_reward`) on the training notes and on
+    ``--reward-notes`` held-out test notes, and each run's paired gain over the SFT model."""
+    import yaml
+
+    for run in RUNS:
+        cfg = yaml.safe_load((folder / run / "config.yaml").read_text())
+        for split, n in (("train", cfg["data"]["notes"] or None), ("test", args.reward_notes)):
+            key = f"sampled_reward_{split}"
+            if run == RUNS[0]:
+                row[key] = sampled_reward(sft, data, cfg, split=split, notes=n, seed=args.seed,
+                                          cache=folder / f"sft_{key}.json", reuse=args.reuse)  # fmt: skip
+            mine = sampled_reward(folder / run / "model", data, cfg, split=split, notes=n, seed=args.seed,
+                                  cache=folder / run / f"{key}.json", reuse=args.reuse)  # fmt: skip
+            row[run][key] = {"mean": mine["mean"], **reward_change(row[key], mine)}
 
 
 def remedy_overrides(args: argparse.Namespace) -> list[str]:
@@ -216,7 +303,7 @@ def table(rows: list[dict[str, Any]], means: dict[str, Any]) -> str:
                 f"{r['name']:8s} {run:6s} {x['entropy_first']:8.3f} {x['entropy_last']:7.3f} "
                 f"{x['entropy_ratio']:6.2f} {x['entropy_min']:6.3f} {x['reward_first']:8.3f} "
                 f"{x['reward_last']:7.3f} {x['reward_gain']:+7.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}] "
-                f"{ev['chair_i']:8.3f} {ev['recall']:7.3f}  {flags}"
+                f"{ev['chair_i']:8.3f} {ev['recall']:7.3f}  {flags}{sampled_text(x)}"
             )  # fmt: skip
     for run in RUNS:
         parts = []
@@ -225,6 +312,17 @@ def table(rows: list[dict[str, Any]], means: dict[str, Any]) -> str:
             parts.append(f"{k} {m:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""))
         lines.append(f"mean {run:6s} " + "  ".join(parts))
     return "\n".join(lines)
+
+
+def sampled_text(run: dict[str, Any]) -> str:
+    """`` R~train +g [lo, hi] R~test ...``: a run's sampled-reward gains over SFT, when measured."""
+    parts = []
+    for split in ("train", "test"):
+        x = run.get(f"sampled_reward_{split}")
+        if x:
+            lo, hi = x["interval"]
+            parts.append(f" R~{split} {x['mean']:.3f} ({x['gain']:+.3f} [{lo:+.3f}, {hi:+.3f}])")
+    return "".join(parts)
 
 
 def plot(rows: list[dict[str, Any]], png: Path, floor: float) -> None:
@@ -268,6 +366,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=10, help="steps averaged at the start and at the end")
     p.add_argument("--floor", type=float, default=0.8, help="entropy floor: share of the starting entropy")
     p.add_argument("--eval-notes", type=int, default=200, help="held-out test notes evaluated")
+    p.add_argument(
+        "--reward-notes",
+        type=int,
+        default=0,
+        help="held-out test notes on which each model's sampled reward is measured (0: off)",
+    )
     p.add_argument("--reuse", action="store_true", help="keep runs and evaluations already done under OUT")
     args = p.parse_args(argv)
     names = args.names or [f"world{i}" for i in range(len(args.sft))]

@@ -130,7 +130,7 @@ def test_smoke_two_runs_on_a_tiny_model(ec, tmp_path, capsys):
     sets = ["data.notes=0", "data.prompts_per_step=2", "rollout.group_size=3", "rollout.max_new_tokens=6",
             "algo.overlong_penalty=true", "algo.overlong_cache=6"]  # fmt: skip
     argv = ["--sft", str(model), "--data", str(data), "--out", str(out), "--steps", "4", "--window", "2",
-            "--eval-notes", "2", "--set", *sets]  # fmt: skip
+            "--eval-notes", "2", "--reward-notes", "2", "--set", *sets]  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert ec.main(argv) == 0
@@ -140,7 +140,53 @@ def test_smoke_two_runs_on_a_tiny_model(ec, tmp_path, capsys):
     for run in ec.RUNS:
         assert row[run]["steps"] == 4 and len(row[run]["curves"]["entropy"]) == 4
         assert (out / "world0" / run / "eval.json").is_file() and 0 <= row[run]["eval"]["chair_i"] <= 1
+        for split in ("train", "test"):  # the trained notes (data.notes=0: all 2) and the held-out ones
+            x = row[run][f"sampled_reward_{split}"]
+            assert x["gain"] == pytest.approx(x["mean"] - row[f"sampled_reward_{split}"]["mean"])
+            assert row[f"sampled_reward_{split}"]["notes"] == 2
     assert summary["mean"]["remedy"]["pairs"] == 1 and (out / "entropy.png").stat().st_size > 0
     cfg = (out / "world0" / "remedy" / "config.yaml").read_text()
     assert "loss_mode: clip_cov" in cfg and "clip_cov_ratio: 0.02" in cfg
     assert "mean remedy" in capsys.readouterr().out
+
+
+def test_reward_change_paired_golden(ec):
+    before = {"units": [0.0, 1.0, -2.0, 3.0]}
+    up = ec.reward_change(before, {"units": [0.5, 1.5, -1.5, 3.5]})  # every note +0.5: no spread
+    assert up["gain"] == pytest.approx(0.5) and up["interval"] == pytest.approx([0.5, 0.5]) and up["rises"]
+    flat = ec.reward_change(before, {"units": [1.0, 0.0, -2.0, 3.0]})  # +1 and -1: straddles 0
+    assert flat["gain"] == pytest.approx(0.0) and flat["interval"][0] < 0 < flat["interval"][1]
+    assert not flat["rises"]
+
+
+def test_sampled_reward_scores_each_notes_group_with_common_seeds(ec, tmp_path):
+    import json
+
+    from mm.data.format import read_notes
+    from rl.rewards import RewardConfig, score
+    from tests.helpers.eval_model import make_data_dir, make_model_dir
+
+    model, data = make_model_dir(tmp_path), make_data_dir(tmp_path, split="test")
+    cfg = {
+        "rollout": {"group_size": 3, "max_new_tokens": 6, "temperature": 0.5},
+        "reward": {
+            "coverage_weight": 1.0,
+            "hallucination_weight": 3.5,
+            "caption_weight": 1.0,
+            "vocab": "world",
+            "yesno_weight": 1.0,
+        },
+        "data": {"caption_prompt": "Describe the note."},
+    }
+    kw = {"split": "test", "notes": 2, "seed": 4, "reuse": True}
+    a = ec.sampled_reward(model, str(data), cfg, cache=tmp_path / "a.json", **kw)
+    b = ec.sampled_reward(model, str(data), cfg, cache=tmp_path / "b.json", **kw)
+    assert a["units"] == b["units"] and a["notes"] == 2 and len(a["units"]) == 2  # same seeds, same draws
+    assert a["mean"] == pytest.approx(sum(a["units"]) / 2)
+    notes = read_notes(data, split="test")
+    worst = [-3.5 * 2 * 6 for _ in notes]  # at most 6 tokens: a bounded penalty per caption
+    assert all(w <= u <= 1.0 for w, u in zip(worst, a["units"]))
+    assert score("a fork and a cup", sorted(notes[0].categories), cfg=RewardConfig()).total == 1.0
+    kept = {"split": "test", "limit": 2, "notes": 2, "seed": 4, "mean": 9.0, "units": [9, 9]}
+    (tmp_path / "a.json").write_text(json.dumps(kept))
+    assert ec.sampled_reward(model, str(data), cfg, cache=tmp_path / "a.json", **kw)["mean"] == 9.0  # reused
