@@ -19,6 +19,13 @@ above 0. ``zero_std_first`` / ``zero_std_last``: the share of groups whose respo
 (no learning signal), a symptom of collapse. Across pairs the means get a 95% Student-t interval over
 worlds (:func:`rl.pipeline_table.t_interval`).
 
+The per-step reward mixes policy and prompt draw (8 notes a step, whose rewards differ by more than the
+policy moves), and its first window already follows the steepest steps. ``--reward-notes N`` adds the
+direct measure: each model's *expected* reward (:func:`sampled_reward`: the run's own reward over
+``rollout.group_size`` captions per note at the run's temperature, every model drawing from the same
+seeded streams) on the notes it trained on and on ``N`` held-out test notes; a run's reward *rises* on a
+split when the paired bootstrap 95% interval over notes of its mean minus the SFT model's lies above 0.
+
 Writes OUT/<name>/{plain,remedy}/ (the runs), OUT/summary.json, OUT/entropy.png (entropy and reward
 curves of both runs, one row per pair) and prints a table.
 """
