@@ -4,8 +4,8 @@
 
 A NoteVLM trained on notes holds at most its ``max_images`` images and its processor's ``max_length``
 tokens; an agent trajectory adds one image per zoom and grows past the note's prompt. ``policy.overrides``
-on a loaded NoteVLM may raise these two limits (the other spec keys describe a random-init architecture
-and are errors with ``init``):
+on a loaded NoteVLM raise these two limits, never lower them (a value below the loaded one keeps the
+loaded one; the other spec keys describe a random-init architecture and are errors with ``init``):
 
 - ``max_images=N``: image slots per trajectory. Sound only where no weight is sized by the slot count
   (no image index embeddings, an image-scope fusion). The model is rebuilt from the widened config and
