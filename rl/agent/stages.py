@@ -23,11 +23,13 @@ from typing import Any
 
 import torch
 
+from mm.errors import UserError
 from mm.train.metrics import MetricsLogger, read_metrics
 from rl.agent.backend import AgentBackend, Sampling, backend_for
 from rl.agent.config import AgentRunConfig
 from rl.agent.demos import scripted_policy
 from rl.agent.loop import LoopConfig, rollout, summary
+from rl.agent.policy_init import load_policy
 from rl.agent.scoring import trajectory_reward
 from rl.agent.task import AgentTask
 from rl.agent.tools import TOOLS, ToolRegistry
@@ -48,9 +50,7 @@ def step_seed(cfg: AgentRunConfig, stage: str, step: int) -> int:
 def build_backend(cfg: AgentRunConfig, weights: Path | None = None) -> AgentBackend:
     """The policy of ``cfg.policy`` behind its agent backend, with ``weights`` (a state_dict) loaded."""
     if cfg.policy.init is not None:
-        from mm.model.adapter.load import load_adapter
-
-        adapter = load_adapter(cfg.policy.init)
+        adapter = load_policy(cfg.policy.init, list(cfg.policy.overrides))
     else:
         from mm.model.adapter.notevlm import NoteVLMAdapter
         from mm.model.factory import build_notevlm, load_notevlm_spec
@@ -61,7 +61,21 @@ def build_backend(cfg: AgentRunConfig, weights: Path | None = None) -> AgentBack
         adapter = NoteVLMAdapter(model=model, processor=processor)
     if weights is not None:
         adapter.model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    if adapter.family == "notevlm":
+        check_context(adapter.base_model.config, cfg.rollout.max_length)
     return backend_for(adapter)
+
+
+def check_context(config: Any, max_length: int | None) -> None:
+    """A UserError when a trajectory of ``rollout.max_length`` ids is past the NoteVLM's positions (None:
+    no limit, not checked)."""
+    positions = int(config.text_config.max_position_embeddings)
+    if max_length is not None and max_length > positions:
+        raise UserError(
+            f"rollout.max_length={max_length} does not fit the policy's {positions} positions "
+            f"(max_position_embeddings); set rollout.max_length <= {positions}, or add max_length="
+            f"{max_length} to policy.overrides to raise them"
+        )
 
 
 def loop_config(cfg: AgentRunConfig, *, tools: bool, sample: bool = False) -> LoopConfig:

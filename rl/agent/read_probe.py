@@ -1,0 +1,94 @@
+"""Does a captioning model read the agent world's photos? A check of a ``policy.init`` candidate.
+
+    python -m rl.agent.read_probe runs/sft/model --seed 0 --notes 96
+
+The model captions ("Describe the photo.", greedy) each test caption task's photo as a whole and its
+tray as a zoom crop returns it; a caption *mentions* an object when it holds the object's name, and its
+colour and name ("red car"). Recall of mentions over the photos' objects is set against the same
+recall of a caption of another test note of the same theme (the next one in order): a model that
+names the theme's usual objects without reading the photo scores the same on both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from rl.agent.backend import AgentBackend, Sampling
+from rl.agent.world_tasks import WorldTaskConfig, world_note, world_tasks
+
+PROMPT = "Describe the photo."
+"""The pipeline's image caption prompt."""
+
+
+def mention_recall(objects: Sequence[Sequence[tuple[str, str]]], captions: Sequence[str]) -> dict[str, Any]:
+    """Share of ``(category, colour)`` objects whose name, and whose "colour name", caption ``i`` holds."""
+    if len(objects) != len(captions):
+        raise ValueError(f"one caption per photo: {len(objects)} photos, {len(captions)} captions")
+    pairs = [(o, c, text) for objs, text in zip(objects, captions) for o, c in objs]
+    n = len(pairs)
+    return {
+        "objects": n,
+        "name": sum(o in text for o, _, text in pairs) / n if n else float("nan"),
+        "colour_name": sum(f"{c} {o}" in text for o, c, text in pairs) / n if n else float("nan"),
+    }
+
+
+def same_theme_other(themes: Sequence[str]) -> list[int]:
+    """For each photo, the next other photo (cyclically) of the same theme; itself when it has none."""
+    n = len(themes)
+    return [next((j % n for j in range(i + 1, i + n) if themes[j % n] == themes[i]), i) for i in range(n)]
+
+
+def captions(
+    backend: AgentBackend, images: Sequence[Any], *, batch_size: int, max_new_tokens: int
+) -> list[str]:
+    """Greedy captions of ``images``, one image each."""
+    rows = [backend.prompt([im], PROMPT) for im in images]
+    out: list[str] = []
+    for i in range(0, len(rows), batch_size):
+        turns = backend.generate(rows[i : i + batch_size], max_new_tokens=max_new_tokens, sampling=Sampling())
+        out += [t.text for t in turns]
+    return out
+
+
+def read_probe(
+    backend: AgentBackend, cfg: WorldTaskConfig, notes: int, *, batch_size: int = 16, max_new_tokens: int = 64
+) -> dict[str, Any]:
+    """Mention recall of the large object (whole photo) and the tiny ones (whole photo, tray crop), each
+    with its same-theme control (module docstring)."""
+    tasks = list(world_tasks(cfg, "caption", "test", notes))
+    photos = [t.sources[t.meta["image"] - 1] for t in tasks]
+    trays = [p[y0:y1, x0:x1] for p, (x0, y0, x1, y1) in zip(photos, (t.meta["tray"] for t in tasks))]
+    themes = [world_note(cfg, int(t.meta["note"].rsplit("-", 1)[1])).theme for t in tasks]
+    other = same_theme_other(themes)
+    large = [t.meta["objects"][0][:1] for t in tasks]
+    tiny = [t.meta["objects"][0][1:] for t in tasks]
+    kw = {"batch_size": batch_size, "max_new_tokens": max_new_tokens}
+    caps = {"photo": captions(backend, photos, **kw), "tray": captions(backend, trays, **kw)}
+    result: dict[str, Any] = {"seed": cfg.seed, "photos": len(tasks), "examples": caps["tray"][:3]}
+    for name, objs, view in (("large/photo", large, "photo"), ("tiny/photo", tiny, "photo"),
+                             ("tiny/tray", tiny, "tray")):  # fmt: skip
+        result[name] = mention_recall(objs, caps[view])
+        result[name + "/control"] = mention_recall(objs, [caps[view][j] for j in other])
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from mm.model.adapter.load import load_adapter
+    from rl.agent.backend import backend_for
+
+    parser = argparse.ArgumentParser(prog="python -m rl.agent.read_probe", description=__doc__.split("\n")[0])
+    parser.add_argument("model", help="model folder (a NoteVLM written by mm train, or a supported family)")
+    parser.add_argument("--seed", type=int, default=0, help="world seed (default 0)")
+    parser.add_argument("--notes", type=int, default=96, help="test caption tasks (default 96)")
+    args = parser.parse_args(argv)
+    result = read_probe(backend_for(load_adapter(args.model)), WorldTaskConfig(seed=args.seed), args.notes)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
