@@ -12,7 +12,7 @@ import torch
 from mm.data.dataset import NoteDataset
 from mm.errors import UserError
 from mm.train.pretrain.config import PretrainConfig
-from mm.world.vocab import CATEGORY_NAMES
+from mm.world.vocab import CATEGORY_NAMES, COLORS
 
 
 @dataclass
@@ -98,10 +98,46 @@ def load_split(
 
 def tag_classes(cfg: PretrainConfig) -> list[str] | None:
     """The tag classes ``load_split`` needs for ``cfg``: the world's categories when ``loss.tag_weight``
-    is on, else None (no tags loaded)."""
+    is on, else None (no tags loaded); ``loss.tag_colours`` adds colour classes ("colour:red") and
+    (category, colour) pair classes ("red fork") after them (:func:`object_tags`)."""
     if cfg.loss.tag_weight <= 0:
         return None
-    return list(CATEGORY_NAMES)
+    classes = list(CATEGORY_NAMES)
+    if cfg.loss.tag_colours in ("colour", "pair"):
+        classes += [_colour_class(c) for c in COLORS]
+    if cfg.loss.tag_colours == "pair":
+        classes += [_pair_class(cat, c) for cat in CATEGORY_NAMES for c in COLORS]
+    return classes
+
+
+def object_tags(category: str, color: str | None, classes: Sequence[str]) -> list[str]:
+    """The tag classes one object switches on: its category, and where ``classes`` has colour classes
+    its colour and its (category, colour) pair. A missing colour is a :class:`UserError` then."""
+    names = [category]
+    colour_cls = _colour_class(color) if color is not None else None
+    wants_colour = any(c.startswith(_COLOUR_PREFIX) for c in classes)
+    if wants_colour and color is None:
+        raise UserError(
+            f"an object of category {category!r} has no colour, which loss.tag_colours needs; use notes "
+            "whose objects carry colours (the world's) or set loss.tag_colours: none"
+        )
+    if wants_colour:
+        names.append(colour_cls)
+        pair = _pair_class(category, color)
+        if pair in classes:
+            names.append(pair)
+    return names
+
+
+_COLOUR_PREFIX = "colour:"
+
+
+def _colour_class(color: str) -> str:
+    return f"{_COLOUR_PREFIX}{color}"
+
+
+def _pair_class(category: str, color: str) -> str:
+    return f"{color} {category}"
 
 
 def _load_tags(
@@ -117,10 +153,11 @@ def _load_tags(
             )
         for k, objs in enumerate(note.objects[:max_images]):
             for o in objs:
-                if o.category not in index:
-                    raise UserError(
-                        f"note {note.id} in {folder}: object category {o.category!r} is not a tag class "
-                        f"({len(classes)} world categories); set loss.tag_weight: 0 for other vocabularies"
-                    )
-                tags[i, k, index[o.category]] = True
+                for name in object_tags(o.category, o.color, classes):
+                    if name not in index:
+                        raise UserError(
+                            f"note {note.id} in {folder}: object tag {name!r} is not a tag class "
+                            f"({len(classes)} world classes); set loss.tag_weight: 0 for other vocabularies"
+                        )
+                    tags[i, k, index[name]] = True
     return tags
