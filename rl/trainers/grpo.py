@@ -108,9 +108,17 @@ def score_rollout(
     return torch.tensor(totals, dtype=torch.float32), means
 
 
-def token_credits(roll: Any, rows: list[Prompt], objects: list[list[str]], tok: Any, reward: RewardConfig):
+def token_credits(
+    roll: Any,
+    rows: list[Prompt],
+    objects: list[list[str]],
+    tok: Any,
+    reward: RewardConfig,
+    truths: list[Any] | None = None,
+):
     """``(B*G, R)`` float32: :func:`rl.rewards.mention_credits` of each caption row's sampled tokens
-    (``rows[i]``: row i's prompt; ``objects``: ground truth per note), 0 on question rows and padding.
+    (``rows[i]``: row i's prompt; ``objects``: ground truth per note; ``truths``: colour truth per note,
+    for ``reward.attribute_weight`` > 0), 0 on question rows and padding.
     Token texts come from the raw ids one id at a time (no re-tokenisation)."""
     P = roll.prompt_length
     out = torch.zeros(roll.input_ids.shape[0], roll.input_ids.shape[1] - P)
@@ -119,7 +127,8 @@ def token_credits(roll: Any, rows: list[Prompt], objects: list[list[str]], tok: 
         if prompt.label is not None or not ids:
             continue
         pieces = [texts.setdefault(t, tok.decode([t], skip_special_tokens=True)) for t in ids]
-        out[i, : len(ids)] = torch.tensor(mention_credits(pieces, objects[prompt.note], reward))
+        truth = None if truths is None else truths[prompt.note]
+        out[i, : len(ids)] = torch.tensor(mention_credits(pieces, objects[prompt.note], reward, truth))
     return out
 
 
@@ -228,7 +237,9 @@ class GRPOTrainer(loop.StepTrainer):
         if self.rewarder is None:
             objects = [self.prompts.objects[p.note] for p in row_prompts]
             labels = [p.label for p in row_prompts]
-            totals, parts = batch_scores(texts, objects, labels=labels, cfg=cfg.reward)
+            note_truths = self._truths()
+            truths = None if note_truths is None else [note_truths[p.note] for p in row_prompts]
+            totals, parts = batch_scores(texts, objects, labels=labels, cfg=cfg.reward, truths=truths)
             rewards = torch.tensor(totals, dtype=torch.float32)
             comps = {
                 f"reward_{k}": (sum(x for x in v if x == x), sum(x == x for x in v)) for k, v in parts.items()
@@ -251,8 +262,14 @@ class GRPOTrainer(loop.StepTrainer):
         """``(b*G, R)`` dense per-mention credits of the rollout's rows (``rows[i]``: row i's prompt), from
         the scene (:func:`token_credits`) or the rewarder's claims."""
         if self.rewarder is None:
-            return token_credits(roll, rows, self.prompts.objects, self.tok, self.cfg.reward)
+            return token_credits(roll, rows, self.prompts.objects, self.tok, self.cfg.reward, self._truths())
         return self.rewarder.credits(roll, rows, self.tok)
+
+    def _truths(self) -> list[Any] | None:
+        """Per-note colour truth when the scene reward's colour term is on (``reward.attribute_weight``)."""
+        if self.cfg.reward.attribute_weight == 0:
+            return None
+        return self.prompts.truths(self.cfg.reward.vocab)
 
     def batch(self, step: int) -> dict[str, Any]:
         """This rank's rows of the rollout of ``step`` with their advantages (from the global batch's

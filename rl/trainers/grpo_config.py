@@ -231,6 +231,11 @@ class GRPOConfig:
                 "are the current ones, so the |log pi - log pi_old| penalty is 0 with a 0 gradient; set "
                 "algo.num_iterations >= 2 or use clip_cov"
             )
+        if self.reward.attribute_weight > 0 and (self.reward.source != "scene" or not self.data.ground_truth):
+            raise ValueError(
+                f"reward.attribute_weight={self.reward.attribute_weight} judges colours against the notes' "
+                "ground truth: it needs reward.source scene and data.ground_truth true; set it to 0"
+            )
         if self.reward.source.startswith("rm:") and self.algo.mention_credit > 0:
             raise ValueError("reward.source rm:DIR gives one reward per response: set algo.mention_credit=0")
         if self.algo.overlong_penalty and self.algo.overlong_cache > self.rollout.max_new_tokens:
