@@ -19,7 +19,7 @@ from mm.errors import UserError
 from mm.eval.claims import note_truth
 from mm.eval.generate import note_images
 from rl.pairs.record import PreferencePair
-from rl.rewards import RewardConfig, score, vocabulary
+from rl.rewards import RewardConfig, colour_term, score, vocabulary
 from rl.trainers.rollout import generate_rollout
 
 
@@ -77,11 +77,11 @@ Scorer = Callable[[Any, Sequence[str]], list[float]]
 
 def scene_scorer(reward_cfg: Any = None) -> Scorer:
     """Rewards from the note's ground-truth objects (:func:`rl.rewards.score`), and from its colours
-    (:func:`mm.eval.claims.note_truth`) when ``reward_cfg.attribute_weight`` > 0."""
+    (:func:`mm.eval.claims.note_truth`) when the reward judges colours (:func:`rl.rewards.colour_term`)."""
     cfg = reward_cfg or RewardConfig()
 
     def scorer(note: Any, texts: Sequence[str]) -> list[float]:
-        truth = note_truth(note, vocabulary(cfg.vocab)) if cfg.attribute_weight > 0 else None
+        truth = note_truth(note, vocabulary(cfg.vocab)) if colour_term(cfg) else None
         return [score(t, sorted(note.categories), cfg=cfg, truth=truth).total for t in texts]
 
     return scorer

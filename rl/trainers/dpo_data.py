@@ -145,7 +145,9 @@ def load_pairs(cfg: DataConfig, seed: int, policy: tuple[Any, Any] | None = None
             )
         else:
             reward_cfg = RewardConfig(
-                hallucination_weight=cfg.hallucination_weight, attribute_weight=cfg.attribute_weight
+                hallucination_weight=cfg.hallucination_weight,
+                attribute_weight=cfg.attribute_weight,
+                attribute_coverage_weight=cfg.attribute_coverage_weight,
             )
             scorer = None
             if cfg.scorer == "labeler":

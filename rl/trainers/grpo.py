@@ -56,7 +56,7 @@ from rl.entropy import REMEDY_KEYS, remedied_policy_loss
 from rl.importance import truncated_is_weights, weighted_advantages
 from rl.kl import kl_estimate
 from rl.losses import aggregate_loss
-from rl.rewards import RewardConfig, batch_scores, mention_credits
+from rl.rewards import RewardConfig, batch_scores, colour_term, mention_credits
 from rl.rollout.seeded import prompt_generators, prompt_seed
 from rl.sampling import overlong_penalty
 from rl.trainers.common import (
@@ -118,7 +118,7 @@ def token_credits(
 ):
     """``(B*G, R)`` float32: :func:`rl.rewards.mention_credits` of each caption row's sampled tokens
     (``rows[i]``: row i's prompt; ``objects``: ground truth per note; ``truths``: colour truth per note,
-    for ``reward.attribute_weight`` > 0), 0 on question rows and padding.
+    when the reward judges colours: :func:`rl.rewards.colour_term`), 0 on question rows and padding.
     Token texts come from the raw ids one id at a time (no re-tokenisation)."""
     P = roll.prompt_length
     out = torch.zeros(roll.input_ids.shape[0], roll.input_ids.shape[1] - P)
@@ -266,8 +266,8 @@ class GRPOTrainer(loop.StepTrainer):
         return self.rewarder.credits(roll, rows, self.tok)
 
     def _truths(self) -> list[Any] | None:
-        """Per-note colour truth when the scene reward's colour term is on (``reward.attribute_weight``)."""
-        if self.cfg.reward.attribute_weight == 0:
+        """Per-note colour truth when the scene reward judges colours (:func:`rl.rewards.colour_term`)."""
+        if not colour_term(self.cfg.reward):
             return None
         return self.prompts.truths(self.cfg.reward.vocab)
 

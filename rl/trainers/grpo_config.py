@@ -231,10 +231,11 @@ class GRPOConfig:
                 "are the current ones, so the |log pi - log pi_old| penalty is 0 with a 0 gradient; set "
                 "algo.num_iterations >= 2 or use clip_cov"
             )
-        if self.reward.attribute_weight > 0 and (self.reward.source != "scene" or not self.data.ground_truth):
+        colours = self.reward.attribute_weight > 0 or self.reward.attribute_coverage_weight > 0
+        if colours and (self.reward.source != "scene" or not self.data.ground_truth):
             raise ValueError(
-                f"reward.attribute_weight={self.reward.attribute_weight} judges colours against the notes' "
-                "ground truth: it needs reward.source scene and data.ground_truth true; set it to 0"
+                "reward.attribute_weight / attribute_coverage_weight judge colours against the notes' ground "
+                "truth: they need reward.source scene and data.ground_truth true; set them to 0"
             )
         if self.reward.source.startswith("rm:") and self.algo.mention_credit > 0:
             raise ValueError("reward.source rm:DIR gives one reward per response: set algo.mention_credit=0")

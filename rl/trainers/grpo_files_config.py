@@ -81,10 +81,11 @@ class FilesRewardConfig(RewardConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.attribute_weight > 0:
+        if self.attribute_weight > 0 or self.attribute_coverage_weight > 0:
             raise ValueError(
-                "reward.attribute_weight judges colours against a note's colour truth, which prompt files do "
-                "not carry (objects are names); set it to 0, or train on notes with rl grpo --config"
+                "reward.attribute_weight / attribute_coverage_weight judge colours against a note's colour "
+                "truth, which prompt files do not carry (objects are names); set them to 0, or train on "
+                "notes with rl grpo --config"
             )
 
 

@@ -40,17 +40,18 @@ CAPTION = "In the first photo, a blue fork and a blue cup. In the second photo, 
 
 def test_verdicts_follow_the_image_the_sentence_names():
     got = attribute_verdicts(CAPTION, TRUTH, vocabulary("world"))
-    assert got == [(CAPTION.index("blue fork"), True), (CAPTION.index("blue cup"), False),
-                   (CAPTION.index("red fork"), True)]  # fmt: skip
+    assert got == [(CAPTION.index("blue fork"), True, ("fork", "blue")),
+                   (CAPTION.index("blue cup"), False, ("cup", "blue")),
+                   (CAPTION.index("red fork"), True, ("fork", "red"))]  # fmt: skip
     # without an image named, the note's colours count: a red fork is there (image 0)
     assert attribute_verdicts("A red fork and a green cup.", TRUTH, vocabulary("world")) == [
-        (2, False),
-        (17, True),
+        (2, False, ("fork", "red")),
+        (17, True, ("cup", "green")),
     ]
     # the bracketed list of the world grammar
     assert attribute_verdicts("Two forks (green and cyan).", TRUTH, vocabulary("world")) == [
-        (11, False),
-        (21, True),
+        (11, False, ("fork", "green")),
+        (21, True, ("fork", "cyan")),
     ]
 
 
@@ -61,7 +62,10 @@ def test_caption_golden_values():
     assert t["coverage"] == 1.0 and t["hallucination"] == 0.5  # fork + cup covered; the dog
     r = score(CAPTION, GT, cfg=cfg, truth=TRUTH)
     assert r.total == pytest.approx(1.0 - 0.5 - 2.0 * 1.0)
-    assert r.components == {"caption": -1.5, "coverage": 1.0, "hallucination": 0.5, "attribute": 1.0}
+    assert r.components == {
+        "caption": -1.5, "coverage": 1.0, "hallucination": 0.5, "attribute": 1.0, "attribute_coverage": 0.5
+    }  # fmt: skip
+    assert t["attribute_coverage"] == 0.5 and t["n_attribute_right"] == 1.0  # the blue cup
     assert caption_reward(CAPTION, GT, cfg, TRUTH) == pytest.approx(-1.5)
     # right colours cost nothing, no colours cost nothing
     assert caption_reward("A red fork and a blue cup.", GT, cfg, TRUTH) == pytest.approx(1.0)
@@ -101,6 +105,23 @@ def test_mention_credits_put_the_colour_penalty_on_the_colour_word():
     want[pieces.index(" dog")] = -1.5  # hallucinated: -3 / 2
     assert got == pytest.approx(want)
     assert sum(got) == pytest.approx(caption_reward(CAPTION, GT, cfg, TRUTH))
+
+
+def test_right_colours_earn_once_per_object_and_colour():
+    cfg = RewardConfig(attribute_weight=1.0, attribute_coverage_weight=1.0)
+    # red fork right (image 0 scope), blue cup right, the red fork again: a repeat earns nothing
+    text = "A red fork, a blue cup and a red fork. A cyan fork."
+    t = caption_terms(text, GT, vocabulary("world"), TRUTH)
+    assert t["attribute_coverage"] == 1.0 and t["attribute"] == 0.5  # 2 right facts / 2; cyan wrong / 2
+    assert caption_reward(text, GT, cfg, TRUTH) == pytest.approx(1.0 + 1.0 - 0.5)
+    pieces = ["A", " red", " fork", ",", " a", " blue", " cup", " and", " a", " red", " fork", ".", " A",
+              " cyan", " fork", "."]  # fmt: skip
+    got = mention_credits(pieces, GT, cfg, TRUTH)
+    want = [0.0, 0.5, 0.5, 0.0, 0.0, 0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -0.5, 0.0, 0.0]
+    assert got == pytest.approx(want) and sum(got) == pytest.approx(caption_reward(text, GT, cfg, TRUTH))
+    # coverage alone also needs the truth
+    with pytest.raises(ValueError, match="colour truth"):
+        score(text, GT, cfg=RewardConfig(attribute_coverage_weight=1.0))
 
 
 def test_char_tokens():
@@ -148,6 +169,8 @@ def test_grpo_token_credits_and_config_checks():
         GRPOConfig(**{"reward": _sourced(source="labeler", attribute_weight=1.0)})
     with pytest.raises(ValueError, match="prompt files"):
         FilesRewardConfig(attribute_weight=1.0)
+    with pytest.raises(ValueError, match="reward.source scene"):
+        GRPOConfig(**{"reward": _sourced(source="labeler", attribute_coverage_weight=1.0)})
 
 
 def _sourced(**kw):
@@ -165,7 +188,11 @@ def test_dpo_scene_scorer_ranks_by_colour():
     rewards = scene_scorer(RewardConfig(attribute_weight=2.0))(NOTE, texts)
     assert rewards == pytest.approx([0.0, 1.0])
     assert rank_pair(texts, rewards) == (1, 0)
+    both = scene_scorer(RewardConfig(attribute_weight=1.0, attribute_coverage_weight=1.0))(NOTE, texts)
+    assert both == pytest.approx([1.0 - 0.5 + 0.5, 1.0 + 1.0])  # blue cup right in both; blue fork wrong
     with pytest.raises(ValueError, match="data.build onpolicy"):
         DataConfig(build="injection", attribute_weight=1.0)
-    with pytest.raises(ValueError, match="finite number"):
+    with pytest.raises(ValueError, match="finite numbers"):
         DataConfig(build="onpolicy", notes=10, attribute_weight=-1.0)
+    with pytest.raises(ValueError, match="data.build onpolicy"):
+        DataConfig(build="injection", attribute_coverage_weight=1.0)
