@@ -196,3 +196,38 @@ def test_dpo_scene_scorer_ranks_by_colour():
         DataConfig(build="onpolicy", notes=10, attribute_weight=-1.0)
     with pytest.raises(ValueError, match="data.build onpolicy"):
         DataConfig(build="injection", attribute_coverage_weight=1.0)
+
+
+def test_grpo_runs_with_the_colour_terms(tmp_path):
+    """Two GRPO steps on notes with colour truth: the colour components are logged (the fixture's objects
+    have no colours, so no colour claim is judged and both stay 0)."""
+    import json
+    import warnings
+    from pathlib import Path
+
+    from rl.cli import main
+    from tests.helpers.eval_model import make_data_dir, make_model_dir
+
+    model, data = make_model_dir(tmp_path), make_data_dir(tmp_path, split="train")
+    config = Path(__file__).resolve().parents[2] / "configs" / "rl" / "grpo_tiny.yaml"
+    sets = [
+        f"init.model={model}", "data.prompts_per_step=2", "rollout.group_size=3", "rollout.max_new_tokens=6",
+        "train.steps=2", "data.tasks=[caption]", "algo.mention_credit=1.0", "reward.attribute_weight=1.0",
+        "reward.attribute_coverage_weight=1.0",
+    ]  # fmt: skip
+    args = [
+        "grpo",
+        "--config",
+        str(config),
+        "--out",
+        str(tmp_path / "run"),
+        "--data",
+        str(data),
+        "--no-progress",
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(args + [x for s in sets for x in ("--set", s)]) == 0
+    recs = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert recs[-1]["step"] == 2
+    assert recs[-1]["reward_attribute"] == 0.0 and recs[-1]["reward_attribute_coverage"] == 0.0
