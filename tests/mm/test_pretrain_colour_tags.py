@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from mm.config import ConfigError, load_config
@@ -108,3 +110,64 @@ def test_bad_option_values():
         _cfg("colours")
     with pytest.raises(ConfigError, match="tag_weight > 0"):
         load_config(pretrain.PretrainConfig, TEST_CFG, ["loss.tag_weight=0", "loss.tag_colours=colour"])
+
+
+def test_cells_an_object_tags():
+    # 64x64 image, 4x4 grid: cell centres at 8, 24, 40, 56
+    assert pretrain.cell_objects((27, 29, 50, 53), (4, 4), (64, 64)) == [10]  # covers the (40, 40) centre
+    assert pretrain.cell_objects((0, 0, 32, 32), (4, 4), (64, 64)) == [0, 1, 4, 5]
+    assert pretrain.cell_objects((2, 48, 16, 62), (4, 4), (64, 64)) == [12]  # covers the (8, 56) centre
+    assert pretrain.cell_objects((10, 10, 14, 14), (4, 4), (64, 64)) == [0]  # no centre covered: its own cell
+    assert pretrain.cell_objects((60, 60, 64, 64), (2, 2), (64, 64)) == [3]
+
+
+def test_golden_per_token_tags(tmp_path):
+    """Image 0: a red fork on the top-left quarter, a blue cup in the bottom-right cell; 4x4 grid."""
+    objects = [[
+        ObjectAnnotation(category="fork", bbox=(0, 0, 32, 32), color="red"),
+        ObjectAnnotation(category="cup", bbox=(50, 50, 62, 62), color="blue"),
+    ]]  # fmt: skip
+    (tmp_path / "images").mkdir()
+    Image.fromarray(np.zeros((64, 64, 3), dtype=np.uint8)).save(tmp_path / "images/n0_0.png")
+    write_notes([Note(id="n0", images=["images/n0_0.png"], text="a red fork", objects=objects)], tmp_path)
+    cfg = load_config(
+        pretrain.PretrainConfig,
+        TEST_CFG,
+        ["loss.tag_weight=1.0", "loss.tag_colours=colour", "loss.tag_scope=token",
+         "model.vision.image_size=64", "model.vision.patch_size=16"],
+    )  # fmt: skip
+    classes, grid = pretrain.tag_classes(cfg), pretrain.tag_grid(cfg)
+    assert grid == (4, 4)
+    kw = {"tokenizer": load_tokenizer(), "max_images": 2, "max_len": 16}
+    tags = pretrain.load_split(tmp_path, "train", tag_classes=classes, tag_grid=grid, **kw).tags
+    assert tags.shape == (1, 2, 16, NC + NK)
+    on = {k: {classes[c] for c in tags[0, 0, k].nonzero().flatten().tolist()} for k in range(16)}
+    fork, cup = {"fork", "colour:red"}, {"cup", "colour:blue"}
+    assert on == {k: fork if k in (0, 1, 4, 5) else cup if k == 15 else set() for k in range(16)}
+    assert not tags[0, 1].any()  # the padded image slot
+
+
+def test_per_token_loss_and_model_checks():
+    cfg = load_config(pretrain.PretrainConfig, TEST_CFG, ["loss.tag_weight=1.0", "loss.tag_scope=token"])
+    logits = torch.zeros(1, 2, 3, 2)  # (B, N, K, C): BCE of logit 0 is ln 2 whatever the target
+    tags = torch.zeros(1, 2, 3, 2, dtype=torch.bool)
+    got = pretrain.tag_loss(logits, tags, torch.tensor([[True, False]]))
+    assert got.item() == pytest.approx(math.log(2.0))
+    with pytest.raises(ValueError, match="differ"):
+        pretrain.tag_loss(logits, tags[:, :, 0], torch.tensor([[True, True]]))
+    with pytest.raises(ConfigError, match="tag_scope"):
+        load_config(pretrain.PretrainConfig, TEST_CFG, ["loss.tag_weight=1.0", "loss.tag_scope=patch"])
+    # the test tower's 4x4 patches pooled to 4 tokens: a token is no patch
+    with pytest.raises(UserError, match="tokens must be the patches"):
+        pretrain.NoteTextModel(cfg=cfg.model, loss=cfg.loss, vocab_size=32, num_tags=4)
+    cfg = load_config(
+        pretrain.PretrainConfig,
+        TEST_CFG,
+        ["loss.tag_weight=1.0", "loss.tag_scope=token", "model.fusion.budget=16"],
+    )
+    model = pretrain.NoteTextModel(cfg=cfg.model, loss=cfg.loss, vocab_size=32, num_tags=4).eval()
+    mask = torch.tensor([[True, False]])
+    with torch.no_grad():
+        feats, logits = model.encode_images(torch.zeros(1, 2, 3, 64, 64), mask, tags=True)
+    assert feats.shape == (1, 2, 32) and logits.shape == (1, 2, 16, 4)
+    assert not logits[0, 1].any()  # padded slot: zeros
