@@ -207,6 +207,10 @@ class GRPOTrainer(loop.StepTrainer):
         self.updates_per_step = cfg.algo.num_iterations
         self.rewarder = rewarder
         """None: the scene reward; else ``reward.source``'s (:func:`rl.trainers.rewarders.build_rewarder`)."""
+        self.reward_without_colour = dataclasses.replace(
+            cfg.reward, attribute_weight=0.0, attribute_coverage_weight=0.0
+        )
+        """The scene reward of each caption with ``algo.colour_in_sequence`` false (colours in the credit)."""
         self.rank, self.world = rank_world()
         self.positions = shard_positions(cfg.data.prompts_per_step, rank=self.rank, world=self.world)
         """This rank's positions in every sampling batch of prompts (whole groups)."""
@@ -237,9 +241,10 @@ class GRPOTrainer(loop.StepTrainer):
         if self.rewarder is None:
             objects = [self.prompts.objects[p.note] for p in row_prompts]
             labels = [p.label for p in row_prompts]
-            note_truths = self._truths()
+            note_truths = self._truths() if cfg.algo.colour_in_sequence else None
             truths = None if note_truths is None else [note_truths[p.note] for p in row_prompts]
-            totals, parts = batch_scores(texts, objects, labels=labels, cfg=cfg.reward, truths=truths)
+            reward = cfg.reward if note_truths is not None else self.reward_without_colour
+            totals, parts = batch_scores(texts, objects, labels=labels, cfg=reward, truths=truths)
             rewards = torch.tensor(totals, dtype=torch.float32)
             comps = {
                 f"reward_{k}": (sum(x for x in v if x == x), sum(x == x for x in v)) for k, v in parts.items()

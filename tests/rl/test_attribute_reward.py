@@ -167,10 +167,18 @@ def test_grpo_token_credits_and_config_checks():
     assert got[0].sum().item() == pytest.approx(1.0 - 1.0)  # fork, cup covered; the fork is not blue
     with pytest.raises(ValueError, match="reward.source scene"):
         GRPOConfig(**{"reward": _sourced(source="labeler", attribute_weight=1.0)})
+    with pytest.raises(ValueError, match="needs algo.mention_credit > 0"):
+        GRPOConfig(**{"algo": _algo(colour_in_sequence=False, mention_credit=0.0)})
     with pytest.raises(ValueError, match="prompt files"):
         FilesRewardConfig(attribute_weight=1.0)
     with pytest.raises(ValueError, match="reward.source scene"):
         GRPOConfig(**{"reward": _sourced(source="labeler", attribute_coverage_weight=1.0)})
+
+
+def _algo(**kw):
+    from rl.trainers.grpo_config import AlgoConfig
+
+    return AlgoConfig(**kw)
 
 
 def _sourced(**kw):
@@ -198,7 +206,8 @@ def test_dpo_scene_scorer_ranks_by_colour():
         DataConfig(build="injection", attribute_coverage_weight=1.0)
 
 
-def test_grpo_runs_with_the_colour_terms(tmp_path):
+@pytest.mark.parametrize("in_sequence", [True, False])
+def test_grpo_runs_with_the_colour_terms(tmp_path, in_sequence):
     """Two GRPO steps on notes with colour truth: the colour components are logged (the fixture's objects
     have no colours, so no colour claim is judged and both stay 0)."""
     import json
@@ -213,7 +222,7 @@ def test_grpo_runs_with_the_colour_terms(tmp_path):
     sets = [
         f"init.model={model}", "data.prompts_per_step=2", "rollout.group_size=3", "rollout.max_new_tokens=6",
         "train.steps=2", "data.tasks=[caption]", "algo.mention_credit=1.0", "reward.attribute_weight=1.0",
-        "reward.attribute_coverage_weight=1.0",
+        "reward.attribute_coverage_weight=1.0", f"algo.colour_in_sequence={str(in_sequence).lower()}",
     ]  # fmt: skip
     args = [
         "grpo",
@@ -230,4 +239,7 @@ def test_grpo_runs_with_the_colour_terms(tmp_path):
         assert main(args + [x for s in sets for x in ("--set", s)]) == 0
     recs = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert recs[-1]["step"] == 2
-    assert recs[-1]["reward_attribute"] == 0.0 and recs[-1]["reward_attribute_coverage"] == 0.0
+    if in_sequence:
+        assert recs[-1]["reward_attribute"] == 0.0 and recs[-1]["reward_attribute_coverage"] == 0.0
+    else:  # the colours are in the per-token credit only: the caption reward has no colour component
+        assert "reward_attribute" not in recs[-1] and "mention_credit_abs" in recs[-1]
