@@ -47,6 +47,7 @@ def _stage_pretrain(c: Any, out: Path, show: bool, resume: bool) -> dict[str, An
         max_images=mi,
         max_len=ml,
         tag_classes=pretrain.tag_classes(c),
+        tag_grid=pretrain.tag_grid(c),
     )
     held = pretrain.load_split(
         folder, c.data.eval_split, tokenizer=tok, max_images=mi, max_len=ml, limit=c.data.eval_notes

@@ -30,6 +30,8 @@ EXPECTED_KIND = {
     "rl/distill": "distill", "rl/distill_tiny": "distill",
     "rl/dpo_nogt": "dpo", "rl/dpo_nogt_tiny": "dpo", "rl/grpo_nogt": "grpo", "rl/grpo_nogt_tiny": "grpo",
     "rl/pipeline_nogt": "pipeline",
+    "mm/pretrain_colour": "pretrain", "rl/pipeline_colour": "pipeline",
+    "rl/dpo_colour": "dpo", "rl/grpo_colour": "grpo",
     "rl/ppo": "ppo", "rl/ppo_tiny": "ppo",
     "recipes/align": "train", "recipes/sft_lora": "train", "recipes/dpo_files": "dpo_files",
     "rl/agent": "agent", "rl/agent_tiny": "agent",

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     max_len, max_images = cfg.model.text.max_len, cfg.model.max_images
     train_data = pretrain.load_split(
         folder, cfg.data.train_split, tokenizer=tok, max_images=max_images, max_len=max_len,
-        tag_classes=pretrain.tag_classes(cfg),
+        tag_classes=pretrain.tag_classes(cfg), tag_grid=pretrain.tag_grid(cfg),
     )  # fmt: skip
     eval_data = pretrain.load_split(
         folder, cfg.data.eval_split, tokenizer=tok, max_images=max_images, max_len=max_len,

@@ -16,9 +16,10 @@ from typing import Any
 import torch
 
 from mm.errors import UserError
+from mm.eval.claims import note_truth
 from mm.eval.generate import note_images
 from rl.pairs.record import PreferencePair
-from rl.rewards import score
+from rl.rewards import RewardConfig, colour_term, score, vocabulary
 from rl.trainers.rollout import generate_rollout
 
 
@@ -75,10 +76,13 @@ Scorer = Callable[[Any, Sequence[str]], list[float]]
 
 
 def scene_scorer(reward_cfg: Any = None) -> Scorer:
-    """Rewards from the note's ground-truth objects (:func:`rl.rewards.score`)."""
+    """Rewards from the note's ground-truth objects (:func:`rl.rewards.score`), and from its colours
+    (:func:`mm.eval.claims.note_truth`) when the reward judges colours (:func:`rl.rewards.colour_term`)."""
+    cfg = reward_cfg or RewardConfig()
 
     def scorer(note: Any, texts: Sequence[str]) -> list[float]:
-        return [score(t, sorted(note.categories), cfg=reward_cfg).total for t in texts]
+        truth = note_truth(note, vocabulary(cfg.vocab)) if colour_term(cfg) else None
+        return [score(t, sorted(note.categories), cfg=cfg, truth=truth).total for t in texts]
 
     return scorer
 
@@ -89,7 +93,6 @@ def labeler_scorer(labeler: Any, root: str | Path, reward_cfg: Any = None) -> Sc
     from PIL import Image
 
     from rl.labeler_reward import caption_claims, claim_values
-    from rl.rewards import RewardConfig, vocabulary
 
     cfg = reward_cfg or RewardConfig()
     vocab = vocabulary(cfg.vocab)

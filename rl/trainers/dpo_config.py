@@ -80,6 +80,14 @@ class DataConfig:
     """onpolicy: weight of the hallucinated-mention penalty in the reward that ranks the samples (the
     covered-object fraction has weight 1; :class:`rl.rewards.RewardConfig`). RLAIF-V ranks by
     hallucinations; at 1 the best sample is often the one that names more objects, hallucinations too."""
+    attribute_weight: float = 0.0
+    """onpolicy with scorer scene: weight of the wrong-colour penalty in the reward that ranks the samples
+    (:attr:`rl.rewards.RewardConfig.attribute_weight`: colours claimed of present objects that have no
+    object of that colour, judged on the notes' colour truth; 0 = off)."""
+    attribute_coverage_weight: float = 0.0
+    """onpolicy with scorer scene: weight of the right-colour term in the reward that ranks the samples
+    (:attr:`rl.rewards.RewardConfig.attribute_coverage_weight`: distinct (object, colour) claimed right;
+    0 = off)."""
     split: str = "train"
     """Note split pairs are built from."""
     notes: int = 0
@@ -128,6 +136,20 @@ class DataConfig:
         hw = self.hallucination_weight
         if not (hw >= 0 and math.isfinite(hw)):
             raise ValueError(f"data.hallucination_weight must be a finite number >= 0, got {hw}")
+        aw, acw = self.attribute_weight, self.attribute_coverage_weight
+        if not (aw >= 0 and math.isfinite(aw) and acw >= 0 and math.isfinite(acw)):
+            raise ValueError(
+                f"data.attribute_weight and data.attribute_coverage_weight must be finite numbers >= 0, got "
+                f"{aw} and {acw}"
+            )
+        if (aw > 0 or acw > 0) and (
+            self.build != "onpolicy" or self.scorer != "scene" or not self.ground_truth
+        ):
+            raise ValueError(
+                f"data.attribute_weight={aw} / attribute_coverage_weight={acw} rank on-policy samples by the "
+                "notes' colour truth: they need data.build onpolicy, data.scorer scene and data.ground_truth "
+                "true; set them to 0"
+            )
         if self.samples < 2 or self.temperature <= 0:
             raise ValueError(
                 f"need data.samples >= 2 and data.temperature > 0, got {self.samples}, {self.temperature}"

@@ -144,7 +144,11 @@ def load_pairs(cfg: DataConfig, seed: int, policy: tuple[Any, Any] | None = None
                 *policy, _world_notes(cfg), cfg.folder, prompt=cfg.prompt
             )
         else:
-            reward_cfg = RewardConfig(hallucination_weight=cfg.hallucination_weight)
+            reward_cfg = RewardConfig(
+                hallucination_weight=cfg.hallucination_weight,
+                attribute_weight=cfg.attribute_weight,
+                attribute_coverage_weight=cfg.attribute_coverage_weight,
+            )
             scorer = None
             if cfg.scorer == "labeler":
                 from rl.labeler import Labeler, LabelerConfig

@@ -56,7 +56,7 @@ from rl.entropy import REMEDY_KEYS, remedied_policy_loss
 from rl.importance import truncated_is_weights, weighted_advantages
 from rl.kl import kl_estimate
 from rl.losses import aggregate_loss
-from rl.rewards import RewardConfig, batch_scores, mention_credits
+from rl.rewards import RewardConfig, batch_scores, colour_term, mention_credits
 from rl.rollout.seeded import prompt_generators, prompt_seed
 from rl.sampling import overlong_penalty
 from rl.trainers.common import (
@@ -108,9 +108,17 @@ def score_rollout(
     return torch.tensor(totals, dtype=torch.float32), means
 
 
-def token_credits(roll: Any, rows: list[Prompt], objects: list[list[str]], tok: Any, reward: RewardConfig):
+def token_credits(
+    roll: Any,
+    rows: list[Prompt],
+    objects: list[list[str]],
+    tok: Any,
+    reward: RewardConfig,
+    truths: list[Any] | None = None,
+):
     """``(B*G, R)`` float32: :func:`rl.rewards.mention_credits` of each caption row's sampled tokens
-    (``rows[i]``: row i's prompt; ``objects``: ground truth per note), 0 on question rows and padding.
+    (``rows[i]``: row i's prompt; ``objects``: ground truth per note; ``truths``: colour truth per note,
+    when the reward judges colours: :func:`rl.rewards.colour_term`), 0 on question rows and padding.
     Token texts come from the raw ids one id at a time (no re-tokenisation)."""
     P = roll.prompt_length
     out = torch.zeros(roll.input_ids.shape[0], roll.input_ids.shape[1] - P)
@@ -119,7 +127,8 @@ def token_credits(roll: Any, rows: list[Prompt], objects: list[list[str]], tok: 
         if prompt.label is not None or not ids:
             continue
         pieces = [texts.setdefault(t, tok.decode([t], skip_special_tokens=True)) for t in ids]
-        out[i, : len(ids)] = torch.tensor(mention_credits(pieces, objects[prompt.note], reward))
+        truth = None if truths is None else truths[prompt.note]
+        out[i, : len(ids)] = torch.tensor(mention_credits(pieces, objects[prompt.note], reward, truth))
     return out
 
 
@@ -198,6 +207,10 @@ class GRPOTrainer(loop.StepTrainer):
         self.updates_per_step = cfg.algo.num_iterations
         self.rewarder = rewarder
         """None: the scene reward; else ``reward.source``'s (:func:`rl.trainers.rewarders.build_rewarder`)."""
+        self.reward_without_colour = dataclasses.replace(
+            cfg.reward, attribute_weight=0.0, attribute_coverage_weight=0.0
+        )
+        """The scene reward of each caption with ``algo.colour_in_sequence`` false (colours in the credit)."""
         self.rank, self.world = rank_world()
         self.positions = shard_positions(cfg.data.prompts_per_step, rank=self.rank, world=self.world)
         """This rank's positions in every sampling batch of prompts (whole groups)."""
@@ -228,7 +241,10 @@ class GRPOTrainer(loop.StepTrainer):
         if self.rewarder is None:
             objects = [self.prompts.objects[p.note] for p in row_prompts]
             labels = [p.label for p in row_prompts]
-            totals, parts = batch_scores(texts, objects, labels=labels, cfg=cfg.reward)
+            note_truths = self._truths() if cfg.algo.colour_in_sequence else None
+            truths = None if note_truths is None else [note_truths[p.note] for p in row_prompts]
+            reward = cfg.reward if note_truths is not None else self.reward_without_colour
+            totals, parts = batch_scores(texts, objects, labels=labels, cfg=reward, truths=truths)
             rewards = torch.tensor(totals, dtype=torch.float32)
             comps = {
                 f"reward_{k}": (sum(x for x in v if x == x), sum(x == x for x in v)) for k, v in parts.items()
@@ -251,8 +267,14 @@ class GRPOTrainer(loop.StepTrainer):
         """``(b*G, R)`` dense per-mention credits of the rollout's rows (``rows[i]``: row i's prompt), from
         the scene (:func:`token_credits`) or the rewarder's claims."""
         if self.rewarder is None:
-            return token_credits(roll, rows, self.prompts.objects, self.tok, self.cfg.reward)
+            return token_credits(roll, rows, self.prompts.objects, self.tok, self.cfg.reward, self._truths())
         return self.rewarder.credits(roll, rows, self.tok)
+
+    def _truths(self) -> list[Any] | None:
+        """Per-note colour truth when the scene reward judges colours (:func:`rl.rewards.colour_term`)."""
+        if not colour_term(self.cfg.reward):
+            return None
+        return self.prompts.truths(self.cfg.reward.vocab)
 
     def batch(self, step: int) -> dict[str, Any]:
         """This rank's rows of the rollout of ``step`` with their advantages (from the global batch's

@@ -125,6 +125,11 @@ class AlgoConfig:
     """Weight of the dense per-mention credit (:func:`rl.rewards.mention_credits`: the caption reward
     spread over the words that earned it) added to each caption token's advantage, in reward units
     (0 = off, plain GRPO; needs ``level: token``)."""
+    colour_in_sequence: bool = True
+    """With the scene reward's colour terms on (``reward.attribute_weight`` / ``attribute_coverage_weight``):
+    true = they count in each caption's reward (its group advantage) and in the per-token credit; false =
+    in the per-token credit only, on the colour words, so a caption is not pushed to name fewer objects
+    to state fewer colours (needs ``mention_credit`` > 0)."""
     loss_mode: str = "clip"
     """Policy loss (:mod:`rl.entropy`): clip (PPO-clip), clip_cov or kl_cov (verl's Clip-Cov / KL-Cov,
     entropy-collapse remedies; need ``level: token``; ignore ``dual_clip``; kl_cov ignores the clip range)."""
@@ -175,6 +180,11 @@ class AlgoConfig:
             ),
             (self.overlong_cache >= 1, f"algo.overlong_cache must be >= 1, got {self.overlong_cache}"),
             (self.mention_credit >= 0, f"algo.mention_credit must be >= 0, got {self.mention_credit}"),
+            (
+                self.colour_in_sequence or self.mention_credit > 0,
+                "algo.colour_in_sequence=false puts the colour terms in the per-token credit only: it needs "
+                "algo.mention_credit > 0",
+            ),
             (
                 self.mention_credit == 0 or self.level == "token",
                 "algo.mention_credit gives token-level advantages: it needs algo.level=token",
@@ -230,6 +240,12 @@ class GRPOConfig:
                 "algo.loss_mode=kl_cov with algo.num_iterations=1 is plain unclipped GRPO: the old log-probs "
                 "are the current ones, so the |log pi - log pi_old| penalty is 0 with a 0 gradient; set "
                 "algo.num_iterations >= 2 or use clip_cov"
+            )
+        colours = self.reward.attribute_weight > 0 or self.reward.attribute_coverage_weight > 0
+        if colours and (self.reward.source != "scene" or not self.data.ground_truth):
+            raise ValueError(
+                "reward.attribute_weight / attribute_coverage_weight judge colours against the notes' ground "
+                "truth: they need reward.source scene and data.ground_truth true; set them to 0"
             )
         if self.reward.source.startswith("rm:") and self.algo.mention_credit > 0:
             raise ValueError("reward.source rm:DIR gives one reward per response: set algo.mention_credit=0")

@@ -10,10 +10,11 @@ import torch
 
 from mm.data.format import read_notes
 from mm.errors import UserError
+from mm.eval.claims import NoteTruth, note_truth
 from mm.train.sft_data import load_note_images
 from mm.train.tasks import pope_question_samples
 from rl.ground_truth import strip_all
-from rl.rewards import resolve_vocab
+from rl.rewards import resolve_vocab, vocabulary
 from rl.trainers.common import note_pixels
 from rl.trainers.grpo_config import DataConfig
 
@@ -39,6 +40,7 @@ class PromptSet:
         self.processor = processor
         self.notes = notes
         self._objects: list[list[str]] | None = None
+        self._truths: dict[str, list[NoteTruth]] = {}
         self.prompts: list[Prompt] = []
         pope = None
         if "pope_question" in cfg.tasks:
@@ -66,6 +68,14 @@ class PromptSet:
         if self._objects is None:
             self._objects = [sorted(n.categories) for n in self.notes]
         return self._objects
+
+    def truths(self, vocab: str) -> list[NoteTruth]:
+        """Each note's per-image colour truth (:func:`mm.eval.claims.note_truth` in the reward vocabulary
+        ``vocab``), built on first use: the colour term of the scene reward."""
+        if vocab not in self._truths:
+            v = vocabulary(vocab)
+            self._truths[vocab] = [note_truth(n, v) for n in self.notes]
+        return self._truths[vocab]
 
     def __len__(self) -> int:
         return len(self.prompts)

@@ -79,6 +79,15 @@ class FilesRewardConfig(RewardConfig):
     labeler: LabelerConfig = field(default_factory=LabelerConfig)
     """The labeler of ``fn: labeler`` (its model "" = the policy's starting checkpoint)."""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.attribute_weight > 0 or self.attribute_coverage_weight > 0:
+            raise ValueError(
+                "reward.attribute_weight / attribute_coverage_weight judge colours against a note's colour "
+                "truth, which prompt files do not carry (objects are names); set them to 0, or train on "
+                "notes with rl grpo --config"
+            )
+
 
 @dataclass(kw_only=True)
 class FilesRolloutConfig:

@@ -21,12 +21,12 @@ from mm.train.pretrain.config import (
     PretrainModelConfig,
     RunConfig,
 )
-from mm.train.pretrain.data import NoteTensors, load_split, tag_classes
+from mm.train.pretrain.data import NoteTensors, cell_objects, load_split, object_tags, tag_classes, tag_grid
 from mm.train.pretrain.model import NoteTextModel, contrastive_loss, tag_loss
 from mm.train.pretrain.trainer import TrainResult, embed_split, evaluate, train, write_plots
 
 __all__ = [
     "DataConfig", "LossConfig", "NoteTensors", "NoteTextModel", "OptimConfig", "PretrainConfig",
-    "PretrainModelConfig", "RunConfig", "TrainResult", "contrastive_loss", "embed_split", "evaluate",
-    "load_split", "tag_classes", "tag_loss", "train", "write_plots",
+    "PretrainModelConfig", "RunConfig", "TrainResult", "cell_objects", "contrastive_loss", "embed_split",
+    "evaluate", "load_split", "object_tags", "tag_classes", "tag_grid", "tag_loss", "train", "write_plots",
 ]  # fmt: skip

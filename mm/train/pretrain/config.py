@@ -11,6 +11,8 @@ from mm.train.text_encoder import TextEncoderConfig
 from mm.vision import VisionConfig
 
 LOSS_KINDS = ("clip", "siglip")
+TAG_COLOUR_KINDS = ("none", "colour", "pair")
+TAG_SCOPES = ("image", "token")
 
 
 @dataclass
@@ -52,6 +54,20 @@ class LossConfig:
     InfoNCE on colour-rich captions is solved mostly by colours; the tags make the tower learn
     categories, which captioning needs. The head is dropped after pretraining (only vision and fusion
     are copied into a NoteVLM)."""
+    tag_colours: str = "none"
+    """Colour classes beside the category classes of the tagging loss (needs ``tag_weight`` > 0 and
+    notes whose objects carry a colour, as the world's do): "none" = categories only; "colour" = also
+    one class per world colour (the image shows an object of that colour); "pair" = also the colour
+    classes and one class per (category, colour) pair ("red fork"). With one object per patch, the
+    per-token head makes each fusion token say which colour its object has, which the captioner
+    needs to bind colours to objects; the category-only tagger leaves colours to the contrastive loss."""
+    tag_scope: str = "image"
+    """Where the tags are: "image" = per image, read as the max over the image's fusion tokens
+    (multiple-instance: any token may carry an object); "token" = per fusion token, each token told the
+    classes of the objects on its own grid cell (an object's box covers the cell's centre, or the box's
+    centre lies in the cell), so a token carries its own object's category and colour together, which the
+    captioner needs to bind a colour to its object. "token" needs fusion tokens on the patch grid (mlp
+    fusion, budget = patches) and a tower with ``image_size`` and ``patch_size`` set."""
     contrastive_weight: float = 1.0
     """Weight of the contrastive loss. Below 1 it leaves more of the tower to the tags (the two compete
     for the same 64-d tokens); 0 with ``tag_weight`` > 0 pretrains an object tagger only."""
@@ -67,6 +83,15 @@ class LossConfig:
             raise ValueError(
                 f"loss.tag_weight and loss.contrastive_weight must be >= 0, got {self.tag_weight}, "
                 f"{self.contrastive_weight}"
+            )
+        if self.tag_colours not in TAG_COLOUR_KINDS:
+            raise ValueError(f"loss.tag_colours must be one of {TAG_COLOUR_KINDS}, got {self.tag_colours!r}")
+        if self.tag_scope not in TAG_SCOPES:
+            raise ValueError(f"loss.tag_scope must be one of {TAG_SCOPES}, got {self.tag_scope!r}")
+        if self.tag_colours != "none" and self.tag_weight == 0:
+            raise ValueError(
+                f"loss.tag_colours={self.tag_colours!r} adds classes to the tagging loss, which is off "
+                "(tag_weight 0); set loss.tag_weight > 0 or loss.tag_colours: none"
             )
         if self.tag_weight == 0 and self.contrastive_weight == 0:
             raise ValueError("loss.contrastive_weight and loss.tag_weight are both 0: nothing to train")

@@ -16,7 +16,7 @@ from torch import nn
 
 from mm import contrastive
 from mm.errors import UserError
-from mm.fusion import build_fusion_from_config
+from mm.fusion import MLPProjector, build_fusion_from_config
 from mm.multi_image import ImageIndexEmbedding
 from mm.train.pretrain.config import LossConfig, PretrainModelConfig
 from mm.train.text_encoder import TextEncoder
@@ -63,12 +63,23 @@ class NoteTextModel(nn.Module):
         else:
             self.logit_bias = None
         self.tag_head = nn.Linear(cfg.d_model, num_tags) if num_tags else None
+        self.tag_scope = loss.tag_scope
+        if num_tags and loss.tag_scope == "token":
+            pooled = getattr(self.fusion, "pooled_grid", None)  # only the mlp fusion keeps a patch grid
+            if not isinstance(self.fusion, MLPProjector) or pooled != self.vision.grid:
+                raise UserError(
+                    f"loss.tag_scope: token tags each fusion token with the objects of its patch, so the "
+                    f"tokens must be the patches: model.fusion kind mlp with budget = "
+                    f"{self.vision.grid[0] * self.vision.grid[1]} (the {self.vision.grid} patch grid), got "
+                    f"kind {cfg.fusion.kind!r} with budget {cfg.fusion.budget}; or use loss.tag_scope: image"
+                )
 
     def encode_images(
         self, pixel_values: torch.Tensor, image_mask: torch.Tensor, *, tags: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(B, N, 3, H, W), (B, N) -> per-image features (B, N, D) (zeros at padded slots); with ``tags``
-        also the tag logits (B, N, C) of the tag head. Budget per note: one note slot, (B, 1, D)."""
+        also the tag logits of the tag head: (B, N, C) per image, or (B, N, K, C) per token with
+        ``loss.tag_scope: token``. Budget per note: one note slot, (B, 1, D)."""
         B, N = image_mask.shape
         if N > self.cfg.max_images:
             raise ValueError(f"notes have {N} image slots, model.max_images is {self.cfg.max_images}")
@@ -89,6 +100,8 @@ class NoteTextModel(nn.Module):
         # logits are max-pooled (a Linear over max-pooled features cannot single out one token's object:
         # it plateaued at tag loss 0.13, the tower reading only the theme; per-token logits reach ~0.02)
         logits = self.tag_head(tokens)  # (B, N, K, C)
+        if self.tag_scope == "token":  # every token answers for its own patch
+            return per_image, torch.where(image_mask[..., None, None], logits, torch.zeros_like(logits))
         logits = logits.masked_fill(~token_mask[..., None], float("-inf")).amax(2)  # (B, N, C)
         logits = torch.where(image_mask[..., None], logits, torch.zeros_like(logits))  # no -inf at padding
         return per_image, logits  # (B, N, D), (B, N, C)
@@ -142,14 +155,19 @@ def _stretched_half_normalised(vision: VisionConfig) -> VisionConfig:
 def tag_loss(
     logits: torch.Tensor, tags: torch.Tensor, image_mask: torch.Tensor, *, count: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Mean multi-label BCE over the real images: logits (B, N, C), tags (B, N, C) in {0, 1}, mask (B, N).
+    """Mean multi-label BCE over the real images: logits (B, N, C), tags (B, N, C) in {0, 1}, mask (B, N);
+    or per token, logits and tags (B, N, K, C) (an image's loss is then the mean over its K tokens).
 
     ``count`` replaces the number of real images the sum is divided by (default: this batch's). Under DDP
     pass (real images of the global batch) / world, so that DDP's gradient average is the global mean.
     """
-    per = F.binary_cross_entropy_with_logits(logits, tags.to(logits.dtype), reduction="none").mean(
-        -1
-    )  # (B, N)
+    if logits.shape != tags.shape:
+        raise ValueError(
+            f"tag logits {tuple(logits.shape)} and tags {tuple(tags.shape)} differ; per-token tags need the "
+            "data loaded with the model's token grid (mm.train.pretrain.tag_grid)"
+        )
+    per = F.binary_cross_entropy_with_logits(logits, tags.to(logits.dtype), reduction="none")
+    per = per.flatten(2).mean(-1)  # (B, N): mean over classes (and tokens)
     m = image_mask.to(per.dtype)
     return (per * m).sum() / (m.sum() if count is None else count).clamp(min=1.0)
 
