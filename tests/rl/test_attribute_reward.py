@@ -4,7 +4,6 @@ token credits, the GRPO token credits and the DPO on-policy scorer."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from mm.data.format import Note, ObjectAnnotation
 from mm.eval.claims import note_truth
@@ -147,18 +146,11 @@ def test_grpo_token_credits_and_config_checks():
     from mm.data.tokenizer import load_tokenizer
     from rl.trainers.grpo import GRPOConfig, Prompt, token_credits
     from rl.trainers.grpo_files_config import FilesRewardConfig
-    from rl.trainers.rollout import Rollout
+    from tests.helpers.rollout import caption_rollout
 
     tok = load_tokenizer()
     caption = tok(" a blue fork and a blue cup", add_special_tokens=False)["input_ids"]
-    R = len(caption)
-    prompt = torch.ones(1, 3, dtype=torch.long)
-    resp, mask = torch.tensor([caption]), torch.ones(1, R, dtype=torch.long)
-    roll = Rollout(
-        input_ids=torch.cat([prompt, resp], 1), attention_mask=torch.cat([prompt, mask], 1),
-        response_mask=torch.cat([torch.zeros_like(prompt), mask], 1), prompt_length=3, group_size=1,
-        lengths=mask.sum(-1), truncated=torch.tensor([False]), images={},
-    )  # fmt: skip
+    roll = caption_rollout(caption)
     rows = [Prompt(note=0, text="Describe the note.", label=None)]
     cfg = RewardConfig(attribute_weight=2.0)
     got = token_credits(roll, rows, [GT], tok, cfg, [TRUTH])  # (1, R)
@@ -224,16 +216,7 @@ def test_grpo_runs_with_the_colour_terms(tmp_path, in_sequence):
         "train.steps=2", "data.tasks=[caption]", "algo.mention_credit=1.0", "reward.attribute_weight=1.0",
         "reward.attribute_coverage_weight=1.0", f"algo.colour_in_sequence={str(in_sequence).lower()}",
     ]  # fmt: skip
-    args = [
-        "grpo",
-        "--config",
-        str(config),
-        "--out",
-        str(tmp_path / "run"),
-        "--data",
-        str(data),
-        "--no-progress",
-    ]
+    args = ["grpo", "--config", str(config), "--out", str(tmp_path / "run"), "--data", str(data), "--no-progress"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert main(args + [x for s in sets for x in ("--set", s)]) == 0

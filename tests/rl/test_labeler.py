@@ -163,7 +163,7 @@ def test_labeler_credits_sum_to_the_claim_reward(world):
     from rl.labeler_reward import LabelerReward
     from rl.trainers.grpo_config import DataConfig
     from rl.trainers.grpo_data import Prompt, PromptSet
-    from rl.trainers.rollout import Rollout
+    from tests.helpers.rollout import caption_rollout
 
     model, data = world
     processor = NoteProcessor.from_pretrained(model)
@@ -175,15 +175,7 @@ def test_labeler_credits_sum_to_the_claim_reward(world):
 
     tok = load_tokenizer()  # the shipped BPE: token texts keep their spaces
     caption = tok(" a fork and a knife, and a fork", add_special_tokens=False)["input_ids"]
-    R = len(caption) + 1
-    resp = torch.tensor([[*caption, tok.eos_token_id]])
-    prompt = torch.ones(1, 3, dtype=torch.long)
-    mask = torch.ones(1, R, dtype=torch.long)
-    roll = Rollout(
-        input_ids=torch.cat([prompt, resp], 1), attention_mask=torch.cat([prompt, mask], 1),
-        response_mask=torch.cat([torch.zeros_like(prompt), mask], 1), prompt_length=3, group_size=1,
-        lengths=mask.sum(-1), truncated=torch.tensor([False]), images={},
-    )  # fmt: skip
+    roll = caption_rollout([*caption, tok.eos_token_id])
     rows = [Prompt(note=0, text="Describe the note.", label=None)]
     credits = rew.credits(roll, rows, tok)  # (1, R)
     text = tok.decode(caption, skip_special_tokens=True).strip()
