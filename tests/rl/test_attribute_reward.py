@@ -216,7 +216,8 @@ def test_grpo_runs_with_the_colour_terms(tmp_path, in_sequence):
         "train.steps=2", "data.tasks=[caption]", "algo.mention_credit=1.0", "reward.attribute_weight=1.0",
         "reward.attribute_coverage_weight=1.0", f"algo.colour_in_sequence={str(in_sequence).lower()}",
     ]  # fmt: skip
-    args = ["grpo", "--config", str(config), "--out", str(tmp_path / "run"), "--data", str(data), "--no-progress"]
+    args = ["grpo", "--config", str(config), "--out", str(tmp_path / "run"), "--data", str(data),
+            "--no-progress"]  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert main(args + [x for s in sets for x in ("--set", s)]) == 0
