@@ -168,9 +168,10 @@ def test_nogt_pipeline_is_the_main_job_but_for_where_rewards_come_from(shipped):
     for stage in ("data", "pretrain", "align", "sft"):
         assert _config_dict(nogt[stage]) == _config_dict(gt[stage]), stage
     assert _diff(_config_dict(nogt["dpo"]), _config_dict(gt["dpo"])) == {
-        "data.scorer", "data.labeler", "data.labeler_soft", "data.ground_truth", "train.steps"
+        "data.scorer", "data.labeler", "data.labeler_soft", "data.ground_truth", "train.steps", "data.notes"
     }  # fmt: skip
     assert (nogt["dpo"].train.steps, gt["dpo"].train.steps) == (150, 300)  # labeler pairs overfit at 300
+    assert (nogt["dpo"].data.notes, gt["dpo"].data.notes) == (1200, 600)  # more pairs instead
     assert nogt["dpo"].data.labeler == str(Path("OUT") / "sft" / "model") == nogt["dpo"].init.model
     assert _diff(_config_dict(nogt["grpo"]), _config_dict(gt["grpo"])) == {
         "reward.source", "reward.labeler.answer_style", "reward.labeler.soft", "reward.labeler.threshold",
