@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 import types
@@ -31,11 +30,12 @@ from typing import Any
 
 import torch
 from rl_bench import (  # beside this script
+    RoundTimes,
     StepTimer,
+    add_round_args,
     common_args,
     finish,
     make_lm,
-    median_after_warmup,
     print_ratio_table,
     texts,
 )
@@ -143,19 +143,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         n = args.batch * args.steps
         data = Prompts(texts(n, 8, 4), texts(n, 16, 5))
         kw = dict(batch=args.batch, new=args.new_tokens, steps=args.steps)
-        ours_t: list[float] = []
-        trl_t: list[float] = []
-        ratios = []
+        rounds = RoundTimes()
         for _ in range(args.rounds):  # alternate sides so load drift on a shared machine hits both
             teacher = Qwen2ForCausalLM.from_pretrained(str(tdir)).eval()
             o = ours(Qwen2ForCausalLM.from_pretrained(str(sdir)), teacher, tok, data, **kw)
-            t = trl(sdir, tdir, tok, data, **kw)
-            ours_t += o[1:] if len(o) > 1 else o
-            trl_t += t[1:] if len(t) > 1 else t
-            ratios.append(median_after_warmup(o) / median_after_warmup(t))
-        o_med, t_med = statistics.median(ours_t), statistics.median(trl_t)
-        res["gkd"] = {"ours_s": o_med, "trl_s": t_med, "ratio": o_med / t_med, "round_ratios": ratios,
-                      "target": 1.0}  # fmt: skip
+            rounds.add(o, trl(sdir, tdir, tok, data, **kw))
+        res["gkd"] = rounds.result(1.0)
     res["load_end"] = os.getloadavg()[0]
     return res
 
@@ -169,9 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=2, help="student layers")
     ap.add_argument("--teacher-hidden", type=int, default=128, help="teacher hidden size")
     ap.add_argument("--teacher-layers", type=int, default=4, help="teacher layers")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of ours then TRL")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (0 = default)")
-    ap.add_argument("--json", default=None, help="also write the results here")
+    add_round_args(ap, threads=1)
     args = ap.parse_args(argv)
     res = run(args)
     print_ratio_table(res, ("gkd",))

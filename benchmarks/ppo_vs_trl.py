@@ -39,11 +39,12 @@ from typing import Any
 
 import torch
 from rl_bench import (  # beside this script
+    RoundTimes,
     StepTimer,
+    add_round_args,
     common_args,
     finish,
     make_lm,
-    median_after_warmup,
     print_ratio_table,
     texts,
 )
@@ -176,20 +177,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         folder = Path(tmp) / "lm"
         _, tok = make_lm(folder, hidden=args.hidden, layers=args.layers, seed=0)
         prompts = texts(args.prompts * args.steps, 8, 4)
-        ours_t: list[float] = []
-        trl_t: list[float] = []
-        ratios, lens = [], {"ours": [], "trl": []}
+        rounds, lens = RoundTimes(), {"ours": [], "trl": []}
         for _ in range(args.rounds):  # alternate sides so load drift on a shared machine hits both
             o, o_len = ours(Qwen2ForCausalLM.from_pretrained(str(folder)), tok, prompts, args)
             t, t_len = trl(folder, tok, prompts, args)
-            ours_t += o[1:] if len(o) > 1 else o
-            trl_t += t[1:] if len(t) > 1 else t
-            ratios.append(median_after_warmup(o) / median_after_warmup(t))
+            rounds.add(o, t)
             lens["ours"].append(o_len)
             lens["trl"].append(t_len)
-        o_med, t_med = statistics.median(ours_t), statistics.median(trl_t)
         res["ppo"] = {
-            "ours_s": o_med, "trl_s": t_med, "ratio": o_med / t_med, "round_ratios": ratios, "target": 1.0,
+            **rounds.result(1.0),
             "ours_answer_len": statistics.mean(lens["ours"]), "trl_answer_len": statistics.mean(lens["trl"]),
         }  # fmt: skip
     res["load_end"] = os.getloadavg()[0]
@@ -206,9 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minibatches", type=int, default=2, help="minibatches per pass (ppo.minibatches)")
     ap.add_argument("--hidden", type=int, default=64, help="LM hidden size")
     ap.add_argument("--layers", type=int, default=2, help="LM layers")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of ours then TRL")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (0 = default)")
-    ap.add_argument("--json", default=None, help="also write the results here")
+    add_round_args(ap, threads=1)
     args = ap.parse_args(argv)
     res = run(args)
     print_ratio_table(res, ("ppo",))

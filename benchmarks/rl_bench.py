@@ -255,6 +255,34 @@ def median_after_warmup(times: list[float]) -> float:
     return statistics.median(times[1:] if len(times) > 1 else times)
 
 
+class RoundTimes:
+    """Step times of ours and TRL over alternating rounds: each run's warm-up step dropped, one ratio of the
+    medians per round, and the result row every ``*_vs_trl`` benchmark reports (:meth:`result`)."""
+
+    def __init__(self) -> None:
+        self.ours: list[float] = []
+        self.trl: list[float] = []
+        self.ratios: list[float] = []
+
+    def add(self, ours: list[float], trl: list[float]) -> None:
+        """One round's per-step times of each side."""
+        self.ours += ours[1:] if len(ours) > 1 else ours
+        self.trl += trl[1:] if len(trl) > 1 else trl
+        self.ratios.append(median_after_warmup(ours) / median_after_warmup(trl))
+
+    def result(self, target: float = 1.0) -> dict[str, Any]:
+        """``ours_s`` / ``trl_s`` (medians over every round's steps), their ``ratio``, ``round_ratios``."""
+        o, t = statistics.median(self.ours), statistics.median(self.trl)
+        return {"ours_s": o, "trl_s": t, "ratio": o / t, "round_ratios": self.ratios, "target": target}
+
+
+def add_round_args(ap: argparse.ArgumentParser, *, threads: int) -> None:
+    """``--rounds``, ``--threads`` (default ``threads``) and ``--json`` of the ``*_vs_trl`` scripts."""
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of ours then TRL")
+    ap.add_argument("--threads", type=int, default=threads, help="torch threads (0 = default)")
+    ap.add_argument("--json", default=None, help="also write the results here")
+
+
 def print_ratio_table(res: dict[str, Any], names: tuple[str, ...]) -> None:
     """One row per benchmark in ``names`` that ``res`` holds: median step times, ratio against the target,
     per-round ratios (the table every ``*_vs_trl`` benchmark prints)."""
@@ -308,24 +336,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         hf_tps: list[float] = []
         for name in args.only:
             ours_fn, trl_fn, target = sides[name]
-            ours_t: list[float] = []
-            trl_t: list[float] = []
-            ratios = []
+            rounds = RoundTimes()
             for _ in range(args.rounds):  # alternate sides so load drift on a shared machine hits both
                 o = ours_fn()
                 if name == "grpo":
                     o, rate = o
                     tps.append(rate)
                     hf_tps.append(hf_generate_tps(fresh(), tok, prompts, **kw))
-                t = trl_fn()
-                ours_t += o[1:] if len(o) > 1 else o
-                trl_t += t[1:] if len(t) > 1 else t
-                ratios.append(median_after_warmup(o) / median_after_warmup(t))
-            ours, trl = statistics.median(ours_t), statistics.median(trl_t)
-            res[name] = {
-                "ours_s": ours, "trl_s": trl, "ratio": ours / trl, "round_ratios": ratios,
-                "median_round_ratio": statistics.median(ratios), "target": target,
-            }  # fmt: skip
+                rounds.add(o, trl_fn())
+            res[name] = {**rounds.result(target), "median_round_ratio": statistics.median(rounds.ratios)}
         if tps:
             res["rollout_tokens_per_s"] = statistics.median(tps)
             res["hf_generate_tokens_per_s"] = statistics.median(hf_tps)
@@ -342,12 +361,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=32, help="GRPO max completion length")
     ap.add_argument("--hidden", type=int, default=128, help="LM hidden size")
     ap.add_argument("--layers", type=int, default=2, help="LM layers")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of ours then TRL")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     ap.add_argument(
         "--only", nargs="+", default=["dpo", "grpo"], choices=["dpo", "grpo"], help="which benchmarks"
     )
-    ap.add_argument("--json", default=None, help="also write the results here")
+    add_round_args(ap, threads=0)
     args = ap.parse_args(argv)
     res = run(args)
     print_ratio_table(res, ("dpo", "grpo"))
