@@ -15,6 +15,16 @@ objects, unknown here, so no normalisation). The same credits land on the first 
 word (:func:`rl.rewards.mention_tokens`), so ``algo.mention_credit`` spreads them over the claim's tokens
 exactly as the scene reward's mention credit. Yes/no question rows are scored against the labeler's answer
 to the same question: P(yes) for a "yes", 1 - P(yes) for a "no", 0 unparsed.
+
+Colours (``attribute_weight`` / ``attribute_coverage_weight`` > 0): each colour claim ("a *red* fork",
+:mod:`mm.eval.claims.extract`) is asked as the existence question of the coloured object ("Is there a red
+fork in the image?", answered "A red fork: yes" in ``answer_style: object``), support ``a``; with the
+object's own support ``s``, per colour claim in order::
+
+    s * (attribute_coverage_weight * a [first claim of its (object, colour)] - attribute_weight * (1 - a))
+
+(:func:`colour_values`: a colour of an object that is not there is the object's error, not the colour's,
+as in the claim eval), added to the caption reward and credited on the colour word's first token.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import torch
 from mm.eval.chair import Vocabulary
 from mm.eval.pope import parse_answer
 from rl.labeler import Labeler, LabelerConfig
-from rl.rewards import RewardConfig, mention_tokens, vocabulary
+from rl.rewards import RewardConfig, char_tokens, claim_extractor, colour_term, mention_tokens, vocabulary
 
 SOURCES = ("scene", "labeler", "rm:DIR")
 """Values of ``reward.source``."""
@@ -71,6 +81,35 @@ def claim_values(
     return out
 
 
+def colour_claims(text: str, vocab_name: str) -> list[tuple[int, str, str]]:
+    """The colour claims of a caption in order: ``(character its colour word starts at, object, colour)``."""
+    return [
+        (c.span[0], c.object, str(c.value))
+        for c in claim_extractor(vocab_name).extract(text)
+        if c.kind == "attribute"
+    ]
+
+
+def colour_values(
+    claims: Sequence[tuple[str, str]],
+    support: dict[str, float],
+    colour_support: dict[tuple[str, str], float],
+    *,
+    attribute_weight: float,
+    attribute_coverage_weight: float,
+) -> list[float]:
+    """The credit of each colour claim ``(object, colour)`` given the object's support and the coloured
+    object's (module docstring); an object the labeler was not asked about counts as unsupported."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for fact in claims:
+        s, a = support.get(fact[0], 0.0), colour_support[fact]
+        first = attribute_coverage_weight * a if fact not in seen else 0.0
+        out.append(s * (first - attribute_weight * (1.0 - a)))
+        seen.add(fact)
+    return out
+
+
 def yesno_value(answer: str, p_yes: float, parser: str) -> float:
     """Reward of a yes/no answer against the labeler: P(yes) for yes, 1 - P(yes) for no, 0 unparsed."""
     parsed = parse_answer(answer, parser)
@@ -103,13 +142,17 @@ class LabelerReward:
 
     def __init__(
         self, *, labeler: Labeler, cfg: SourcedRewardConfig, prompts: Any = None, root: str | Path = ".",
-        images: Callable[[Any], list[Any]] | None = None,
+        images: Callable[[Any], list[Any]] | None = None, colour_in_sequence: bool = True,
     ) -> None:  # fmt: skip
         """``images(row)``: the row's PIL images (default: :class:`PromptImages` of ``prompts`` under
         ``root``); a row has ``text`` (its question) and ``label`` (None for a caption request)."""
         self.labeler, self.cfg = labeler, cfg
         self.images = images if images is not None else PromptImages(prompts, root)
         self.vocab = vocabulary(cfg.vocab)
+        self.colours = colour_term(cfg)
+        """Whether colour claims are verified and rewarded (``attribute_weight`` / ``_coverage_weight``)."""
+        self.colour_in_sequence = colour_in_sequence
+        """False: the colour terms go into the per-token credit only (GRPO's ``algo.colour_in_sequence``)."""
 
     def _support(self, texts: Sequence[str], rows: Sequence[Any]) -> list[dict[str, float]]:
         """Per caption row, claimed object -> support (one batched labeler call for the whole rollout)."""
@@ -122,15 +165,46 @@ class LabelerReward:
             out[i][c] = self.labeler.supported(v)
         return out
 
+    def _colour_support(
+        self, claims: Sequence[Sequence[tuple[int, str, str]]], rows: Sequence[Any]
+    ) -> list[dict[tuple[str, str], float]]:
+        """Per caption row, (object, colour) -> support of its colour claims (one batched labeler call)."""
+        asks = [(i, (o, c)) for i, cl in enumerate(claims) for _, o, c in dict.fromkeys(cl)]
+        p = self.labeler.p_yes(
+            [(self.images(rows[i]), self.labeler.question(f"{c} {o}")) for i, (o, c) in asks],
+            [f"{c} {o}" for _, (o, c) in asks],
+        )
+        out: list[dict[tuple[str, str], float]] = [{} for _ in claims]
+        for (i, fact), v in zip(asks, p):
+            out[i][fact] = self.labeler.supported(v)
+        return out
+
+    def _colour_credits(
+        self, texts: Sequence[str], rows: Sequence[Any], support: Sequence[dict[str, float]]
+    ) -> list[list[tuple[int, float]]]:
+        """Per row, ``(character of the colour word, credit)`` of each colour claim ([] on question rows)."""
+        claims = [colour_claims(t, self.cfg.vocab) if p.label is None else [] for t, p in zip(texts, rows)]
+        colour_support = self._colour_support([[(0, o, c) for _, o, c in cl] for cl in claims], rows)
+        w = {"attribute_weight": self.cfg.attribute_weight,
+             "attribute_coverage_weight": self.cfg.attribute_coverage_weight}  # fmt: skip
+        out = []
+        for cl, sup, csup in zip(claims, support, colour_support):
+            values = colour_values([(o, c) for _, o, c in cl], sup, csup, **w)
+            out.append([(at, v) for (at, _, _), v in zip(cl, values)])
+        return out
+
     def score(self, texts: Sequence[str], rows: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
         """Rewards ``(B*G,)`` of decoded responses and component means (``reward_claims``, ``reward_support``
         over caption rows; ``reward_yesno`` over question rows)."""
         cfg = self.cfg
         support = self._support(texts, rows)
+        colours = (
+            self._colour_credits(texts, rows, support) if self.colours and self.colour_in_sequence else None
+        )
         q_rows = [i for i, p in enumerate(rows) if p.label is not None]
         q_p = self.labeler.p_yes([(self.images(rows[i]), rows[i].text) for i in q_rows])
         q_val = dict(zip(q_rows, q_p))
-        totals, claims, supp, yesno = [], [], [], []
+        totals, claims, supp, yesno, colour = [], [], [], [], []
         for i, (t, p) in enumerate(zip(texts, rows)):
             if p.label is not None:
                 v = yesno_value(t, q_val[i], cfg.yesno_parser)
@@ -140,10 +214,18 @@ class LabelerReward:
             objs = [c for _, c in self.vocab.mentions(t)]
             v = sum(claim_values(objs, support[i], coverage_weight=cfg.coverage_weight,
                                  hallucination_weight=cfg.hallucination_weight))  # fmt: skip
+            if colours is not None:
+                colour.append(sum(c for _, c in colours[i]))
+                v += colour[-1]
             totals.append(cfg.caption_weight * v)
             claims.append(float(len(support[i])))
             supp.extend(support[i].values())
-        means = {"reward_claims": claims, "reward_support": supp, "reward_yesno": yesno}
+        means = {
+            "reward_claims": claims,
+            "reward_support": supp,
+            "reward_yesno": yesno,
+            "reward_colour": colour,
+        }
         comps = {k: sum(v) / len(v) for k, v in means.items() if v}
         hits, misses = self.labeler.cache.hits, self.labeler.cache.misses
         comps["labeler_cache_hit_frac"] = hits / max(hits + misses, 1)
@@ -171,4 +253,9 @@ class LabelerReward:
                                   hallucination_weight=self.cfg.hallucination_weight)  # fmt: skip
             for (pos, _), v in zip(found, values):
                 out[i, pos] += v
+            if self.colours:
+                text = "".join(pieces)
+                (cc,) = self._colour_credits([text], [prompt], [support[i]])
+                for pos, (_, v) in zip(char_tokens(pieces, [at for at, _ in cc]), cc):
+                    out[i, pos] += v
         return out

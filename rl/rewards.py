@@ -199,7 +199,8 @@ def caption_terms(
 
 
 @cache
-def _extractor(name: str) -> RuleExtractor:
+def claim_extractor(name: str) -> RuleExtractor:
+    """The rule claim extractor (:mod:`mm.eval.claims.extract`) of reward vocabulary ``name``, built once."""
     return RuleExtractor(vocabulary(name))
 
 
@@ -210,7 +211,7 @@ def attribute_verdicts(
     True if wrong, (object, colour))`` (:func:`mm.eval.claims.generative.judge`; unjudged claims are left
     out)."""
     out = []
-    for claim in _extractor(vocab.name).extract(text):
+    for claim in claim_extractor(vocab.name).extract(text):
         if claim.kind == "attribute":
             verdict = judge(claim, truth)
             if verdict is not None:

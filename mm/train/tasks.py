@@ -13,6 +13,10 @@ answer and its ``<eos>`` are learned (labels -100 on images, separators and the 
 - ``pope_question``: POPE-style questions about ONE image of the note (:func:`pope_question_samples`: the
   negatives are absent objects that co-occur with the image's objects across the notes, POPE's adversarial
   rule, instead of the world's partner-or-random ones), same answer style.
+- ``attribute_question``: colour yes/no questions about ONE image of the note
+  (:func:`attribute_question_samples`: "Is there a red fork in this note?", the "no" colour taken from
+  another object of the same image, the claim eval's adversarial rule), same answer style with the
+  coloured object first ("A red fork: no").
 - ``conversation``: LLaVA files: each ``human`` turn followed by a ``gpt`` turn is one sample (single
   turn; the ``<image>`` marker is removed from the prompt since the processor places the images).
 
@@ -27,10 +31,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from mm.data.prompts import CAPTION_PROMPT, IMAGE_CAPTION_PROMPT
+from mm.eval.chair import Vocabulary
+from mm.eval.claims.questions import ClaimQuestionConfig, build_claim_questions
+from mm.eval.claims.truth import note_truth
 from mm.eval.pope_notes import pope_questions
 from mm.world.text import article
 
-TASK_KINDS = ("caption", "image_caption", "question", "pope_question", "conversation")
+TASK_KINDS = ("caption", "image_caption", "question", "pope_question", "attribute_question", "conversation")
 """Kinds of samples :func:`build_samples` can make."""
 
 ANSWER_STYLES = ("word", "object")
@@ -133,6 +140,48 @@ def pope_question_samples(
     return out
 
 
+def attribute_question_samples(
+    notes: Sequence[Any],
+    *,
+    per_note: int = 1,
+    split: str = "adversarial",
+    seed: int = 0,
+    answer_style: str = "word",
+) -> list[list[Sample]]:
+    """Per note, ``per_note`` colour yes/no samples about single images of it, drawn at random from the claim
+    eval's attribute questions (:func:`mm.eval.claims.questions.build_claim_questions`, ``split`` its
+    negative rule; one "yes" and one "no" per object whose colours are known). The answer names the coloured
+    object first in ``answer_style`` "object" ("A red fork: no"), so the decision follows the colour and the
+    noun: the one-hop read a yes/no answer needs (:func:`yes_no_answer`)."""
+    vocab = Vocabulary.world()
+    images = {}
+    for i, note in enumerate(notes):
+        for k, truth in enumerate(note_truth(note, vocab).images):
+            images[f"{i}/{k}"] = truth
+    cfg = ClaimQuestionConfig(split=split, seed=seed, kinds=("attribute",))  # as `mm eval claims` asks
+    questions, _ = build_claim_questions(images, cfg, categories=sorted(vocab.canonical))
+    by_note: list[list[dict]] = [[] for _ in notes]
+    for q in questions:
+        by_note[int(q["image"].split("/")[0])].append(q)
+    rng = random.Random(seed)
+    out = []
+    for i, qs in enumerate(by_note):
+        pick = rng.sample(qs, min(per_note, len(qs)))
+        out.append(
+            [
+                Sample(
+                    i,
+                    "attribute_question",
+                    q["text"],
+                    yes_no_answer(q["label"], f"{q['value']} {q['object']}", answer_style),
+                    image=int(q["image"].split("/")[1]),
+                )
+                for q in pick
+            ]
+        )
+    return out
+
+
 def conversation_samples(index: int, note: Any) -> list[Sample]:
     """Single-turn samples from a LLaVA conversation: each human turn answered by the next gpt turn."""
     turns = note.conversations or []
@@ -155,16 +204,24 @@ def build_samples(
     image_caption_prompt: str = IMAGE_CAPTION_PROMPT,
     answer_style: str = "word",
     pope_questions_per_note: int = 1,
+    attribute_questions_per_note: int = 1,
     seed: int = 0,
 ) -> list[Sample]:
     """Every sample of ``kinds`` from ``notes``, note by note (caption, image captions, questions, POPE-style
-    questions, chat); yes/no answers in ``answer_style`` (:func:`yes_no_answer`)."""
+    and colour questions, chat); yes/no answers in ``answer_style`` (:func:`yes_no_answer`)."""
     unknown = [k for k in kinds if k not in TASK_KINDS]
     if unknown:
         raise ValueError(f"unknown task kind(s) {unknown}; known kinds: {', '.join(TASK_KINDS)}")
     pope = (
         pope_question_samples(notes, per_note=pope_questions_per_note, seed=seed, answer_style=answer_style)
         if "pope_question" in kinds
+        else None
+    )
+    colour = (
+        attribute_question_samples(
+            notes, per_note=attribute_questions_per_note, seed=seed, answer_style=answer_style
+        )
+        if "attribute_question" in kinds
         else None
     )
     out: list[Sample] = []
@@ -177,6 +234,8 @@ def build_samples(
             out.extend(question_samples(i, note, limit=questions_per_note, answer_style=answer_style))
         if pope is not None:
             out.extend(pope[i])
+        if colour is not None:
+            out.extend(colour[i])
         if "conversation" in kinds:
             out.extend(conversation_samples(i, note))
     return out

@@ -68,6 +68,12 @@ class WorldConfig:
     """Std of Gaussian pixel noise on the 0-255 scale (difficulty; noisy PNGs are ~10x larger and slower)."""
     synonym_prob: float = 0.3
     """Probability that a caption or question uses a synonym instead of the canonical name."""
+    colour_position: str = "before"
+    """Where captions put an object's colour: ``before`` the noun ("a red fork", English word order) or
+    ``after`` it in brackets ("a fork (red)", as mixed groups already read: "two forks (red and blue)").
+    After the noun, a captioner reads the colour of an object it has already named (one attention hop);
+    before it, it must pick the object and read its colour at once. Only the texts change: same seed, same
+    scenes, pixels and questions."""
     questions_per_note: int = 6
     """Yes/no questions per note (half yes, half no when possible)."""
     partner_negatives: float = 0.5
@@ -87,6 +93,10 @@ class WorldConfig:
         need(
             self.cooccurrence_scope in ("image", "note"),
             f"cooccurrence_scope must be 'image' or 'note', got {self.cooccurrence_scope!r}",
+        )
+        need(
+            self.colour_position in ("before", "after"),
+            f"colour_position must be 'before' or 'after', got {self.colour_position!r}",
         )
         need(
             self.placement in ("free", "grid"), f"placement must be 'free' or 'grid', got {self.placement!r}"

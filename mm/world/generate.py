@@ -71,15 +71,17 @@ def generate_note(cfg: WorldConfig, index: int) -> tuple[Note, list[np.ndarray]]
         )
         images.append(img)
         objects.append(anns)
-    S, sp = cfg.image_size, cfg.synonym_prob
+    S, sp, after = cfg.image_size, cfg.synonym_prob, cfg.colour_position == "after"
     told = caption_objects(objects, cfg.caption_prior, np.random.default_rng([cfg.seed, index, 2]))
     note = Note(
         id=nid,
         split=split,
         source="world",
         images=[f"{IMAGE_DIR}/{nid}_{k}.png" for k in range(n_img)],
-        text=text.note_caption(theme, told, size=S, rng=rng, synonym_prob=sp),
-        image_captions=[text.image_caption(o, size=S, rng=rng, synonym_prob=sp) for o in told],
+        text=text.note_caption(theme, told, size=S, rng=rng, synonym_prob=sp, colour_after=after),
+        image_captions=[
+            text.image_caption(o, size=S, rng=rng, synonym_prob=sp, colour_after=after) for o in told
+        ],
         objects=objects,
         questions=text.questions(
             nid,

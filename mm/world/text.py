@@ -100,9 +100,18 @@ def mention_order(objects: list[ObjectAnnotation]) -> list[ObjectAnnotation]:
 
 
 def object_phrases(
-    objects: list[ObjectAnnotation], *, size: int, rng: np.random.Generator, synonym_prob: float
+    objects: list[ObjectAnnotation],
+    *,
+    size: int,
+    rng: np.random.Generator,
+    synonym_prob: float,
+    colour_after: bool = False,
 ) -> list[str]:
-    """One noun phrase per category group ("two red forks"), groups in :func:`mention_order`."""
+    """One noun phrase per category group ("two red forks"), groups in :func:`mention_order`.
+
+    ``colour_after``: a shared colour follows the noun in brackets ("two forks (red)"), like a mixed
+    group's list; the random draws are the same either way.
+    """
     groups: dict[str, list[ObjectAnnotation]] = {}
     for o in mention_order(objects):
         groups.setdefault(o.category, []).append(o)
@@ -116,18 +125,18 @@ def object_phrases(
         words = []
         if n == 1 and objs[0].size and rng.random() < 0.3:
             words.append(objs[0].size)
-        if color:
+        if color and not colour_after:
             words.append(color)
         words.append(noun)
         head = " ".join(words)
+        listed = sorted(c for c in colors if c) if not color or colour_after else []
+        bracket = " (" + _join(listed) + ")" if listed else ""
         if n == 1:
-            phrase = f"{article(head)} {head}"
+            phrase = f"{article(head)} {head}{bracket}"
             if rng.random() < 0.3:
                 phrase += " " + position_phrase(objs[0].bbox, size)
         else:
-            phrase = f"{NUMBERS[n]} {head}"
-            if not color:
-                phrase += " (" + _join(sorted(c for c in colors if c)) + ")"
+            phrase = f"{NUMBERS[n]} {head}{bracket}"
         phrases.append(phrase)
     return phrases
 
@@ -136,12 +145,18 @@ _IMAGE_TEMPLATES = ("{X}.", "There is {x}.", "This photo shows {x}.", "I can see
 
 
 def image_caption(
-    objects: list[ObjectAnnotation], *, size: int, rng: np.random.Generator, synonym_prob: float
+    objects: list[ObjectAnnotation],
+    *,
+    size: int,
+    rng: np.random.Generator,
+    synonym_prob: float,
+    colour_after: bool = False,
 ) -> str:
-    """A one-sentence caption naming every object of one image."""
+    """A one-sentence caption naming every object of one image (``colour_after``: :func:`object_phrases`)."""
     if not objects:
         return "Nothing in particular."
-    phrases = object_phrases(objects, size=size, rng=rng, synonym_prob=synonym_prob)
+    kw = {"size": size, "rng": rng, "synonym_prob": synonym_prob, "colour_after": colour_after}
+    phrases = object_phrases(objects, **kw)
     body = _join(phrases)
     t = _IMAGE_TEMPLATES[int(rng.integers(len(_IMAGE_TEMPLATES)))]
     if t == "There is {x}." and not phrases[0].startswith(("a ", "an ")):
@@ -156,20 +171,21 @@ def note_caption(
     size: int,
     rng: np.random.Generator,
     synonym_prob: float,
+    colour_after: bool = False,
 ) -> str:
-    """The note's text: a theme introduction, then every image's objects in order."""
+    """The note's text: a theme introduction, then every image's objects in order (``colour_after``:
+    :func:`object_phrases`)."""
     n = len(objects)
+    kw = {"size": size, "rng": rng, "synonym_prob": synonym_prob, "colour_after": colour_after}
     place = THEME_PLACE[theme]
     if n == 1:
         intro = f"A photo from {place}."
-        body = _join(object_phrases(objects[0], size=size, rng=rng, synonym_prob=synonym_prob))
+        body = _join(object_phrases(objects[0], **kw))
         return f"{intro} It shows {body}."
     intro = f"{NUMBERS[n].capitalize()} photos from {place}."
     parts = [intro]
     for k, objs in enumerate(objects):
-        body = (
-            _join(object_phrases(objs, size=size, rng=rng, synonym_prob=synonym_prob)) if objs else "nothing"
-        )
+        body = _join(object_phrases(objs, **kw)) if objs else "nothing"
         parts.append(f"In the {ORDINALS[k]} photo, {body}.")
     return " ".join(parts)
 

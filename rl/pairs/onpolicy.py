@@ -92,17 +92,29 @@ def labeler_scorer(labeler: Any, root: str | Path, reward_cfg: Any = None) -> Sc
     claims minus unsupported ones), the note's images read from ``root``; no ground truth is read."""
     from PIL import Image
 
-    from rl.labeler_reward import caption_claims, claim_values
+    from rl.labeler_reward import caption_claims, claim_values, colour_claims, colour_values
 
     cfg = reward_cfg or RewardConfig()
     vocab = vocabulary(cfg.vocab)
+    colours = colour_term(cfg)
+    cw = {
+        "attribute_weight": cfg.attribute_weight,
+        "attribute_coverage_weight": cfg.attribute_coverage_weight,
+    }
 
     def scorer(note: Any, texts: Sequence[str]) -> list[float]:
         images = [Image.open(p).convert("RGB") for p in note_images(note, root)]
         claims = sorted({c for t in texts for c in caption_claims(t, vocab)})
         support = {c: labeler.supported(p) for c, p in labeler.verify_objects(images, claims).items()}
         w = {"coverage_weight": cfg.coverage_weight, "hallucination_weight": cfg.hallucination_weight}
-        return [sum(claim_values([c for _, c in vocab.mentions(t)], support, **w)) for t in texts]
+        values = [sum(claim_values([c for _, c in vocab.mentions(t)], support, **w)) for t in texts]
+        if not colours:
+            return values
+        facts = [[(o, c) for _, o, c in colour_claims(t, cfg.vocab)] for t in texts]
+        asked = sorted({f"{c} {o}" for fs in facts for o, c in fs})
+        p = labeler.verify_objects(images, asked)  # "red fork" -> P(yes) of "Is there a red fork ...?"
+        colour_support = {(o, c): labeler.supported(p[f"{c} {o}"]) for fs in facts for o, c in fs}
+        return [v + sum(colour_values(fs, support, colour_support, **cw)) for v, fs in zip(values, facts)]
 
     return scorer
 

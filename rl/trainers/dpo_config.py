@@ -81,13 +81,14 @@ class DataConfig:
     covered-object fraction has weight 1; :class:`rl.rewards.RewardConfig`). RLAIF-V ranks by
     hallucinations; at 1 the best sample is often the one that names more objects, hallucinations too."""
     attribute_weight: float = 0.0
-    """onpolicy with scorer scene: weight of the wrong-colour penalty in the reward that ranks the samples
+    """onpolicy: weight of the wrong-colour penalty in the reward that ranks the samples
     (:attr:`rl.rewards.RewardConfig.attribute_weight`: colours claimed of present objects that have no
-    object of that colour, judged on the notes' colour truth; 0 = off)."""
+    object of that colour, judged on the notes' colour truth with scorer scene, by the labeler with scorer
+    labeler, :func:`rl.labeler_reward.colour_values`; 0 = off)."""
     attribute_coverage_weight: float = 0.0
-    """onpolicy with scorer scene: weight of the right-colour term in the reward that ranks the samples
-    (:attr:`rl.rewards.RewardConfig.attribute_coverage_weight`: distinct (object, colour) claimed right;
-    0 = off)."""
+    """onpolicy: weight of the right-colour term in the reward that ranks the samples
+    (:attr:`rl.rewards.RewardConfig.attribute_coverage_weight`: distinct (object, colour) claimed right, as
+    ``attribute_weight`` judges them; 0 = off)."""
     split: str = "train"
     """Note split pairs are built from."""
     notes: int = 0
@@ -143,12 +144,12 @@ class DataConfig:
                 f"{aw} and {acw}"
             )
         if (aw > 0 or acw > 0) and (
-            self.build != "onpolicy" or self.scorer != "scene" or not self.ground_truth
+            self.build != "onpolicy" or (self.scorer == "scene" and not self.ground_truth)
         ):
             raise ValueError(
-                f"data.attribute_weight={aw} / attribute_coverage_weight={acw} rank on-policy samples by the "
-                "notes' colour truth: they need data.build onpolicy, data.scorer scene and data.ground_truth "
-                "true; set them to 0"
+                f"data.attribute_weight={aw} / attribute_coverage_weight={acw} rank on-policy samples by "
+                "their colours, judged on the notes' colour truth (data.scorer scene, data.ground_truth "
+                "true) or by the labeler (data.scorer labeler): they need data.build onpolicy; set them to 0"
             )
         if self.samples < 2 or self.temperature <= 0:
             raise ValueError(

@@ -377,8 +377,9 @@ def train(
     prompts = PromptSet(processor=processor, notes=notes, root=folder, cfg=cfg.data)
     opt, sched = make_optimizer(model, cfg.optim, cfg.train.steps)
     rewarder = build_rewarder(
-        cfg.reward, policy_folder=cfg.init.model, prompts=prompts, root=folder, device=device
-    )
+        cfg.reward, policy_folder=cfg.init.model, prompts=prompts, root=folder, device=device,
+        colour_in_sequence=cfg.algo.colour_in_sequence,
+    )  # fmt: skip
     trainer = GRPOTrainer(cfg, model, ref, prompts, processor.tokenizer, device, rewarder)
 
     def monitor(history: list[dict[str, Any]], record: dict[str, Any]) -> list[str]:

@@ -126,7 +126,7 @@ class AlgoConfig:
     spread over the words that earned it) added to each caption token's advantage, in reward units
     (0 = off, plain GRPO; needs ``level: token``)."""
     colour_in_sequence: bool = True
-    """With the scene reward's colour terms on (``reward.attribute_weight`` / ``attribute_coverage_weight``):
+    """With the colour terms on (``reward.attribute_weight`` / ``_coverage_weight``, scene or labeler):
     true = they count in each caption's reward (its group advantage) and in the per-token credit; false =
     in the per-token credit only, on the colour words, so a caption is not pushed to name fewer objects
     to state fewer colours (needs ``mention_credit`` > 0)."""
@@ -242,10 +242,12 @@ class GRPOConfig:
                 "algo.num_iterations >= 2 or use clip_cov"
             )
         colours = self.reward.attribute_weight > 0 or self.reward.attribute_coverage_weight > 0
-        if colours and (self.reward.source != "scene" or not self.data.ground_truth):
+        scene = self.reward.source == "scene"
+        if colours and not (self.reward.source == "labeler" or (scene and self.data.ground_truth)):
             raise ValueError(
                 "reward.attribute_weight / attribute_coverage_weight judge colours against the notes' ground "
-                "truth: they need reward.source scene and data.ground_truth true; set them to 0"
+                "truth (reward.source scene, data.ground_truth true) or by asking the labeler (reward.source "
+                "labeler); a reward model has no colour term: set them to 0"
             )
         if self.reward.source.startswith("rm:") and self.algo.mention_credit > 0:
             raise ValueError("reward.source rm:DIR gives one reward per response: set algo.mention_credit=0")

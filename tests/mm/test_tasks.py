@@ -10,6 +10,7 @@ from mm.model.processing import IGNORE_INDEX
 from mm.train.tasks import (
     CAPTION_PROMPT,
     Sample,
+    attribute_question_samples,
     build_samples,
     count_kinds,
     pope_question_samples,
@@ -69,6 +70,7 @@ def test_build_samples_kinds_and_order():
     assert s[1].prompt == "Is there a fork in image 1?"
     # note 1 has blank text: no caption sample; its chat turns are single-turn samples without <image>
     kinds = {"caption": 1, "image_caption": 0, "question": 4, "pope_question": 0, "conversation": 2}
+    kinds["attribute_question"] = 0
     assert count_kinds(s) == kinds
     chat = [x for x in s if x.kind == "conversation"]
     assert chat[0].prompt == "What is on the table?" and chat[0].answer == "A red fork."
@@ -76,7 +78,7 @@ def test_build_samples_kinds_and_order():
 
 
 def test_unknown_kind_is_an_error():
-    with pytest.raises(ValueError, match="caption, image_caption, question, pope_question, conversation"):
+    with pytest.raises(ValueError, match="pope_question, attribute_question, conversation"):
         build_samples([_note()], kinds=("captions",))
 
 
@@ -217,3 +219,33 @@ def test_pope_question_samples_ask_about_one_image_with_in_theme_negatives():
     again = build_samples(notes, kinds=("pope_question",), answer_style="object", pope_questions_per_note=2)
     assert again == samples  # deterministic for a seed
     assert build_samples(notes, kinds=("pope_question",), pope_questions_per_note=2, seed=1) != again
+
+
+def test_attribute_question_samples_ask_one_image_about_a_colour():
+    from mm.world.config import WorldConfig
+    from mm.world.generate import generate_notes
+
+    notes = generate_notes(WorldConfig(notes=60, image_size=64))
+    per = attribute_question_samples(notes, per_note=2, answer_style="object")
+    assert len(per) == len(notes) and all(len(g) == 2 for g in per)
+    labels, binding = [], []
+    for s in (s for g in per for s in g):
+        objs = notes[s.note].objects[s.image]
+        assert s.kind == "attribute_question" and 0 <= s.image < len(notes[s.note].images)
+        coloured, label = s.answer.split(" ", 1)[1].split(": ")
+        colour, obj = coloured.split(" ", 1)
+        assert s.prompt == f"Is there {'an' if colour[0] in 'aeiou' else 'a'} {colour} {obj} in this note?"
+        own = {o.color for o in objs if o.category == obj}
+        assert own and (label == "yes") == (colour in own)  # about an object of THAT image, judged there
+        if label == "no":  # adversarial: another object of the image has the asked colour, when one can
+            others = {o.color for o in objs if o.category != obj} - own
+            binding.append(colour in others if others else True)
+        labels.append(label)
+    assert 0.35 < labels.count("yes") / len(labels) < 0.65 and all(binding)
+    again = build_samples(
+        notes, kinds=("attribute_question",), answer_style="object", attribute_questions_per_note=2
+    )
+    assert again == [s for g in per for s in g]  # deterministic for a seed
+    assert (
+        build_samples(notes, kinds=("attribute_question",), attribute_questions_per_note=2, seed=1) != again
+    )

@@ -96,6 +96,8 @@ def test_config_rejects_bad_values(tmp_path):
         WorldConfig(cooccurrence=1.5)
     with pytest.raises(ValueError, match="images_per_note_max"):
         WorldConfig(images_per_note_max=5)
+    with pytest.raises(ValueError, match="colour_position must be 'before' or 'after'"):
+        WorldConfig(colour_position="inside")
     with pytest.raises(ConfigError, match="unknown key"):
         load_config(WorldConfig, None, ["co_occurrence=0.5"])
     cfg = load_config(WorldConfig, "configs/mm/world_default.yaml")
@@ -314,3 +316,29 @@ def test_caption_prior_names_absent_partners_in_texts_only():
 def test_caption_prior_is_a_probability():
     with pytest.raises(ValueError, match="caption_prior must be a probability"):
         WorldConfig(caption_prior=1.5)
+
+
+def test_colour_after_the_noun_changes_only_the_texts():
+    from dataclasses import replace
+
+    from mm.eval.claims.extract import build_extractor
+
+    before = WorldConfig(notes=40, seed=3)
+    after = replace(before, colour_position="after")
+    extractor = build_extractor("world")
+    for i in range(40):
+        a, pixels_a = generate_note(before, i)
+        b, pixels_b = generate_note(after, i)
+        assert all(np.array_equal(x, y) for x, y in zip(pixels_a, pixels_b))
+        assert (a.objects, a.questions, a.split) == (b.objects, b.questions, b.split)
+        # the same claims, every colour word now right after its noun or its bracket's start
+        claims = [
+            sorted((c.kind, c.object, c.value, c.image) for c in extractor.extract(x.text)) for x in (a, b)
+        ]
+        assert claims[0] == claims[1]
+        for colour in vocab.COLORS:
+            assert not re.search(rf"\b{colour} [a-z]", b.text.replace(" and ", ", ")), b.text
+    note = WorldConfig(notes=1, seed=0, colour_position="after")
+    text = generate_note(note, 0)[0].text
+    colours = "|".join(vocab.COLORS)
+    assert re.search(rf"\b(a|an|two|three|four) [a-z ]+ \(({colours})", text)

@@ -222,3 +222,112 @@ def test_labeler_eval_command_prints_precision_and_recall(world, capsys):
     assert res["questions"] == 7 and res["positives"] == 5
     assert res["tp"] + res["fn"] == 5 and res["fp"] + res["tn"] == 2
     assert main(["--labeler", str(data), "--data", str(data)]) == 2  # not a model folder
+
+
+# ---------------------------------------------------------------- colour claims verified by the labeler
+
+
+def test_oracle_colour_values_are_the_scene_colour_terms_times_g():
+    from mm.data.format import Note, ObjectAnnotation
+    from mm.eval.claims.truth import note_truth
+    from rl.labeler_reward import colour_claims, colour_values
+    from rl.rewards import caption_terms
+
+    note = Note(id="n", images=["a.png"], text="", objects=[[
+        ObjectAnnotation("fork", (0, 0, 4, 4), "red"), ObjectAnnotation("cup", (4, 4, 8, 8), "blue"),
+        ObjectAnnotation("cup", (8, 8, 12, 12), "green")]])  # fmt: skip
+    vocab = vocabulary("world")
+    text = "A red fork, two cups (blue and red), a yellow dog and a red fork."
+    claims = colour_claims(text, "world")
+    want = [("fork", "red"), ("cup", "blue"), ("cup", "red"), ("dog", "yellow"), ("fork", "red")]
+    assert [(o, c) for _, o, c in claims] == want
+    assert all(text[at:].startswith(c) for at, _, c in claims)
+    truth = note_truth(note, vocab)
+    objects = {o for im in truth.images for o in im}
+    support = {o: float(o in objects) for o in ("fork", "cup", "dog")}
+    colour_support = {(o, c): float(o in objects and c in truth.images[0][o].colors) for _, o, c in claims}
+    values = colour_values([(o, c) for _, o, c in claims], support, colour_support, attribute_weight=2.0,
+                           attribute_coverage_weight=1.0)  # fmt: skip
+    assert values == [1.0, 1.0, -2.0, 0.0, 0.0]  # right, right, wrong (no red cup), absent dog, repeat
+    t = caption_terms(text, ["fork", "cup"], vocab, truth)
+    assert sum(values) == pytest.approx((t["attribute_coverage"] - 2.0 * t["attribute"]) * 2)  # g = 2
+    # soft: the object's support scales its colour's credit
+    assert colour_values([("cup", "red")], {"cup": 0.5}, {("cup", "red"): 0.25}, attribute_weight=1.0,
+                         attribute_coverage_weight=1.0) == [pytest.approx(0.5 * (0.25 - 0.75))]  # fmt: skip
+
+
+def test_labeler_colour_credits_land_on_colour_words_and_sum_to_the_reward(world):
+    from mm.data.format import read_notes
+    from mm.data.tokenizer import load_tokenizer
+    from mm.model import NoteProcessor
+    from rl.labeler_reward import LabelerReward
+    from rl.trainers.grpo_config import DataConfig
+    from rl.trainers.grpo_data import Prompt, PromptSet
+    from tests.helpers.rollout import caption_rollout
+
+    model, data = world
+    processor = NoteProcessor.from_pretrained(model)
+    prompts = PromptSet(
+        processor=processor, notes=read_notes(data, split="train"), root=data, cfg=DataConfig()
+    )
+    cfg = SourcedRewardConfig(source="labeler", attribute_weight=1.0, attribute_coverage_weight=1.0)
+    lab = Labeler.from_folder(model, cfg.labeler)
+    rew = LabelerReward(labeler=lab, prompts=prompts, root=data, cfg=cfg)
+    tok = load_tokenizer()
+    caption = tok(" a red fork and a blue cup", add_special_tokens=False)["input_ids"]
+    roll = caption_rollout([*caption, tok.eos_token_id])
+    rows = [Prompt(note=0, text="Describe the note.", label=None)]
+    credits = rew.credits(roll, rows, tok)[0]  # (R,)
+    text = tok.decode(caption, skip_special_tokens=True).strip()
+    total, comps = rew.score([text], rows)
+    assert credits.sum().item() == pytest.approx(total.item(), abs=1e-6)
+    pieces = [tok.decode([t]) for t in caption]
+    p = lab.verify_objects(rew.images(rows[0]), ["fork", "cup", "red fork", "blue cup"])
+    colour = {"red": p["fork"] * (2 * p["red fork"] - 1), "blue": p["cup"] * (2 * p["blue cup"] - 1)}
+    for word, want in colour.items():
+        at = next(i for i, x in enumerate(pieces) if x.strip() == word)
+        assert credits[at].item() == pytest.approx(want, abs=1e-6)
+    assert comps["reward_colour"] == pytest.approx(sum(colour.values()), abs=1e-6)
+    # in the credit only: the sequence reward drops the colour terms, the credits keep them
+    only = LabelerReward(labeler=lab, prompts=prompts, root=data, cfg=cfg, colour_in_sequence=False)
+    total_only, _ = only.score([text], rows)
+    assert total_only.item() == pytest.approx(total.item() - sum(colour.values()), abs=1e-6)
+
+
+def test_labeler_scorer_ranks_by_colours_too(world):
+    from PIL import Image
+
+    from mm.data.format import read_notes
+    from rl.pairs.onpolicy import labeler_scorer
+    from rl.rewards import RewardConfig
+
+    model, data = world
+    note = read_notes(data, split="train")[0]
+    lab = Labeler.from_folder(model, LabelerConfig())
+    cfg = RewardConfig(attribute_weight=1.0, attribute_coverage_weight=0.0)
+    got = labeler_scorer(lab, data, cfg)(note, ["A red fork.", "A fork."])
+    images = [Image.open(data / im).convert("RGB") for im in note.images]
+    p = lab.verify_objects(images, ["fork", "red fork"])
+    assert got[1] == pytest.approx(2 * p["fork"] - 1)
+    assert got[0] == pytest.approx(got[1] - p["fork"] * (1 - p["red fork"]))
+
+
+def test_colour_terms_need_a_judge():
+    from dataclasses import replace
+
+    from rl.trainers.dpo_config import DataConfig as DPOData
+    from rl.trainers.grpo_config import GRPOConfig
+
+    base = GRPOConfig()
+    for source, gt in (("labeler", False), ("labeler", True), ("scene", True)):
+        reward = SourcedRewardConfig(source=source, attribute_weight=1.0)
+        replace(base, reward=reward, data=replace(base.data, ground_truth=gt))
+    for source, gt in (("scene", False), ("rm:/x", True)):
+        with pytest.raises(ValueError, match="a reward model has no colour term"):
+            reward = SourcedRewardConfig(source=source, attribute_weight=1.0)
+            replace(base, reward=reward, data=replace(base.data, ground_truth=gt))
+    DPOData(
+        build="onpolicy", notes=4, scorer="labeler", labeler="m", ground_truth=False, attribute_weight=1.0
+    )
+    with pytest.raises(ValueError, match="need data.build onpolicy"):
+        DPOData(build="injection", attribute_weight=1.0)

@@ -26,7 +26,7 @@ def answer_loss(
     return answer_positions_loss(hidden, base.lm_head, batch["labels"], weights, divisor)
 
 
-QUESTION_KINDS = ("question", "pope_question")
+QUESTION_KINDS = ("question", "pope_question", "attribute_question")
 """Sample kinds whose answer tokens get ``tasks.question_weight``."""
 
 

@@ -1,0 +1,181 @@
+"""How well a NoteVLM reads colours: where the colour of an object is lost between pixels and caption.
+
+    python benchmarks/colour_reading.py probe --model W0/sft/model --data W0/data/world [--notes 256]
+    python benchmarks/colour_reading.py swap-pairs --data W0/data/world --out pairs.jsonl [--notes 1200]
+
+``probe`` prints three figures on ``--notes`` held-out notes of a world folder:
+
+- *teacher-forced colour accuracy*: feed the note's own caption and, at every colour word, take the colour
+  with the highest probability (both spellings of each colour word summed); the same with every note's
+  images swapped for another note's (``control``: what the language prior alone gets);
+- *linear probes*: a logistic regression from one image token to the colour of the object in that token's
+  grid cell (world grid = patch grid), on the vision tower's tokens and on the fusion's (70% of the
+  objects to fit, 30% to score). The world's objects sit one per grid cell, so token k is cell k.
+
+``swap-pairs`` writes colour-swap preference pairs (POVID-style, :mod:`rl.pairs.injection` for objects):
+chosen = a train note's caption, rejected = the same caption with one colour word changed to the colour
+of another object of the same photo (a binding error), else to a colour that category lacks there; up to
+``--per-note`` pairs per note. ``rl dpo --set data.pairs=FILE`` trains on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mm.data.format import read_notes  # noqa: E402
+from mm.eval.claims.extract import build_extractor  # noqa: E402
+from mm.world.vocab import COLORS  # noqa: E402
+from rl.pairs.files import write_pairs  # noqa: E402
+from rl.pairs.record import PreferencePair, caption_pair  # noqa: E402
+
+PROMPT = "Describe the note."
+
+
+def colour_hits(logits: torch.Tensor, labels: torch.Tensor, forms: torch.Tensor) -> tuple[int, int]:
+    """(right, total) over the colour-word labels: the colour whose spellings ``forms`` (C, F) carry the
+    most next-token probability is the prediction. ``logits`` (B, T, V) predict ``labels`` (B, T) shifted
+    by one, the model's own convention."""
+    lab, lg = labels[:, 1:], logits[:, :-1]  # (B, T-1), (B, T-1, V)
+    mask = torch.isin(lab, forms.flatten())  # (B, T-1)
+    if not mask.any():
+        return 0, 0
+    colour_of = torch.full((int(forms.max()) + 1,), -1, dtype=torch.long)
+    for c, ids in enumerate(forms):
+        colour_of[ids] = c
+    p = lg[mask].float().softmax(-1)[:, forms].sum(-1)  # (M, C)
+    truth = colour_of[lab[mask]]  # (M,)
+    return int((p.argmax(-1) == truth).sum()), int(mask.sum())
+
+
+def cell_index(bbox: Sequence[float], image_size: int, grid: int) -> int:
+    """Row-major index of the ``grid`` x ``grid`` cell holding the centre of ``bbox`` (x0, y0, x1, y1)."""
+    cx = (bbox[0] + bbox[2]) / 2 / image_size
+    cy = (bbox[1] + bbox[3]) / 2 / image_size
+    col = min(grid - 1, max(0, int(cx * grid)))
+    row = min(grid - 1, max(0, int(cy * grid)))
+    return row * grid + col
+
+
+def linear_probe(x: torch.Tensor, y: torch.Tensor, *, classes: int, steps: int = 800, seed: int = 0) -> float:
+    """Held-out accuracy of a logistic regression ``x`` (N, D) -> ``y`` (N,): fit on the first 70%."""
+    torch.manual_seed(seed)
+    x = (x - x.mean(0)) / (x.std(0) + 1e-6)
+    n = int(len(y) * 0.7)
+    head = torch.nn.Linear(x.shape[1], classes)
+    opt = torch.optim.Adam(head.parameters(), lr=1e-2, weight_decay=1e-4)
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(head(x[:n]), y[:n]).backward()
+        opt.step()
+    with torch.no_grad():
+        return float((head(x[n:]).argmax(-1) == y[n:]).float().mean())
+
+
+def swap_pairs(notes: Sequence[Any], *, per_note: int = 2, seed: int = 0) -> list[PreferencePair]:
+    """Colour-swap pairs of ``notes`` (module docstring); world captions, world colours."""
+    rng = np.random.default_rng(seed)
+    extractor = build_extractor("world")
+    out = []
+    for note in notes:
+        caption = note.text
+        claims = [c for c in extractor.extract(caption) if c.kind == "attribute"]
+        rng.shuffle(claims)
+        for j, c in enumerate(claims[:per_note]):
+            objs = note.objects[c.image or 0]
+            own = {o.color for o in objs if o.category == c.object}
+            others = sorted({o.color for o in objs if o.color and o.color not in own})
+            pool = others or [x for x in COLORS if x not in own]
+            new = pool[int(rng.integers(len(pool)))]
+            rejected = caption[: c.span[0]] + new + caption[c.span[1] :]
+            meta = {"mode": "colour", "object": c.object, "image": c.image or 0, "from": c.value, "to": new}
+            meta["binding"] = bool(others)
+            pair = caption_pair(note, "injection", PROMPT, caption, rejected, None, meta)
+            pair.id = f"{note.id}-colour-{j}"
+            out.append(pair)
+    return out
+
+
+def probe(model_dir: str, data: str, n: int, batch: int = 32) -> dict[str, float]:
+    from mm.eval.runners import load_model
+
+    model, proc = load_model(model_dir, device="cpu")
+    tok = proc.tokenizer
+    forms = torch.tensor([[tok.convert_tokens_to_ids(c), tok.convert_tokens_to_ids("Ġ" + c)] for c in COLORS])
+    notes = read_notes(data, "test")[:n]
+    out: dict[str, float] = {}
+    for name, shift in (("own images", 0), ("control", 1)):
+        right = total = 0
+        for s in range(0, len(notes), batch):
+            nb = notes[s : s + batch]
+            samples = []
+            for j, a in enumerate(nb):
+                b = nb[(j + shift) % len(nb)]
+                images = (b.images if len(b.images) >= len(a.images) else a.images)[: len(a.images)]
+                samples.append(proc.encode([Path(data) / im for im in images], PROMPT, a.text))
+            inputs = proc.collate(samples)
+            labels = inputs.pop("labels")
+            with torch.no_grad():
+                r, t = colour_hits(model(**inputs).logits, labels, forms)
+            right, total = right + r, total + t
+        out[f"teacher-forced accuracy, {name}"] = right / max(total, 1)
+    out["colour words"] = total
+    tower, fused, colours = [], [], []
+    size = proc.image_size
+    for note in notes:
+        pv = torch.stack([proc.load_image(Path(data) / im) for im in note.images])[None]  # (1, N, 3, S, S)
+        mask = torch.ones(1, len(note.images), dtype=torch.bool)
+        with torch.no_grad():
+            patches = model.model.vision_tower(pv, mask)  # (1, N, P, Dv)
+            tokens, _ = model.get_image_features(pv, mask)  # (1, N, K, D)
+        grid = int(round(patches.shape[2] ** 0.5))
+        for i, objs in enumerate(note.objects):
+            for o in objs:
+                k = cell_index(o.bbox, size, grid)
+                tower.append(patches[0, i, k])
+                if tokens.shape[2] == patches.shape[2]:
+                    fused.append(tokens[0, i, k])
+                colours.append(COLORS.index(o.color))
+    y = torch.tensor(colours)
+    out["linear probe, tower token"] = linear_probe(torch.stack(tower), y, classes=len(COLORS))
+    if fused:
+        out["linear probe, fusion token"] = linear_probe(torch.stack(fused), y, classes=len(COLORS))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("probe", help="teacher-forced colour accuracy and linear probes")
+    a.add_argument("--model", required=True)
+    a.add_argument("--data", required=True)
+    a.add_argument("--notes", type=int, default=256)
+    b = sub.add_parser("swap-pairs", help="write colour-swap preference pairs")
+    b.add_argument("--data", required=True)
+    b.add_argument("--out", required=True)
+    b.add_argument("--notes", type=int, default=1200)
+    b.add_argument("--per-note", type=int, default=2)
+    b.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.cmd == "probe":
+        for k, v in probe(args.model, args.data, args.notes).items():
+            print(f"{k:38s} {v:.3f}" if isinstance(v, float) else f"{k:38s} {v}")
+        return 0
+    pairs = swap_pairs(read_notes(args.data, "train")[: args.notes], per_note=args.per_note, seed=args.seed)
+    write_pairs(pairs, args.out)
+    print(f"{len(pairs)} pairs ({sum(p.meta['binding'] for p in pairs)} binding errors) -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

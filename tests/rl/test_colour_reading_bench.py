@@ -1,0 +1,70 @@
+"""The colour-reading benchmark's pure parts: colour hits from logits (golden), grid cells, the linear
+probe on separable data, and colour-swap pairs on a tiny world (one colour word changed, to a wrong one)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from mm.data.format import read_notes
+from mm.world.config import WorldConfig
+from mm.world.generate import write_world
+from mm.world.vocab import COLORS
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def cr():
+    spec = importlib.util.spec_from_file_location("colour_reading", BENCH / "colour_reading.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_colour_hits_golden(cr):
+    forms = torch.tensor([[5, 6], [7, 8]])  # colour 0 spelt 5 or 6, colour 1 spelt 7 or 8
+    logits = torch.full((1, 4, 10), -9.0)
+    logits[0, 0, 5], logits[0, 0, 8] = 1.0, 1.5  # predicts label[1] = 6: colour 1 wins (1.5 > 1) -> wrong
+    logits[0, 1, 5], logits[0, 1, 6], logits[0, 1, 7] = 1.0, 1.0, 1.5  # label[2] = 7: colour 0 sums more
+    logits[0, 2, 7] = 3.0  # label[3] = 8: colour 1 -> right
+    labels = torch.tensor([[-100, 6, 7, 8]])
+    assert cr.colour_hits(logits, labels, forms) == (1, 3)
+    assert cr.colour_hits(logits, torch.tensor([[-100, 1, 2, 3]]), forms) == (0, 0)
+
+
+def test_cell_index(cr):
+    assert cr.cell_index((0, 0, 10, 10), 64, 4) == 0
+    assert cr.cell_index((50, 20, 60, 30), 64, 4) == 7  # centre (55, 25): row 1, column 3
+    assert cr.cell_index((60, 60, 64, 64), 64, 4) == 15
+
+
+def test_linear_probe_reads_separable_classes(cr):
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(200) % 4
+    x = torch.nn.functional.one_hot(y, 4).float() * 3 + 0.1 * torch.randn(200, 4, generator=g)
+    assert cr.linear_probe(x, y, classes=4, steps=200) == 1.0
+
+
+def test_swap_pairs_change_one_colour_to_a_wrong_one(cr, tmp_path):
+    write_world(WorldConfig(notes=30, seed=1, questions_per_note=2), tmp_path / "w")
+    notes = read_notes(tmp_path / "w", "train")
+    pairs = cr.swap_pairs(notes, per_note=2, seed=0)
+    assert pairs and len({p.id for p in pairs}) == len(pairs)
+    by_id = {n.id: n for n in notes}
+    colour = re.compile(r"\b(" + "|".join(COLORS) + r")\b")
+    for p in pairs:
+        a, b = colour.split(p.chosen), colour.split(p.rejected)
+        diff = [(x, y) for x, y in zip(a, b) if x != y]
+        assert len(a) == len(b) and len(diff) == 1 and diff[0] == (p.meta["from"], p.meta["to"])
+        note = by_id[p.note_id]
+        assert p.chosen == note.text and p.kind == "injection"
+        photo = note.objects[p.meta["image"]]
+        assert p.meta["to"] not in {o.color for o in photo if o.category == p.meta["object"]}
+        if p.meta["binding"]:  # another object of the same photo has the new colour
+            assert p.meta["to"] in {o.color for o in photo if o.category != p.meta["object"]}
+    assert any(p.meta["binding"] for p in pairs)
