@@ -7,7 +7,12 @@ contain (drawn with a seed); a claim counts as supported when P(yes) >= ``thresh
 the objects the labeler supports, the fraction that are there; recall: of the objects that are there,
 the fraction it supports (a labeler with low precision lets hallucinations through as rewards).
 
+Colour claims (``--claims colour``): per note and present object with known colours, "Is there a red
+fork in the image?" about one colour it has (positive) and about one colour it lacks that another object
+of the note has (negative: a binding error, the claim eval's adversarial rule), when there is one.
+
     python -m rl.labeler_eval --labeler runs/sft/model --data runs/data/world --split test --notes 200
+    python -m rl.labeler_eval --labeler runs/sft/model --data runs/data/world --claims colour
 """
 
 from __future__ import annotations
@@ -69,6 +74,37 @@ def labeler_agreement(
     return {**result, "questions": len(truth), "positives": sum(truth), "negatives": len(truth) - sum(truth)}
 
 
+def colour_agreement(
+    labeler: Labeler, notes: Sequence[Any], root: str | Path, *, seed: int = 0
+) -> dict[str, Any]:
+    """:func:`agreement` of ``labeler`` on colour questions about ``notes`` (module docstring)."""
+    from PIL import Image
+
+    rng = random.Random(seed)
+    questions, objects, truth = [], [], []
+    for n in notes:
+        colours: dict[str, set[str]] = {}
+        for o in (o for objs in n.objects for o in objs):
+            colours.setdefault(o.category, set()).add(o.color)
+        if not any(None not in cs for cs in colours.values()):
+            continue
+        images = [Image.open(p if Path(p).is_absolute() else Path(root) / p).convert("RGB") for p in n.images]
+        for obj in sorted(colours):
+            own = colours[obj]
+            if None in own:
+                continue
+            others = sorted({c for o, cs in colours.items() if o != obj for c in cs if c and c not in own})
+            asked = [(rng.choice(sorted(own)), True)] + ([(rng.choice(others), False)] if others else [])
+            for colour, yes in asked:
+                questions.append((images, labeler.question(f"{colour} {obj}")))
+                objects.append(f"{colour} {obj}")
+                truth.append(yes)
+    if not questions:
+        raise UserError("no notes with object colours to check the labeler's colour verdicts on")
+    result = agreement(labeler.p_yes(questions, objects), truth, threshold=labeler.cfg.threshold)
+    return {**result, "questions": len(truth), "positives": sum(truth), "negatives": len(truth) - sum(truth)}
+
+
 def main(argv: list[str] | None = None) -> int:
     from mm.data.format import read_notes
 
@@ -78,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", default="test", help="note split (default test)")
     parser.add_argument("--notes", type=int, default=0, help="first n notes (0 = all)")
     parser.add_argument("--negatives", type=int, default=3, help="absent objects asked about per note")
+    parser.add_argument(
+        "--claims", default="exists", choices=["exists", "colour"],
+        help="claims to check: exists (objects) or colour (coloured objects, binding-error negatives)",
+    )  # fmt: skip
     parser.add_argument("--vocab", default="world", choices=["world", "coco"], help="object vocabulary")
     parser.add_argument("--threshold", type=float, default=0.5, help="P(yes) that counts as yes")
     parser.add_argument("--cache", default="", help="labeler answer cache folder")
@@ -92,7 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         labeler = Labeler.from_folder(args.labeler, cfg, device=args.device)
         notes = read_notes(args.data, split=args.split)
         notes = notes[: args.notes] if args.notes else notes
-        res = labeler_agreement(labeler, notes, args.data, vocab=args.vocab, negatives=args.negatives)
+        if args.claims == "colour":
+            res = colour_agreement(labeler, notes, args.data)
+        else:
+            res = labeler_agreement(labeler, notes, args.data, vocab=args.vocab, negatives=args.negatives)
     except (UserError, ValueError) as e:
         print(f"rl.labeler_eval: error: {e}", file=sys.stderr)
         return 2

@@ -331,3 +331,27 @@ def test_colour_terms_need_a_judge():
     )
     with pytest.raises(ValueError, match="need data.build onpolicy"):
         DPOData(build="injection", attribute_weight=1.0)
+
+
+def test_colour_agreement_asks_a_colour_it_has_and_one_another_object_has(tmp_path, world):
+    import cv2
+    import numpy as np
+
+    from mm.data.format import Note, ObjectAnnotation, write_notes
+    from rl.labeler_eval import colour_agreement, main
+
+    d = tmp_path / "notes"
+    (d / "images").mkdir(parents=True)
+    cv2.imwrite(str(d / "images" / "a.png"), np.zeros((16, 16, 3), np.uint8))
+    objs = [ObjectAnnotation("fork", (0, 0, 4, 4), "red"), ObjectAnnotation("cup", (4, 4, 8, 8), "blue"),
+            ObjectAnnotation("dog", (8, 8, 12, 12), None)]  # fmt: skip
+    write_notes([Note(id="n", images=["images/a.png"], text="", split="test", objects=[objs])], d)
+    lab = Labeler.from_folder(world[0], LabelerConfig())
+    asked = []
+    real = lab.p_yes
+    lab.p_yes = lambda qs, objects=None: asked.extend(objects) or real(qs, objects)
+    res = colour_agreement(lab, [Note(id="n", images=["images/a.png"], text="", objects=[objs])], d)
+    # the dog's colour is unknown: not asked; cup: blue (yes), red (no); fork: red (yes), blue (no)
+    assert asked == ["blue cup", "red cup", "red fork", "blue fork"]
+    assert (res["questions"], res["positives"], res["negatives"]) == (4, 2, 2)
+    assert main(["--labeler", str(world[0]), "--data", str(d), "--claims", "colour"]) == 0
