@@ -8,9 +8,10 @@
 - *teacher-forced colour accuracy*: feed the note's own caption and, at every colour word, take the colour
   with the highest probability (both spellings of each colour word summed); the same with every note's
   images swapped for another note's (``control``: what the language prior alone gets);
-- *linear probes*: a logistic regression from one image token to the colour of the object in that token's
-  grid cell (world grid = patch grid), on the vision tower's tokens and on the fusion's (70% of the
-  objects to fit, 30% to score). The world's objects sit one per grid cell, so token k is cell k.
+- *linear probes*: a logistic regression from one image token to the colour, and to the category, of the
+  object in that token's grid cell (world grid = patch grid), on the vision tower's tokens and on the
+  fusion's (70% of the objects to fit, 30% to score). The world's objects sit one per grid cell, so token
+  k is cell k. To tell a fork's colour, the LM must find the fork's token: both must be local.
 
 ``swap-pairs`` writes colour-swap preference pairs (POVID-style, :mod:`rl.pairs.injection` for objects):
 chosen = a train note's caption, rejected = the same caption with one colour word changed to the colour
@@ -34,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from mm.data.format import read_notes  # noqa: E402
 from mm.eval.claims.extract import build_extractor  # noqa: E402
-from mm.world.vocab import COLORS  # noqa: E402
+from mm.world.vocab import CATEGORY_NAMES, COLORS  # noqa: E402
 from rl.pairs.files import write_pairs  # noqa: E402
 from rl.pairs.record import PreferencePair, caption_pair  # noqa: E402
 
@@ -129,7 +130,7 @@ def probe(model_dir: str, data: str, n: int, batch: int = 32) -> dict[str, float
             right, total = right + r, total + t
         out[f"teacher-forced accuracy, {name}"] = right / max(total, 1)
     out["colour words"] = total
-    tower, fused, colours = [], [], []
+    tower, fused, colours, categories = [], [], [], []
     size = proc.image_size
     for note in notes:
         pv = torch.stack([proc.load_image(Path(data) / im) for im in note.images])[None]  # (1, N, 3, S, S)
@@ -145,10 +146,12 @@ def probe(model_dir: str, data: str, n: int, batch: int = 32) -> dict[str, float
                 if tokens.shape[2] == patches.shape[2]:
                     fused.append(tokens[0, i, k])
                 colours.append(COLORS.index(o.color))
-    y = torch.tensor(colours)
-    out["linear probe, tower token"] = linear_probe(torch.stack(tower), y, classes=len(COLORS))
-    if fused:
-        out["linear probe, fusion token"] = linear_probe(torch.stack(fused), y, classes=len(COLORS))
+                categories.append(CATEGORY_NAMES.index(o.category))
+    for what, labels, classes in (("colour", colours, COLORS), ("category", categories, CATEGORY_NAMES)):
+        y = torch.tensor(labels)
+        out[f"{what} probe, tower token"] = linear_probe(torch.stack(tower), y, classes=len(classes))
+        if fused:
+            out[f"{what} probe, fusion token"] = linear_probe(torch.stack(fused), y, classes=len(classes))
     return out
 
 
