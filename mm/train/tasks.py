@@ -123,21 +123,25 @@ def pope_question_samples(
     co-occur with the image's objects, i.e. the note's theme, the hard case a captioner learns to guess."""
     where = {path: (i, k) for i, n in enumerate(notes) for k, path in enumerate(n.images)}
     questions, _ = pope_questions(notes, split=split, seed=seed)
-    by_note: list[list[dict]] = [[] for _ in notes]
+
+    def sample(q: dict) -> Sample:
+        note, image = where[q["image"]]
+        answer = yes_no_answer(q["label"], q["object"], answer_style)
+        return Sample(note, "pope_question", q["text"], answer, image=image)
+
+    return _draw_per_note(questions, len(notes), lambda q: where[q["image"]][0], sample, per_note, seed)
+
+
+def _draw_per_note(
+    questions: Sequence[dict], n_notes: int, note_of: Any, sample: Any, per_note: int, seed: int
+) -> list[list[Sample]]:
+    """Per note, ``per_note`` of its ``questions`` (``note_of(q)``: its note index) drawn at random with
+    ``seed``, each made a :class:`Sample` by ``sample(q)``."""
+    by_note: list[list[dict]] = [[] for _ in range(n_notes)]
     for q in questions:
-        by_note[where[q["image"]][0]].append(q)
+        by_note[note_of(q)].append(q)
     rng = random.Random(seed)
-    out = []
-    for i, qs in enumerate(by_note):
-        pick = rng.sample(qs, min(per_note, len(qs)))
-        answers = [yes_no_answer(q["label"], q["object"], answer_style) for q in pick]
-        out.append(
-            [
-                Sample(i, "pope_question", q["text"], a, image=where[q["image"]][1])
-                for q, a in zip(pick, answers)
-            ]
-        )
-    return out
+    return [[sample(q) for q in rng.sample(qs, min(per_note, len(qs)))] for qs in by_note]
 
 
 def attribute_question_samples(
@@ -160,26 +164,14 @@ def attribute_question_samples(
             images[f"{i}/{k}"] = truth
     cfg = ClaimQuestionConfig(split=split, seed=seed, kinds=("attribute",))  # as `mm eval claims` asks
     questions, _ = build_claim_questions(images, cfg, categories=sorted(vocab.canonical))
-    by_note: list[list[dict]] = [[] for _ in notes]
-    for q in questions:
-        by_note[int(q["image"].split("/")[0])].append(q)
-    rng = random.Random(seed)
-    out = []
-    for i, qs in enumerate(by_note):
-        pick = rng.sample(qs, min(per_note, len(qs)))
-        out.append(
-            [
-                Sample(
-                    i,
-                    "attribute_question",
-                    q["text"],
-                    yes_no_answer(q["label"], f"{q['value']} {q['object']}", answer_style),
-                    image=int(q["image"].split("/")[1]),
-                )
-                for q in pick
-            ]
-        )
-    return out
+
+    def sample(q: dict) -> Sample:
+        note, image = (int(x) for x in q["image"].split("/"))
+        answer = yes_no_answer(q["label"], f"{q['value']} {q['object']}", answer_style)
+        return Sample(note, "attribute_question", q["text"], answer, image=image)
+
+    note_of = lambda q: int(q["image"].split("/")[0])  # noqa: E731
+    return _draw_per_note(questions, len(notes), note_of, sample, per_note, seed)
 
 
 def conversation_samples(index: int, note: Any) -> list[Sample]:

@@ -3,9 +3,7 @@ probe on separable data, and colour-swap pairs on a tiny world (one colour word 
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,16 +12,12 @@ from mm.data.format import read_notes
 from mm.world.config import WorldConfig
 from mm.world.generate import write_world
 from mm.world.vocab import COLORS
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.helpers.bench import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def cr():
-    spec = importlib.util.spec_from_file_location("colour_reading", BENCH / "colour_reading.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("colour_reading")
 
 
 def test_colour_hits_golden(cr):

@@ -3,24 +3,18 @@ values), and the TRL step-time comparison's two sides on a text-only causal LM."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.helpers.bench import BENCH, load_benchmark
 
 
 def _load(name, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))  # distill_vs_trl imports rl_bench from beside it
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark(name)
 
 
 def _units(hallucinated, mentions, covered, gt):

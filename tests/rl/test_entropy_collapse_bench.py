@@ -3,21 +3,16 @@ collapse / floor / rise verdicts of one run and the means over worlds (golden va
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.helpers.bench import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def ec():
-    spec = importlib.util.spec_from_file_location("entropy_collapse", BENCH / "entropy_collapse.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("entropy_collapse")
 
 
 def test_window_means_golden(ec):

@@ -3,7 +3,6 @@ values); ppo_vs_trl's two sides on a text-only causal LM."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import warnings
 from pathlib import Path
@@ -12,15 +11,11 @@ import pytest
 import torch
 import yaml
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.helpers.bench import load_benchmark
 
 
 def _load(name, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))  # ppo_vs_trl imports rl_bench from beside it
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark(name)
 
 
 CONFIG = {"data": {"prompts_per_step": 2}, "rollout": {"group_size": 4}, "train": {"seed": 1}}
