@@ -157,14 +157,15 @@ def test_grpo_token_credits_and_config_checks():
     pieces = [tok.decode([t]) for t in caption]
     assert got[0].tolist() == pytest.approx(mention_credits(pieces, GT, cfg, TRUTH))
     assert got[0].sum().item() == pytest.approx(1.0 - 1.0)  # fork, cup covered; the fork is not blue
-    with pytest.raises(ValueError, match="reward.source scene"):
-        GRPOConfig(**{"reward": _sourced(source="labeler", attribute_weight=1.0)})
+    GRPOConfig(**{"reward": _sourced(source="labeler", attribute_weight=1.0)})  # the labeler judges colours
+    with pytest.raises(ValueError, match="a reward model has no colour term"):
+        GRPOConfig(**{"reward": _sourced(source="rm:/runs/rm", attribute_weight=1.0)})
     with pytest.raises(ValueError, match="needs algo.mention_credit > 0"):
         GRPOConfig(**{"algo": _algo(colour_in_sequence=False, mention_credit=0.0)})
     with pytest.raises(ValueError, match="prompt files"):
         FilesRewardConfig(attribute_weight=1.0)
     with pytest.raises(ValueError, match="reward.source scene"):
-        GRPOConfig(**{"reward": _sourced(source="labeler", attribute_coverage_weight=1.0)})
+        GRPOConfig(**{"reward": _sourced(source="rm:/runs/rm", attribute_coverage_weight=1.0)})
 
 
 def _algo(**kw):
