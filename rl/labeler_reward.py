@@ -166,15 +166,15 @@ class LabelerReward:
         return out
 
     def _colour_support(
-        self, claims: Sequence[Sequence[tuple[int, str, str]]], rows: Sequence[Any]
+        self, facts: Sequence[Sequence[tuple[str, str]]], rows: Sequence[Any]
     ) -> list[dict[tuple[str, str], float]]:
-        """Per caption row, (object, colour) -> support of its colour claims (one batched labeler call)."""
-        asks = [(i, (o, c)) for i, cl in enumerate(claims) for _, o, c in dict.fromkeys(cl)]
+        """Per row, (object, colour) -> support of its colour claims ``facts`` (one batched labeler call)."""
+        asks = [(i, (o, c)) for i, fs in enumerate(facts) for o, c in dict.fromkeys(fs)]
         p = self.labeler.p_yes(
             [(self.images(rows[i]), self.labeler.question(f"{c} {o}")) for i, (o, c) in asks],
             [f"{c} {o}" for _, (o, c) in asks],
         )
-        out: list[dict[tuple[str, str], float]] = [{} for _ in claims]
+        out: list[dict[tuple[str, str], float]] = [{} for _ in facts]
         for (i, fact), v in zip(asks, p):
             out[i][fact] = self.labeler.supported(v)
         return out
@@ -184,7 +184,7 @@ class LabelerReward:
     ) -> list[list[tuple[int, float]]]:
         """Per row, ``(character of the colour word, credit)`` of each colour claim ([] on question rows)."""
         claims = [colour_claims(t, self.cfg.vocab) if p.label is None else [] for t, p in zip(texts, rows)]
-        colour_support = self._colour_support([[(0, o, c) for _, o, c in cl] for cl in claims], rows)
+        colour_support = self._colour_support([[(o, c) for _, o, c in cl] for cl in claims], rows)
         w = {"attribute_weight": self.cfg.attribute_weight,
              "attribute_coverage_weight": self.cfg.attribute_coverage_weight}  # fmt: skip
         out = []
@@ -240,6 +240,7 @@ class LabelerReward:
         texts = [tok.decode(r, skip_special_tokens=True).strip() for r in ids_rows]
         support = self._support(texts, rows)
         cache: dict[int, str] = {}
+        captions: dict[int, list[str]] = {}  # row -> its token texts (caption rows with tokens)
         for i, (ids, prompt) in enumerate(zip(ids_rows, rows)):
             if prompt.label is not None or not ids:
                 continue
@@ -253,9 +254,12 @@ class LabelerReward:
                                   hallucination_weight=self.cfg.hallucination_weight)  # fmt: skip
             for (pos, _), v in zip(found, values):
                 out[i, pos] += v
-            if self.colours:
-                text = "".join(pieces)
-                (cc,) = self._colour_credits([text], [prompt], [support[i]])
-                for pos, (_, v) in zip(char_tokens(pieces, [at for at, _ in cc]), cc):
+            captions[i] = pieces
+        if self.colours and captions:  # every row's colour claims in one labeler call
+            idx = list(captions)
+            joined = ["".join(captions[i]) for i in idx]
+            credits = self._colour_credits(joined, [rows[i] for i in idx], [support[i] for i in idx])
+            for i, cc in zip(idx, credits):
+                for pos, (_, v) in zip(char_tokens(captions[i], [at for at, _ in cc]), cc):
                     out[i, pos] += v
         return out
