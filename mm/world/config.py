@@ -74,6 +74,11 @@ class WorldConfig:
     After the noun, a captioner reads the colour of an object it has already named (one attention hop);
     before it, it must pick the object and read its colour at once. Only the texts change: same seed, same
     scenes, pixels and questions."""
+    colour_prob: float = 1.0
+    """Probability that a caption states the colour of an object (group), drawn per mention: below 1 a
+    captioner learns that a colour is optional, so post-training can teach it to leave out the colours it
+    is unsure of (as it leaves out the objects it is unsure of). Only the texts change, and only the colour
+    words: the same objects in the same words otherwise."""
     questions_per_note: int = 6
     """Yes/no questions per note (half yes, half no when possible)."""
     partner_negatives: float = 0.5
@@ -98,6 +103,7 @@ class WorldConfig:
             self.colour_position in ("before", "after"),
             f"colour_position must be 'before' or 'after', got {self.colour_position!r}",
         )
+        need(0.0 <= self.colour_prob <= 1.0, f"colour_prob must be in [0, 1], got {self.colour_prob}")
         need(
             self.placement in ("free", "grid"), f"placement must be 'free' or 'grid', got {self.placement!r}"
         )

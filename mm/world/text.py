@@ -106,11 +106,14 @@ def object_phrases(
     rng: np.random.Generator,
     synonym_prob: float,
     colour_after: bool = False,
+    colour_prob: float = 1.0,
+    colour_rng: np.random.Generator | None = None,
 ) -> list[str]:
     """One noun phrase per category group ("two red forks"), groups in :func:`mention_order`.
 
     ``colour_after``: a shared colour follows the noun in brackets ("two forks (red)"), like a mixed
-    group's list; the random draws are the same either way.
+    group's list; the random draws are the same either way. ``colour_prob`` < 1: each group's colours are
+    stated with that probability, drawn from ``colour_rng`` (not ``rng``, so every other word is the same).
     """
     groups: dict[str, list[ObjectAnnotation]] = {}
     for o in mention_order(objects):
@@ -120,6 +123,11 @@ def object_phrases(
         objs = groups[name]
         n = len(objs)
         colors = {o.color for o in objs}
+        if colour_prob < 1.0:
+            if colour_rng is None:
+                raise ValueError("colour_prob < 1 needs colour_rng, the stream its draws come from")
+            if colour_rng.random() >= colour_prob:
+                colors = set()
         color = objs[0].color if len(colors) == 1 else None
         noun = surface(name, n > 1, rng, synonym_prob)
         words = []
@@ -151,11 +159,14 @@ def image_caption(
     rng: np.random.Generator,
     synonym_prob: float,
     colour_after: bool = False,
+    colour_prob: float = 1.0,
+    colour_rng: np.random.Generator | None = None,
 ) -> str:
-    """A one-sentence caption naming every object of one image (``colour_after``: :func:`object_phrases`)."""
+    """A one-sentence caption naming every object of one image (``colour_*``: :func:`object_phrases`)."""
     if not objects:
         return "Nothing in particular."
-    kw = {"size": size, "rng": rng, "synonym_prob": synonym_prob, "colour_after": colour_after}
+    kw = {"size": size, "rng": rng, "synonym_prob": synonym_prob, "colour_after": colour_after,
+          "colour_prob": colour_prob, "colour_rng": colour_rng}  # fmt: skip
     phrases = object_phrases(objects, **kw)
     body = _join(phrases)
     t = _IMAGE_TEMPLATES[int(rng.integers(len(_IMAGE_TEMPLATES)))]
@@ -172,11 +183,14 @@ def note_caption(
     rng: np.random.Generator,
     synonym_prob: float,
     colour_after: bool = False,
+    colour_prob: float = 1.0,
+    colour_rng: np.random.Generator | None = None,
 ) -> str:
-    """The note's text: a theme introduction, then every image's objects in order (``colour_after``:
+    """The note's text: a theme introduction, then every image's objects in order (``colour_*``:
     :func:`object_phrases`)."""
     n = len(objects)
-    kw = {"size": size, "rng": rng, "synonym_prob": synonym_prob, "colour_after": colour_after}
+    kw = {"size": size, "rng": rng, "synonym_prob": synonym_prob, "colour_after": colour_after,
+          "colour_prob": colour_prob, "colour_rng": colour_rng}  # fmt: skip
     place = THEME_PLACE[theme]
     if n == 1:
         intro = f"A photo from {place}."

@@ -342,3 +342,36 @@ def test_colour_after_the_noun_changes_only_the_texts():
     text = generate_note(note, 0)[0].text
     colours = "|".join(vocab.COLORS)
     assert re.search(rf"\b(a|an|two|three|four) [a-z ]+ \(({colours})", text)
+
+
+def test_colour_prob_leaves_out_colours_and_nothing_else():
+    from dataclasses import replace
+
+    from mm.eval.claims.extract import build_extractor
+
+    full = WorldConfig(notes=40, seed=5, colour_position="after")
+    half = replace(full, colour_prob=0.5)
+    none = replace(full, colour_prob=0.0)
+    extractor = build_extractor("world")
+
+    def claims(text: str, kind: str) -> list:
+        return sorted((c.object, c.value, c.image) for c in extractor.extract(text) if c.kind == kind)
+
+    kept = stated = 0
+    for i in range(40):
+        a, pixels_a = generate_note(full, i)
+        b, pixels_b = generate_note(half, i)
+        c, _ = generate_note(none, i)
+        assert all(np.array_equal(x, y) for x, y in zip(pixels_a, pixels_b))
+        assert (a.objects, a.questions, a.split) == (b.objects, b.questions, b.split)
+        for x, y, z in zip([a.text, *a.image_captions], [b.text, *b.image_captions], [c.text, *c.image_captions]):
+            # the same mentions; colours only dropped, never changed; none at colour_prob 0
+            assert claims(x, "exists") == claims(y, "exists") == claims(z, "exists")
+            assert set(claims(y, "attribute")) <= set(claims(x, "attribute"))
+            assert claims(z, "attribute") == []
+            assert re.sub(r" \([a-z ,]+\)", "", x) == re.sub(r" \([a-z ,]+\)", "", y) == z
+        kept += len(claims(b.text, "attribute"))
+        stated += len(claims(a.text, "attribute"))
+    assert 0.35 < kept / stated < 0.65
+    with pytest.raises(ValueError, match="colour_prob must be in"):
+        WorldConfig(colour_prob=1.5)
