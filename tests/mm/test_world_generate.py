@@ -364,7 +364,8 @@ def test_colour_prob_leaves_out_colours_and_nothing_else():
         c, _ = generate_note(none, i)
         assert all(np.array_equal(x, y) for x, y in zip(pixels_a, pixels_b))
         assert (a.objects, a.questions, a.split) == (b.objects, b.questions, b.split)
-        for x, y, z in zip([a.text, *a.image_captions], [b.text, *b.image_captions], [c.text, *c.image_captions]):
+        texts = [[n.text, *n.image_captions] for n in (a, b, c)]
+        for x, y, z in zip(*texts):
             # the same mentions; colours only dropped, never changed; none at colour_prob 0
             assert claims(x, "exists") == claims(y, "exists") == claims(z, "exists")
             assert set(claims(y, "attribute")) <= set(claims(x, "attribute"))
