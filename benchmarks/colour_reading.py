@@ -2,6 +2,7 @@
 
     python benchmarks/colour_reading.py probe --model W0/sft/model --data W0/data/world [--notes 256]
     python benchmarks/colour_reading.py swap-pairs --data W0/data/world --out pairs.jsonl [--notes 1200]
+    python benchmarks/colour_reading.py confidence --model W0/sft/model --data W0/data/world [--notes 200]
 
 ``probe`` prints three figures on ``--notes`` held-out notes of a world folder:
 
@@ -17,11 +18,18 @@
 chosen = a train note's caption, rejected = the same caption with one colour word changed to the colour
 of another object of the same photo (a binding error), else to a colour that category lacks there; up to
 ``--per-note`` pairs per note. ``rl dpo --set data.pairs=FILE`` trains on them.
+
+``confidence`` asks how much a captioner could cut its attribute rate by leaving out the colours it is least
+sure of: it captions ``--notes`` held-out notes greedily, judges each colour claim (:mod:`mm.eval.claims`)
+and takes the probability the model gave the colour word it wrote; then the attribute rate of the most
+confident 25-90% of the claims, and of those at or above a probability. Post-training can only learn such
+a choice when the captions it starts from may leave a colour out (world ``colour_prob`` < 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -155,6 +163,68 @@ def probe(model_dir: str, data: str, n: int, batch: int = 32) -> dict[str, float
     return out
 
 
+KEEP_SHARES = (0.25, 0.5, 0.6, 0.75, 0.9)
+KEEP_ABOVE = (0.5, 0.7, 0.9)
+
+
+def selective_rates(confidence: Sequence[float], wrong: Sequence[bool]) -> dict[str, float]:
+    """Attribute rate (share of ``wrong`` claims) over all claims, over the most confident share of them
+    (``top 50%``; ties broken by claim order), and over those with ``confidence >= p`` (with the share
+    kept); NaN where nothing is kept."""
+    conf, bad = np.asarray(confidence, dtype=float), np.asarray(wrong, dtype=bool)
+    if conf.shape != bad.shape:
+        raise ValueError(f"need one confidence per claim: {conf.shape} against {bad.shape}")
+    rate = lambda m: float(bad[m].mean()) if m.any() else float("nan")  # noqa: E731
+    out = {"claims": float(len(conf)), "rate": rate(np.ones(len(conf), bool))}
+    order = np.argsort(-conf, kind="stable")
+    for q in KEEP_SHARES:
+        keep = np.zeros(len(conf), bool)
+        keep[order[: int(q * len(conf))]] = True
+        out[f"rate, top {q:.0%}"] = rate(keep)
+    for p in KEEP_ABOVE:
+        keep = conf >= p
+        out[f"kept, p >= {p}"], out[f"rate, p >= {p}"] = float(keep.mean()) if len(conf) else 0.0, rate(keep)
+    return out
+
+
+def colour_confidence(model_dir: str, data: str, n: int, batch: int = 32) -> dict[str, float]:
+    """:func:`selective_rates` of a model's greedy captions of ``n`` held-out notes."""
+    from PIL import Image
+
+    from mm.data.prompts import CAPTION_PROMPT
+    from mm.eval.claims.generative import judge
+    from mm.eval.claims.truth import note_truth
+    from mm.model.adapter import Sample, load_adapter
+    from rl.rewards import char_tokens
+
+    adapter = load_adapter(model_dir, device="cpu")
+    extractor = build_extractor("world")
+    notes = read_notes(data, "test")[:n]
+    confidence, wrong = [], []
+    for s in range(0, len(notes), batch):
+        nb = notes[s : s + batch]
+        samples = [
+            Sample(
+                images=[Image.open(Path(data) / p).convert("RGB") for p in note.images], text=CAPTION_PROMPT
+            )
+            for note in nb
+        ]
+        gen = adapter.generate_ids(samples, max_new_tokens=128)
+        ids = [[int(t) for t in row] for row in gen.token_ids]
+        with torch.no_grad():
+            logps, mask = adapter.answer_logps(samples, ids)  # (B, T) each
+        for b, note in enumerate(nb):
+            pieces = [adapter.tokenizer.decode([t], skip_special_tokens=True) for t in ids[b]]
+            row = logps[b][mask[b].bool()].tolist()  # one log-prob per generated token
+            truth = note_truth(note, extractor.vocabulary)
+            for claim in extractor.extract("".join(pieces)):
+                verdict = judge(claim, truth) if claim.kind == "attribute" else None
+                if verdict is not None:
+                    confidence.append(math.exp(row[char_tokens(pieces, [claim.span[0]])[0]]))
+                    wrong.append(verdict)
+    return selective_rates(confidence, wrong)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -168,11 +238,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("--notes", type=int, default=1200)
     b.add_argument("--per-note", type=int, default=2)
     b.add_argument("--seed", type=int, default=0)
+    c = sub.add_parser("confidence", help="attribute rate of the colours a captioner is surest of")
+    c.add_argument("--model", required=True)
+    c.add_argument("--data", required=True)
+    c.add_argument("--notes", type=int, default=200)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     if args.cmd == "probe":
         for k, v in probe(args.model, args.data, args.notes).items():
             print(f"{k:38s} {v:.3f}" if isinstance(v, float) else f"{k:38s} {v}")
+        return 0
+    if args.cmd == "confidence":
+        for k, v in colour_confidence(args.model, args.data, args.notes).items():
+            print(f"{k:20s} {v:.3f}")
         return 0
     pairs = swap_pairs(read_notes(args.data, "train")[: args.notes], per_note=args.per_note, seed=args.seed)
     write_pairs(pairs, args.out)

@@ -62,3 +62,28 @@ def test_swap_pairs_change_one_colour_to_a_wrong_one(cr, tmp_path):
         if p.meta["binding"]:  # another object of the same photo has the new colour
             assert p.meta["to"] in {o.color for o in photo if o.category != p.meta["object"]}
     assert any(p.meta["binding"] for p in pairs)
+
+
+def test_selective_rates_golden(cr):
+    conf = [0.9, 0.2, 0.8, 0.6, 0.1, 0.7, 0.95, 0.3, 0.5, 0.4]
+    wrong = [False, True, False, True, True, False, False, True, False, True]
+    r = cr.selective_rates(conf, wrong)
+    assert r["claims"] == 10 and r["rate"] == 0.5
+    # most confident first: 0.95 F, 0.9 F, 0.8 F, 0.7 F, 0.6 T, 0.5 F, 0.4 T, 0.3 T, 0.2 T, 0.1 T
+    assert r["rate, top 25%"] == 0.0  # 2 kept
+    assert r["rate, top 50%"] == 0.2  # 5 kept, one wrong
+    assert r["rate, top 60%"] == pytest.approx(1 / 6)
+    assert r["rate, top 90%"] == pytest.approx(4 / 9)
+    assert (r["kept, p >= 0.5"], r["rate, p >= 0.5"]) == (0.6, pytest.approx(1 / 6))
+    assert (r["kept, p >= 0.9"], r["rate, p >= 0.9"]) == (0.2, 0.0)
+    empty = cr.selective_rates([], [])
+    assert empty["claims"] == 0 and empty["rate"] != empty["rate"]  # NaN: nothing judged
+    with pytest.raises(ValueError, match="one confidence per claim"):
+        cr.selective_rates([0.5], [True, False])
+
+
+def test_colour_confidence_runs_on_a_saved_model(cr, tmp_path):
+    from tests.helpers.eval_model import make_data_dir, make_model_dir
+
+    r = cr.colour_confidence(str(make_model_dir(tmp_path)), str(make_data_dir(tmp_path)), n=2)
+    assert r["claims"] == 0  # a random tiny model writes no colour claim; the path ran end to end
