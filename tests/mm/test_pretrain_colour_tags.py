@@ -171,3 +171,24 @@ def test_per_token_loss_and_model_checks():
         feats, logits = model.encode_images(torch.zeros(1, 2, 3, 64, 64), mask, tags=True)
     assert feats.shape == (1, 2, 32) and logits.shape == (1, 2, 16, 4)
     assert not logits[0, 1].any()  # padded slot: zeros
+
+
+def test_both_scopes_add_the_image_max_to_the_per_token_loss():
+    # one image, 2 tokens, 2 classes; token 0 holds class 0, token 1 nothing; image max: class 0 only
+    logits = torch.tensor([[[[2.0, -1.0], [0.5, 0.0]]]], dtype=torch.float64)  # (B, N, K, C) = (1, 1, 2, 2)
+    tags = torch.tensor([[[[1, 0], [0, 0]]]], dtype=torch.bool)
+    mask = torch.tensor([[True]])
+
+    def bce(x: float, y: int) -> float:
+        return -math.log(1 / (1 + math.exp(-x))) if y else -math.log(1 - 1 / (1 + math.exp(-x)))
+
+    per_token = (bce(2.0, 1) + bce(-1.0, 0) + bce(0.5, 0) + bce(0.0, 0)) / 4
+    image = (bce(2.0, 1) + bce(0.0, 0)) / 2  # max over tokens: logits (2.0, 0.0), tags (1, 0)
+    assert pretrain.scoped_tag_loss(logits, tags, mask, "token").item() == pytest.approx(per_token)
+    assert pretrain.scoped_tag_loss(logits, tags, mask, "both").item() == pytest.approx(per_token + image)
+    cfg = load_config(
+        pretrain.PretrainConfig, TEST_CFG,
+        ["loss.tag_weight=1.0", "loss.tag_scope=both", "model.vision.image_size=64",
+         "model.vision.patch_size=16"],
+    )  # fmt: skip
+    assert pretrain.tag_grid(cfg) == (4, 4)  # per-token tags loaded, as for "token"

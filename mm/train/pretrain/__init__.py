@@ -22,11 +22,12 @@ from mm.train.pretrain.config import (
     RunConfig,
 )
 from mm.train.pretrain.data import NoteTensors, cell_objects, load_split, object_tags, tag_classes, tag_grid
-from mm.train.pretrain.model import NoteTextModel, contrastive_loss, tag_loss
+from mm.train.pretrain.model import NoteTextModel, contrastive_loss, scoped_tag_loss, tag_loss
 from mm.train.pretrain.trainer import TrainResult, embed_split, evaluate, train, write_plots
 
 __all__ = [
     "DataConfig", "LossConfig", "NoteTensors", "NoteTextModel", "OptimConfig", "PretrainConfig",
     "PretrainModelConfig", "RunConfig", "TrainResult", "cell_objects", "contrastive_loss", "embed_split",
-    "evaluate", "load_split", "object_tags", "tag_classes", "tag_grid", "tag_loss", "train", "write_plots",
+    "evaluate", "load_split", "object_tags", "scoped_tag_loss", "tag_classes", "tag_grid", "tag_loss",
+    "train", "write_plots",
 ]  # fmt: skip

@@ -119,7 +119,7 @@ def tag_classes(cfg: PretrainConfig) -> list[str] | None:
 def tag_grid(cfg: PretrainConfig) -> tuple[int, int] | None:
     """The grid of per-token tags ``load_split`` needs for ``cfg`` (``loss.tag_scope: token``): the vision
     tower's patch grid, ``image_size // patch_size`` each way; None for per-image tags."""
-    if cfg.loss.tag_weight <= 0 or cfg.loss.tag_scope != "token":
+    if cfg.loss.tag_weight <= 0 or cfg.loss.tag_scope == "image":
         return None
     v = cfg.model.vision
     if v.image_size is None:

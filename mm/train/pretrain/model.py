@@ -64,7 +64,7 @@ class NoteTextModel(nn.Module):
             self.logit_bias = None
         self.tag_head = nn.Linear(cfg.d_model, num_tags) if num_tags else None
         self.tag_scope = loss.tag_scope
-        if num_tags and loss.tag_scope == "token":
+        if num_tags and loss.tag_scope != "image":
             pooled = getattr(self.fusion, "pooled_grid", None)  # only the mlp fusion keeps a patch grid
             if not isinstance(self.fusion, MLPProjector) or pooled != self.vision.grid:
                 raise UserError(
@@ -79,7 +79,7 @@ class NoteTextModel(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(B, N, 3, H, W), (B, N) -> per-image features (B, N, D) (zeros at padded slots); with ``tags``
         also the tag logits of the tag head: (B, N, C) per image, or (B, N, K, C) per token with
-        ``loss.tag_scope: token``. Budget per note: one note slot, (B, 1, D)."""
+        ``loss.tag_scope: token`` or ``both``. Budget per note: one note slot, (B, 1, D)."""
         B, N = image_mask.shape
         if N > self.cfg.max_images:
             raise ValueError(f"notes have {N} image slots, model.max_images is {self.cfg.max_images}")
@@ -100,7 +100,7 @@ class NoteTextModel(nn.Module):
         # logits are max-pooled (a Linear over max-pooled features cannot single out one token's object:
         # it plateaued at tag loss 0.13, the tower reading only the theme; per-token logits reach ~0.02)
         logits = self.tag_head(tokens)  # (B, N, K, C)
-        if self.tag_scope == "token":  # every token answers for its own patch
+        if self.tag_scope != "image":  # every token answers for its own patch
             return per_image, torch.where(image_mask[..., None, None], logits, torch.zeros_like(logits))
         logits = logits.masked_fill(~token_mask[..., None], float("-inf")).amax(2)  # (B, N, C)
         logits = torch.where(image_mask[..., None], logits, torch.zeros_like(logits))  # no -inf at padding
@@ -150,6 +150,22 @@ def _stretched_half_normalised(vision: VisionConfig) -> VisionConfig:
             "to pretrain it that way (mm train then uses the same numbers)"
         )
     return vision
+
+
+def scoped_tag_loss(
+    logits: torch.Tensor,
+    tags: torch.Tensor,
+    image_mask: torch.Tensor,
+    scope: str,
+    *,
+    count: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`tag_loss` of ``loss.tag_scope``: as given for "image" and "token"; for "both", logits and
+    tags (B, N, K, C) per token, the per-token loss plus the loss of their max over the K tokens."""
+    loss = tag_loss(logits, tags, image_mask, count=count)
+    if scope == "both":
+        loss = loss + tag_loss(logits.amax(2), tags.amax(2), image_mask, count=count)  # (B, N, C) each
+    return loss
 
 
 def tag_loss(

@@ -26,7 +26,7 @@ from mm.train.config import build_optimizer
 from mm.train.devices import to_device
 from mm.train.pretrain.config import PretrainConfig
 from mm.train.pretrain.data import NoteTensors
-from mm.train.pretrain.model import NoteTextModel, contrastive_loss, tag_loss
+from mm.train.pretrain.model import NoteTextModel, contrastive_loss, scoped_tag_loss
 
 PLOT_KEYS = ["loss", "temperature", "eval/text2note_R@1", "eval/note2text_R@1"]
 """Panels of OUT/curves.png."""
@@ -74,7 +74,9 @@ class PretrainTrainer(loop.StepTrainer):
         if not self.tags:
             return loss, {}
         images = common.all_reduce_sum(batch["image_mask"].sum().to(torch.float32)) / self.world  # (N / W)
-        t_loss = tag_loss(feats["tag_logits"], batch["tags"], batch["image_mask"], count=images)
+        t_loss = scoped_tag_loss(
+            feats["tag_logits"], batch["tags"], batch["image_mask"], cfg.tag_scope, count=images
+        )
         loss = loss + cfg.tag_weight * t_loss
         return loss, {"tag_loss": t_loss.detach(), "contrastive_loss": c_loss.detach()}
 
