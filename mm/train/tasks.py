@@ -17,6 +17,9 @@ answer and its ``<eos>`` are learned (labels -100 on images, separators and the 
   (:func:`attribute_question_samples`: "Is there a red fork in this note?", the "no" colour taken from
   another object of the same image, the claim eval's adversarial rule), same answer style with the
   coloured object first ("A red fork: no").
+- ``colour_answer``: open colour questions about ONE image of the note (:func:`colour_answer_samples`:
+  "What colour is the fork in this photo?", answer the colour word, "red"), for each category the image
+  shows in one colour: the lookup a caption makes after the noun ("a fork (red)"), asked on its own.
 - ``conversation``: LLaVA files: each ``human`` turn followed by a ``gpt`` turn is one sample (single
   turn; the ``<image>`` marker is removed from the prompt since the processor places the images).
 
@@ -37,7 +40,10 @@ from mm.eval.claims.truth import note_truth
 from mm.eval.pope_notes import pope_questions
 from mm.world.text import article
 
-TASK_KINDS = ("caption", "image_caption", "question", "pope_question", "attribute_question", "conversation")
+TASK_KINDS = (
+    "caption", "image_caption", "question", "pope_question", "attribute_question", "colour_answer",
+    "conversation",
+)  # fmt: skip
 """Kinds of samples :func:`build_samples` can make."""
 
 ANSWER_STYLES = ("word", "object")
@@ -174,6 +180,30 @@ def attribute_question_samples(
     return _draw_per_note(questions, len(notes), note_of, sample, per_note, seed)
 
 
+COLOUR_QUESTION = "What colour is the {name} in this photo?"
+
+
+def colour_answer_samples(notes: Sequence[Any], *, per_note: int = 1, seed: int = 0) -> list[list[Sample]]:
+    """Per note, ``per_note`` open colour questions (:data:`COLOUR_QUESTION`) drawn at random over its
+    images' categories that are there in one colour (a category in two colours has no one answer), each
+    answered with the colour word ("red"). Objects without a colour are skipped."""
+    questions = []
+    for i, note in enumerate(notes):
+        for k, objects in enumerate(note.objects or []):
+            colours: dict[str, set] = {}
+            for o in objects:
+                colours.setdefault(o.category, set()).add(o.color)
+            for name, cs in sorted(colours.items()):
+                if len(cs) == 1 and None not in cs:
+                    questions.append({"note": i, "image": k, "object": name, "colour": next(iter(cs))})
+
+    def sample(q: dict) -> Sample:
+        prompt = COLOUR_QUESTION.format(name=q["object"])
+        return Sample(q["note"], "colour_answer", prompt, q["colour"], image=q["image"])
+
+    return _draw_per_note(questions, len(notes), lambda q: q["note"], sample, per_note, seed)
+
+
 def conversation_samples(index: int, note: Any) -> list[Sample]:
     """Single-turn samples from a LLaVA conversation: each human turn answered by the next gpt turn."""
     turns = note.conversations or []
@@ -197,6 +227,7 @@ def build_samples(
     answer_style: str = "word",
     pope_questions_per_note: int = 1,
     attribute_questions_per_note: int = 1,
+    colour_answers_per_note: int = 1,
     seed: int = 0,
 ) -> list[Sample]:
     """Every sample of ``kinds`` from ``notes``, note by note (caption, image captions, questions, POPE-style
@@ -216,6 +247,11 @@ def build_samples(
         if "attribute_question" in kinds
         else None
     )
+    answers = (
+        colour_answer_samples(notes, per_note=colour_answers_per_note, seed=seed)
+        if "colour_answer" in kinds
+        else None
+    )
     out: list[Sample] = []
     for i, note in enumerate(notes):
         if "caption" in kinds:
@@ -228,6 +264,8 @@ def build_samples(
             out.extend(pope[i])
         if colour is not None:
             out.extend(colour[i])
+        if answers is not None:
+            out.extend(answers[i])
         if "conversation" in kinds:
             out.extend(conversation_samples(i, note))
     return out

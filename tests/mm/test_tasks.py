@@ -70,7 +70,7 @@ def test_build_samples_kinds_and_order():
     assert s[1].prompt == "Is there a fork in image 1?"
     # note 1 has blank text: no caption sample; its chat turns are single-turn samples without <image>
     kinds = {"caption": 1, "image_caption": 0, "question": 4, "pope_question": 0, "conversation": 2}
-    kinds["attribute_question"] = 0
+    kinds["attribute_question"] = kinds["colour_answer"] = 0
     assert count_kinds(s) == kinds
     chat = [x for x in s if x.kind == "conversation"]
     assert chat[0].prompt == "What is on the table?" and chat[0].answer == "A red fork."
@@ -78,7 +78,7 @@ def test_build_samples_kinds_and_order():
 
 
 def test_unknown_kind_is_an_error():
-    with pytest.raises(ValueError, match="pope_question, attribute_question, conversation"):
+    with pytest.raises(ValueError, match="pope_question, attribute_question, colour_answer, conversation"):
         build_samples([_note()], kinds=("captions",))
 
 
@@ -249,3 +249,30 @@ def test_attribute_question_samples_ask_one_image_about_a_colour():
     assert (
         build_samples(notes, kinds=("attribute_question",), attribute_questions_per_note=2, seed=1) != again
     )
+
+
+def test_colour_answer_samples_ask_the_one_colour_of_a_category_in_one_image():
+    from mm.train.tasks import colour_answer_samples
+    from mm.world.config import WorldConfig
+    from mm.world.generate import generate_notes
+
+    notes = generate_notes(WorldConfig(notes=60, image_size=64))
+    per = colour_answer_samples(notes, per_note=2, seed=0)
+    assert len(per) == len(notes) and all(len(g) <= 2 for g in per) and sum(map(len, per)) > 100
+    for s in (s for g in per for s in g):
+        objs = notes[s.note].objects[s.image]
+        obj = s.prompt.removeprefix("What colour is the ").removesuffix(" in this photo?")
+        assert s.kind == "colour_answer" and {o.color for o in objs if o.category == obj} == {s.answer}
+    # a category shown in two colours has no one answer: never asked
+    two = [
+        (i, k, c)
+        for i, n in enumerate(notes)
+        for k, objs in enumerate(n.objects)
+        for c in {o.category for o in objs}
+        if len({o.color for o in objs if o.category == c}) > 1
+    ]
+    assert two
+    asked = {(s.note, s.image, s.prompt) for g in colour_answer_samples(notes, per_note=99) for s in g}
+    assert not any((i, k, f"What colour is the {c} in this photo?") in asked for i, k, c in two)
+    again = build_samples(notes, kinds=("colour_answer",), colour_answers_per_note=2)
+    assert again == [s for g in per for s in g]  # deterministic for a seed

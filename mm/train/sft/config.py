@@ -85,7 +85,8 @@ class TaskConfig:
     """Which samples are made from each note (mm.train.tasks)."""
 
     kinds: list[str] = field(default_factory=lambda: ["caption", "question"])
-    """Task kinds: caption, image_caption, question, pope_question, attribute_question, conversation."""
+    """Task kinds: caption, image_caption, question, pope_question, attribute_question, colour_answer,
+    conversation."""
     caption_prompt: str = CAPTION_PROMPT
     """Prompt of the captioning task (training and evaluation)."""
     image_caption_prompt: str = IMAGE_CAPTION_PROMPT
@@ -100,6 +101,9 @@ class TaskConfig:
     attribute_questions_per_note: int = 1
     """Colour yes/no one-image questions per note (kind attribute_question:
     mm.train.tasks.attribute_question_samples; world notes, or any note whose objects have colours)."""
+    colour_answers_per_note: int = 1
+    """Open colour questions per note (kind colour_answer: mm.train.tasks.colour_answer_samples; world
+    notes, or any note whose objects have colours)."""
     answer_style: str = "word"
     """How yes/no answers are written (mm.train.tasks.yes_no_answer): "word" ("yes") or "object" ("A fork:
     yes", the object first: the tiny 3-layer LM learns to answer that way, README)."""
@@ -116,6 +120,9 @@ class TaskConfig:
         if self.attribute_questions_per_note < 0:
             n = self.attribute_questions_per_note
             raise ValueError(f"tasks.attribute_questions_per_note must be >= 0, got {n}")
+        if self.colour_answers_per_note < 0:
+            n = self.colour_answers_per_note
+            raise ValueError(f"tasks.colour_answers_per_note must be >= 0, got {n}")
         if self.answer_style not in ANSWER_STYLES:
             raise ValueError(f"tasks.answer_style must be one of {ANSWER_STYLES}, got {self.answer_style!r}")
 
