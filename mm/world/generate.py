@@ -73,16 +73,18 @@ def generate_note(cfg: WorldConfig, index: int) -> tuple[Note, list[np.ndarray]]
         objects.append(anns)
     S, sp, after = cfg.image_size, cfg.synonym_prob, cfg.colour_position == "after"
     told = caption_objects(objects, cfg.caption_prior, np.random.default_rng([cfg.seed, index, 2]))
-    colour = {"colour_after": after, "colour_prob": cfg.colour_prob}
-    if cfg.colour_prob < 1.0:  # a stream of its own: every other draw stays as at colour_prob 1
-        colour["colour_rng"] = np.random.default_rng([cfg.seed, index, 3])
+    colour = text.ColourStyle(
+        after=after,
+        prob=cfg.colour_prob,  # below 1, a stream of its own: every other draw stays as at colour_prob 1
+        rng=np.random.default_rng([cfg.seed, index, 3]) if cfg.colour_prob < 1.0 else None,
+    )
     note = Note(
         id=nid,
         split=split,
         source="world",
         images=[f"{IMAGE_DIR}/{nid}_{k}.png" for k in range(n_img)],
-        text=text.note_caption(theme, told, size=S, rng=rng, synonym_prob=sp, **colour),
-        image_captions=[text.image_caption(o, size=S, rng=rng, synonym_prob=sp, **colour) for o in told],
+        text=text.note_caption(theme, told, size=S, rng=rng, synonym_prob=sp, colour=colour),
+        image_captions=[text.image_caption(o, size=S, rng=rng, synonym_prob=sp, colour=colour) for o in told],
         objects=objects,
         questions=text.questions(
             nid,

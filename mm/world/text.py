@@ -12,6 +12,8 @@ objects (the adversarial negatives of POPE) and otherwise at random.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from mm.data.format import ObjectAnnotation, Question
@@ -99,22 +101,40 @@ def mention_order(objects: list[ObjectAnnotation]) -> list[ObjectAnnotation]:
     return sorted(objects, key=lambda o: CATEGORY_INDEX[o.category])
 
 
+@dataclass(frozen=True)
+class ColourStyle:
+    """How captions give colours: ``after`` the noun in brackets ("two forks (red)", like a mixed group's
+    list) or before it ("two red forks"), the random draws the same either way; with ``prob`` < 1 each
+    group's colours are stated with that probability, drawn from ``rng`` (not the caption's own stream, so
+    every other word is the same)."""
+
+    after: bool = False
+    prob: float = 1.0
+    rng: np.random.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if self.prob < 1.0 and self.rng is None:
+            raise ValueError("a colour prob < 1 needs rng, the stream its draws come from")
+
+    def stated(self) -> bool:
+        """Whether the next group's colours are stated (one draw from ``rng`` when ``prob`` < 1)."""
+        return self.prob >= 1.0 or bool(self.rng.random() < self.prob)
+
+
+PLAIN = ColourStyle()
+"""Every colour stated, before the noun."""
+
+
 def object_phrases(
     objects: list[ObjectAnnotation],
     *,
     size: int,
     rng: np.random.Generator,
     synonym_prob: float,
-    colour_after: bool = False,
-    colour_prob: float = 1.0,
-    colour_rng: np.random.Generator | None = None,
+    colour: ColourStyle = PLAIN,
 ) -> list[str]:
-    """One noun phrase per category group ("two red forks"), groups in :func:`mention_order`.
-
-    ``colour_after``: a shared colour follows the noun in brackets ("two forks (red)"), like a mixed
-    group's list; the random draws are the same either way. ``colour_prob`` < 1: each group's colours are
-    stated with that probability, drawn from ``colour_rng`` (not ``rng``, so every other word is the same).
-    """
+    """One noun phrase per category group ("two red forks"), groups in :func:`mention_order`, colours
+    given as ``colour`` says (:class:`ColourStyle`)."""
     groups: dict[str, list[ObjectAnnotation]] = {}
     for o in mention_order(objects):
         groups.setdefault(o.category, []).append(o)
@@ -122,22 +142,17 @@ def object_phrases(
     for name in caption_order(list(groups)):
         objs = groups[name]
         n = len(objs)
-        colors = {o.color for o in objs}
-        if colour_prob < 1.0:
-            if colour_rng is None:
-                raise ValueError("colour_prob < 1 needs colour_rng, the stream its draws come from")
-            if colour_rng.random() >= colour_prob:
-                colors = set()
+        colors = {o.color for o in objs} if colour.stated() else set()
         color = objs[0].color if len(colors) == 1 else None
         noun = surface(name, n > 1, rng, synonym_prob)
         words = []
         if n == 1 and objs[0].size and rng.random() < 0.3:
             words.append(objs[0].size)
-        if color and not colour_after:
+        if color and not colour.after:
             words.append(color)
         words.append(noun)
         head = " ".join(words)
-        listed = sorted(c for c in colors if c) if not color or colour_after else []
+        listed = sorted(c for c in colors if c) if not color or colour.after else []
         bracket = " (" + _join(listed) + ")" if listed else ""
         if n == 1:
             phrase = f"{article(head)} {head}{bracket}"
@@ -158,15 +173,12 @@ def image_caption(
     size: int,
     rng: np.random.Generator,
     synonym_prob: float,
-    colour_after: bool = False,
-    colour_prob: float = 1.0,
-    colour_rng: np.random.Generator | None = None,
+    colour: ColourStyle = PLAIN,
 ) -> str:
-    """A one-sentence caption naming every object of one image (``colour_*``: :func:`object_phrases`)."""
+    """A one-sentence caption naming every object of one image (``colour``: :class:`ColourStyle`)."""
     if not objects:
         return "Nothing in particular."
-    kw = {"size": size, "rng": rng, "synonym_prob": synonym_prob, "colour_after": colour_after,
-          "colour_prob": colour_prob, "colour_rng": colour_rng}  # fmt: skip
+    kw = {"size": size, "rng": rng, "synonym_prob": synonym_prob, "colour": colour}
     phrases = object_phrases(objects, **kw)
     body = _join(phrases)
     t = _IMAGE_TEMPLATES[int(rng.integers(len(_IMAGE_TEMPLATES)))]
@@ -182,15 +194,12 @@ def note_caption(
     size: int,
     rng: np.random.Generator,
     synonym_prob: float,
-    colour_after: bool = False,
-    colour_prob: float = 1.0,
-    colour_rng: np.random.Generator | None = None,
+    colour: ColourStyle = PLAIN,
 ) -> str:
-    """The note's text: a theme introduction, then every image's objects in order (``colour_*``:
-    :func:`object_phrases`)."""
+    """The note's text: a theme introduction, then every image's objects in order (``colour``:
+    :class:`ColourStyle`)."""
     n = len(objects)
-    kw = {"size": size, "rng": rng, "synonym_prob": synonym_prob, "colour_after": colour_after,
-          "colour_prob": colour_prob, "colour_rng": colour_rng}  # fmt: skip
+    kw = {"size": size, "rng": rng, "synonym_prob": synonym_prob, "colour": colour}
     place = THEME_PLACE[theme]
     if n == 1:
         intro = f"A photo from {place}."
