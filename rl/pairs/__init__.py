@@ -8,6 +8,8 @@
 - :mod:`rl.pairs.onpolicy`: best vs worst of sampled captions by reward (RLAIF-V).
 - :mod:`rl.pairs.correction`: the policy's caption vs the same caption with its hallucinations
   replaced or cut (RLHF-V, HSA-DPO).
+- :mod:`rl.pairs.colour_fix`: the policy's caption vs the same caption without the colours a judge
+  rejects (the scene, a labeler, or the policy's own confidence).
 - :mod:`rl.pairs.questions`: POPE-style yes/no answers, right vs wrong.
 - :mod:`rl.pairs.corruption`: the same caption, rejected with corrupted images (mDPO).
 - :mod:`rl.pairs.logps`: how on-policy a pair is (the policy's mean log-prob per token of each side).
@@ -34,6 +36,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "labeler_scorer", "onpolicy_pairs", "rank_pair", "sample_responses", "scene_scorer",
     ),  # fmt: skip
     "rl.pairs.correction": ("correction_pairs", "strip_objects"),
+    "rl.pairs.colour_fix": (
+        "colour_correction_pairs", "labeler_colour_judge", "scene_colour_judge", "self_colour_judge",
+        "strip_colours",
+    ),  # fmt: skip
     "rl.pairs.questions": ("question_pairs",),
     "rl.pairs.corruption": ("corrupt_pairs", "load_pixels", "pair_images"),
     "rl.pairs.logps": ("add_logps", "policy_logps"),

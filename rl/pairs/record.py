@@ -10,7 +10,7 @@ from typing import Any
 
 from rl.rewards import score
 
-PAIR_KINDS: tuple[str, ...] = ("injection", "onpolicy", "corrupt", "question", "correction")
+PAIR_KINDS: tuple[str, ...] = ("injection", "onpolicy", "corrupt", "question", "correction", "colourfix")
 """Kinds of pairs the builders make."""
 
 

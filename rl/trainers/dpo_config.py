@@ -45,7 +45,7 @@ class LossConfig:
             raise ValueError(f"loss.corruption must be one of {KINDS}, got {self.corruption!r}")
 
 
-BUILDS = ("injection", "corrupt", "correction", "onpolicy")
+BUILDS = ("injection", "corrupt", "correction", "onpolicy", "none")
 """Pair kinds ``rl dpo`` builds itself (``data.build``)."""
 
 
@@ -59,9 +59,10 @@ class DataConfig:
     """Pairs JSONL written by ``rl pairs``; None = build ``build`` pairs from ``split`` notes."""
     build: str = "injection"
     """Pairs to build when ``pairs`` is None: injection (POVID/HA-DPO), corrupt (mDPO), correction
-    (RLHF-V: the starting policy's own greedy captions minus their hallucinated objects) or onpolicy
-    (RLAIF-V: best vs worst by the scene reward of ``samples`` captions sampled from the starting policy).
-    correction and onpolicy generate with the policy first, so they need ``notes`` > 0."""
+    (RLHF-V: the starting policy's own greedy captions minus their hallucinated objects), onpolicy
+    (RLAIF-V: best vs worst by the scene reward of ``samples`` captions sampled from the starting policy)
+    or none (only the pairs of ``colour_corrections`` / ``question_ratio``). correction and onpolicy
+    generate with the policy first, so they need ``notes`` > 0."""
     samples: int = 4
     """onpolicy: captions sampled per note."""
     temperature: float = 1.0
@@ -89,6 +90,22 @@ class DataConfig:
     """onpolicy: weight of the right-colour term in the reward that ranks the samples
     (:attr:`rl.rewards.RewardConfig.attribute_coverage_weight`: distinct (object, colour) claimed right, as
     ``attribute_weight`` judges them; 0 = off)."""
+    colour_corrections: bool = False
+    """Add colour-correction pairs (:func:`rl.pairs.colour_correction_pairs`): per note whose greedy caption
+    states a colour ``colour_judge`` rejects, that caption (rejected) against itself without those colours
+    (chosen). Needs the policy (``notes`` > 0); they join the ``build`` pairs (``build: none`` for them
+    alone)."""
+    colour_judge: str = "self"
+    """colour_corrections: which colours to cut: self (those the policy gave its colour word probability
+    below ``colour_threshold``: learnable, no ground truth), labeler (P(yes) of the labeler ``labeler`` to
+    "Is there a red fork ...?" below ``colour_threshold``) or scene (wrong by the notes' colour truth)."""
+    colour_threshold: float = 0.5
+    """colour_corrections with colour_judge self or labeler: the probability under which a colour is cut."""
+    colour_keep_pairs: bool = False
+    """colour_corrections: per note with a colour left after the cut, also the corrected caption (chosen)
+    against it with every colour cut (rejected), so that the pairs ask for the sure colours as well as
+    against the unsure ones."""
+    """colour_corrections with colour_judge self or labeler: the probability under which a colour is cut."""
     split: str = "train"
     """Note split pairs are built from."""
     notes: int = 0
@@ -129,9 +146,11 @@ class DataConfig:
             )
         if self.build not in BUILDS:
             raise ValueError(f"data.build must be one of {', '.join(BUILDS)}, got {self.build!r}")
-        if self.build in ("correction", "onpolicy") and self.pairs is None and self.notes == 0:
+        builds_own = self.build in ("correction", "onpolicy") and self.pairs is None
+        if (builds_own or self.colour_corrections) and self.notes == 0:
+            what = "colour_corrections=true" if self.colour_corrections else f"build={self.build}"
             raise ValueError(
-                f"data.build={self.build} captions every note with the policy first; set data.notes to how "
+                f"data.{what} captions every note with the policy first; set data.notes to how "
                 "many (e.g. 600)"
             )
         hw = self.hallucination_weight
@@ -142,6 +161,23 @@ class DataConfig:
             raise ValueError(
                 f"data.attribute_weight and data.attribute_coverage_weight must be finite numbers >= 0, got "
                 f"{aw} and {acw}"
+            )
+        if self.colour_judge not in ("self", "labeler", "scene"):
+            raise ValueError(f"data.colour_judge must be self, labeler or scene, got {self.colour_judge!r}")
+        if not 0.0 < self.colour_threshold < 1.0:
+            raise ValueError(f"data.colour_threshold must be in (0, 1), got {self.colour_threshold}")
+        if self.colour_corrections and self.colour_judge == "labeler" and not self.labeler:
+            raise ValueError(
+                "data.colour_judge labeler needs data.labeler, a model folder (e.g. the SFT model)"
+            )
+        if self.colour_corrections and self.colour_judge == "scene" and not self.ground_truth:
+            raise ValueError(
+                "data.colour_judge scene judges colours on the notes' colour truth, which data.ground_truth "
+                "false withholds; set data.colour_judge self or labeler"
+            )
+        if self.build == "none" and self.pairs is None and not self.colour_corrections:
+            raise ValueError(
+                "data.build none builds no caption pairs; set data.colour_corrections true or another build"
             )
         if (aw > 0 or acw > 0) and (
             self.build != "onpolicy" or (self.scorer == "scene" and not self.ground_truth)

@@ -129,6 +129,45 @@ def load_question_pairs(cfg: DataConfig, seed: int) -> list[Any]:
     return pairs
 
 
+def _labeler(cfg: DataConfig, policy: tuple[Any, Any]) -> Any:
+    """The labeler VLM of ``cfg.labeler``, on the policy's device."""
+    from rl.labeler import Labeler, LabelerConfig
+
+    device = next(policy[0].parameters()).device
+    lab_cfg = LabelerConfig(
+        answer_style=cfg.answer_style, soft=cfg.labeler_soft, threshold=cfg.labeler_threshold
+    )
+    return Labeler.from_folder(cfg.labeler, lab_cfg, device=device)
+
+
+def colour_pairs(cfg: DataConfig, policy: tuple[Any, Any] | None) -> list[Any]:
+    """``data.colour_corrections``: colour-correction pairs on the configured notes, the colours to cut
+    chosen by ``data.colour_judge``."""
+    from rl.pairs import colour_fix
+
+    if policy is None:
+        raise ValueError("colour-correction pairs need the policy (model, processor)")
+    if cfg.colour_judge == "labeler":
+        judge = colour_fix.labeler_colour_judge(
+            _labeler(cfg, policy), cfg.folder, threshold=cfg.colour_threshold
+        )
+    elif cfg.colour_judge == "self":
+        judge = colour_fix.self_colour_judge(
+            *policy, cfg.folder, prompt=cfg.prompt, threshold=cfg.colour_threshold
+        )
+    else:
+        judge = colour_fix.scene_colour_judge()
+    return colour_fix.colour_correction_pairs(
+        *policy,
+        _world_notes(cfg),
+        cfg.folder,
+        prompt=cfg.prompt,
+        judge=judge,
+        with_objects=cfg.ground_truth,
+        keep_pairs=cfg.colour_keep_pairs,
+    )
+
+
 def load_pairs(cfg: DataConfig, seed: int, policy: tuple[Any, Any] | None = None) -> list[Any]:
     """The configured pairs: read from ``cfg.pairs`` or built from the notes of ``cfg.split`` (correction
     pairs with ``policy`` = (model, processor))."""
@@ -151,22 +190,20 @@ def load_pairs(cfg: DataConfig, seed: int, policy: tuple[Any, Any] | None = None
             )
             scorer = None
             if cfg.scorer == "labeler":
-                from rl.labeler import Labeler, LabelerConfig
                 from rl.pairs.onpolicy import labeler_scorer
 
-                device = next(policy[0].parameters()).device
-                lab_cfg = LabelerConfig(
-                    answer_style=cfg.answer_style, soft=cfg.labeler_soft, threshold=cfg.labeler_threshold
-                )
-                labeler = Labeler.from_folder(cfg.labeler, lab_cfg, device=device)
-                scorer = labeler_scorer(labeler, cfg.folder, reward_cfg)
+                scorer = labeler_scorer(_labeler(cfg, policy), cfg.folder, reward_cfg)
             pairs = preference_pairs.onpolicy_pairs(
                 *policy, _world_notes(cfg), cfg.folder, prompt=cfg.prompt, num_samples=cfg.samples,
                 temperature=cfg.temperature, seed=seed,
                 reward_cfg=reward_cfg, scorer=scorer,
             )  # fmt: skip
+    elif cfg.build == "none":
+        pairs = []
     else:
         pairs = preference_pairs.corrupt_pairs(_world_notes(cfg), prompt=cfg.prompt, seed=seed)
+    if cfg.colour_corrections:
+        pairs = [*pairs, *colour_pairs(cfg, policy)]
     if cfg.question_ratio > 0:
         pool = load_question_pairs(cfg, seed)
         want = min(len(pool), round(cfg.question_ratio * len(pairs)))

@@ -274,3 +274,22 @@ def test_batch_that_does_not_split_over_the_processes_is_refused(tmp_path, dirs,
     with pytest.raises(UserError, match="global batch of 3 must be divisible by 2 processes"):
         dpo.train(cfg, out_dir=tmp_path / "o", show_progress=False)
     assert not (tmp_path / "o").exists()
+
+
+def test_colour_correction_pairs_alone_and_beside_a_build(tmp_path, dirs, monkeypatch):
+    import mm.eval.generate as gen
+
+    # the tiny model's word vocabulary spells these back, so the policy's colour probabilities are read
+    monkeypatch.setattr(
+        gen, "generate_captions", lambda m, p, ns, *a, **k: ["a red cup a blue fork"] * len(ns)
+    )
+    sure = ("data.colour_corrections=true", "data.colour_judge=self", "data.colour_threshold=0.99")
+    out = tmp_path / "alone"
+    assert _run(dirs, out, "data.build=none", "data.notes=2", "data.colour_keep_pairs=true", *sure) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["pair_kinds"] == {"colourfix": 2}  # one cut pair per note; no colour left to keep
+    out = tmp_path / "beside"
+    assert _run(dirs, out, "data.notes=2", *sure) == 0
+    kinds = json.loads((out / "result.json").read_text())["pair_kinds"]
+    assert kinds["colourfix"] == 2 and kinds["injection"] > 0
+    assert _run(dirs, tmp_path / "bad", "data.build=none") == 2  # nothing to train on: a clear error
