@@ -177,3 +177,80 @@ def test_sft_answer_loss_equals_the_model_loss_and_its_gradients(tmp_path, lora)
     assert ours.item() == pytest.approx(ref.item(), rel=1e-5)
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_heavy_token_weights_golden():
+    logits, labels = _case()
+    heavy = torch.tensor([int(labels[0, 3]), int(labels[2, 5])])  # two of the answer ids
+    w = torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
+    tw = token_weights(labels, w, heavy_ids=heavy, heavy_weight=5.0)
+    num, den = 0.0, 0.0
+    for b in range(3):
+        for t in range(5):
+            y = int(labels[b, t + 1])
+            if y == -100:
+                assert tw[b, t] == 0
+                continue
+            k = w[b].item() * (5.0 if y in heavy.tolist() else 1.0)
+            assert tw[b, t].item() == k
+            row = logits[b, t]
+            num += k * (math.log(sum(math.exp(v) for v in row.tolist())) - row[y].item())
+            den += k
+    assert den > float(token_weights(labels, w).sum())  # some answer token is heavy
+    got = weighted_token_loss(logits, labels, tw, tw.sum())  # (B, T-1) weights: one per predicted token
+    assert got.item() == pytest.approx(num / den, abs=1e-12)
+    assert torch.equal(token_weights(labels, w, heavy_ids=heavy), token_weights(labels, w))  # weight 1
+
+
+def test_colour_weight_weighs_the_colour_words(tmp_path):
+    from mm.config import load_config
+    from mm.data.format import read_notes
+    from mm.train import common, sft
+    from mm.train.sft.loss import batch_weights, colour_token_ids
+    from mm.train.sft_data import SampleSet, load_note_images
+    from mm.train.tasks import build_samples
+
+    world = make_world(tmp_path / "notes", notes=10)
+    notes = read_notes(world, "train")[:3]
+    cfg = load_config(sft.TrainConfig, tiny_train_config(tmp_path / "c.yaml", tasks={"colour_weight": 3.0}))
+    common.seed_everything(0)
+    _, proc, _ = sft.build_model_and_processor(cfg)
+    tok = proc.tokenizer
+    ids = colour_token_ids(tok)
+    assert {tok.decode([i]).strip() for i in ids.tolist()} >= {"red", "blue"}
+    from mm.eval.claims.extract import COLOR_WORDS
+
+    assert all(tok.decode([i]).strip().lower() in COLOR_WORDS for i in ids.tolist())
+    data = SampleSet(
+        processor=proc, images=load_note_images(notes, world, proc.image_size), samples=build_samples(notes),
+    )  # fmt: skip
+    idx = list(range(len(data)))
+    batch = data.batch(idx)
+    w = batch_weights(data, idx, batch["labels"], cfg.tasks, ids)
+    target = batch["labels"][:, 1:]
+    colour = torch.isin(target, ids)
+    assert colour.any() and w.shape == target.shape
+    assert (
+        w[colour].eq(3.0).all()
+        and w[(target != -100) & ~colour].eq(1.0).all()
+        and w[target == -100].eq(0).all()
+    )
+    assert sft.answer_token_divisor(batch["labels"], 1, w).item() == pytest.approx(float(w.sum()))
+    assert sft.mean_answer_tokens(data, cfg.tasks, ids) * len(idx) == pytest.approx(float(w.sum()))
+    plain = load_config(sft.TrainConfig, tiny_train_config(tmp_path / "p.yaml"))
+    assert batch_weights(data, idx, batch["labels"], plain.tasks, ids) is None
+    for bad in (0.0, float("nan")):
+        with pytest.raises(ValueError, match="colour_weight"):
+            load_config(sft.TrainConfig, tiny_train_config(tmp_path / "b.yaml", tasks={"colour_weight": bad}))
+
+
+def test_train_cli_runs_with_a_colour_weight(tmp_path):
+    from mm.cli import main
+
+    world = make_world(tmp_path / "notes", notes=16)
+    cfg = tiny_train_config(tmp_path / "c.yaml", tasks={"colour_weight": 4.0}, data={"folder": str(world)})
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    import json
+
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["loss"]) for r in recs if "loss" in r)

@@ -96,6 +96,10 @@ class TaskConfig:
     question_weight: float = 1.0
     """Loss weight of a yes/no answer's tokens against a caption token's 1 (mm.train.token_loss): a question
     has 1 answer token to a caption's ~40, so in a plain token mean the questions get ~5% of the gradient."""
+    colour_weight: float = 1.0
+    """Loss weight of the colour words' tokens in every answer (:func:`mm.train.sft.loss.colour_token_ids`)
+    against 1 for the other tokens. A caption's colours are a few tokens of ~40, and the lookup that reads
+    them from the image is learnt late or not at all (docs/results.md, "Colour after the noun")."""
     pope_questions_per_note: int = 1
     """POPE-style one-image questions per note (kind pope_question: mm.train.tasks.pope_question_samples)."""
     attribute_questions_per_note: int = 1
@@ -114,6 +118,8 @@ class TaskConfig:
             raise ValueError(f"tasks.kinds must be a non-empty subset of {TASK_KINDS}, got {self.kinds}")
         if not (self.question_weight > 0 and math.isfinite(self.question_weight)):
             raise ValueError(f"tasks.question_weight must be a finite number > 0, got {self.question_weight}")
+        if not (self.colour_weight > 0 and math.isfinite(self.colour_weight)):
+            raise ValueError(f"tasks.colour_weight must be a finite number > 0, got {self.colour_weight}")
         if self.pope_questions_per_note < 0:
             n = self.pope_questions_per_note
             raise ValueError(f"tasks.pope_questions_per_note must be >= 0, got {n}")

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from mm.eval.claims.extract import COLOR_WORDS
 from mm.train.common import all_reduce_sum
 from mm.train.sft.config import TaskConfig
 from mm.train.token_loss import answer_positions_loss, token_weights
@@ -36,12 +37,42 @@ def sample_weights(data: Any, indices: Any, tasks: TaskConfig) -> torch.Tensor:
     return torch.tensor(w, dtype=torch.float32)
 
 
-def mean_answer_tokens(data: Any, tasks: TaskConfig) -> float:
-    """Mean answer tokens of a training sample, each weighted as :func:`sample_weights` weighs it (what a
+def colour_token_ids(tokenizer: Any) -> torch.Tensor:
+    """Ids of the tokens whose text is a colour word (:data:`mm.eval.claims.extract.COLOR_WORDS`: " red",
+    "red", "Red"), the tokens ``tasks.colour_weight`` weighs. A colour the tokenizer splits into several
+    tokens has none."""
+    words = set(COLOR_WORDS)
+    vocab = tokenizer.get_vocab()
+    ids = [i for i in vocab.values() if tokenizer.decode([i]).strip().lower() in words]
+    return torch.tensor(sorted(ids), dtype=torch.long)
+
+
+def batch_weights(
+    data: Any, indices: Any, labels: torch.Tensor, tasks: TaskConfig, colour_ids: torch.Tensor | None
+) -> torch.Tensor | None:
+    """The loss weights of a batch with ``labels`` (B, T) of samples ``indices``: None when every weight is
+    1, (B,) per sample (``tasks.question_weight``), or (B, T-1) per token when ``tasks.colour_weight`` also
+    weighs the colour words (``colour_ids``, :func:`colour_token_ids`)."""
+    per_sample = None if tasks.question_weight == 1.0 else sample_weights(data, indices, tasks)
+    if tasks.colour_weight == 1.0:
+        return per_sample
+    if per_sample is None:
+        per_sample = torch.ones(len(labels), dtype=torch.float32)
+    return token_weights(labels, per_sample, heavy_ids=colour_ids, heavy_weight=tasks.colour_weight)
+
+
+def mean_answer_tokens(data: Any, tasks: TaskConfig, colour_ids: torch.Tensor | None = None) -> float:
+    """Mean answer tokens of a training sample, each weighted as :func:`batch_weights` weighs it (what a
     random batch's :func:`answer_token_divisor` is, per sample, in expectation)."""
     weights = sample_weights(data, range(len(data.samples)), tasks).double()  # (N,)
-    tokens = torch.tensor([int((labels[1:] != -100).sum()) for labels in data.labels], dtype=torch.float64)
-    return max(float((weights * tokens).mean()), 1.0)
+    total = 0.0
+    for w, labels in zip(weights.tolist(), data.labels):
+        tw = token_weights(
+            labels[None], torch.tensor([w], dtype=torch.float64), heavy_ids=colour_ids,
+            heavy_weight=tasks.colour_weight,
+        )  # fmt: skip  # (1, T-1)
+        total += float(tw.sum())
+    return max(total / max(len(data.labels), 1), 1.0)
 
 
 def answer_token_divisor(
@@ -54,10 +85,13 @@ def answer_token_divisor(
     sum_r / (N / W), DDP averages the W gradients, and the result is the gradient of sum / N, the token
     mean over the global batch that one process computes. (A per-rank token mean would weight a token of
     a rank with few answer tokens more than one of a rank with many.) At least 1 token is assumed.
-    With ``sample_weights`` (B,), N is the weighted token count (mm.train.token_loss.token_weights).
+    With ``sample_weights`` (B,) or (B, T-1), N is the weighted token count
+    (mm.train.token_loss.token_weights).
     """
     if sample_weights is None:
         n = (labels[:, 1:] != -100).sum().to(torch.float32)
+    elif sample_weights.dim() == 2:
+        n = sample_weights.to(torch.float32).sum()
     else:
         n = token_weights(labels, sample_weights.to(torch.float32)).sum()
     n = all_reduce_sum(n)  # N over all ranks

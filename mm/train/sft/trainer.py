@@ -21,7 +21,13 @@ from mm.train import common, loop
 from mm.train.config import build_optimizer, param_groups
 from mm.train.sft.config import TrainConfig
 from mm.train.sft.evaluation import EvalData, evaluate, load_eval_data
-from mm.train.sft.loss import answer_loss, answer_token_divisor, mean_answer_tokens, sample_weights
+from mm.train.sft.loss import (
+    answer_loss,
+    answer_token_divisor,
+    batch_weights,
+    colour_token_ids,
+    mean_answer_tokens,
+)
 from mm.train.sft.model import build_model_and_processor, prepare_trainable, save_final
 from mm.train.sft_data import SampleSet, load_note_images
 from mm.train.tasks import build_samples
@@ -63,11 +69,12 @@ class SFTTrainer(loop.StepTrainer):
             eval_data,
         )
         self.rank, self.world = rank, world
+        self.colour_ids = colour_token_ids(processor.tokenizer) if cfg.tasks.colour_weight != 1.0 else None
         self.grouped = None
         if cfg.train.group_by_length:
             lengths = [len(ids) for ids in data.input_ids]
             self.grouped = common.LengthGroupedBatches(lengths, cfg.train.batch_size, seed=cfg.train.seed)
-            per_rank = mean_answer_tokens(data, cfg.tasks) * cfg.train.batch_size / world
+            per_rank = mean_answer_tokens(data, cfg.tasks, self.colour_ids) * cfg.train.batch_size / world
             self.fixed_divisor = torch.tensor(per_rank)
 
     def batch(self, step: int) -> tuple[dict[str, Any], torch.Tensor | None, torch.Tensor]:
@@ -79,7 +86,7 @@ class SFTTrainer(loop.StepTrainer):
             idx = self.grouped.indices(step)
         shard = common.shard(idx, rank=self.rank, world_size=self.world)
         batch = self.data.batch(shard)
-        weights = None if tasks.question_weight == 1.0 else sample_weights(self.data, shard, tasks)
+        weights = batch_weights(self.data, shard, batch["labels"], tasks, self.colour_ids)
         if self.grouped is None:
             divisor = answer_token_divisor(batch["labels"], self.world, weights)
         else:
