@@ -35,7 +35,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "rl.pairs.onpolicy": (
         "labeler_scorer", "onpolicy_pairs", "rank_pair", "sample_responses", "scene_scorer",
     ),  # fmt: skip
-    "rl.pairs.correction": ("correction_pairs", "strip_objects"),
+    "rl.pairs.correction": ("correction_pairs", "greedy_captions", "strip_objects"),
     "rl.pairs.colour_fix": (
         "colour_correction_pairs", "labeler_colour_judge", "scene_colour_judge", "self_colour_judge",
         "strip_colours",

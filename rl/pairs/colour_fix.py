@@ -29,6 +29,7 @@ from mm.eval import generate
 from mm.eval.claims import note_truth
 from mm.eval.generate import open_image
 from mm.world.text import _join, article
+from rl.pairs.correction import greedy_captions
 from rl.pairs.record import PreferencePair
 from rl.rewards import attribute_verdicts, claim_extractor, vocabulary
 
@@ -198,16 +199,9 @@ def colour_correction_pairs(
     :func:`strip_colours` of it. Notes with no rejected colour give no pair. With ``keep_pairs``, each note
     whose caption keeps a colour also gives the other side of the lesson: chosen = the corrected caption,
     rejected = it without one of its kept colours (picked by the note id), so that leaving colours out is
-    not the easy way to win the first pairs. ``with_objects`` False leaves the notes' objects out of the pairs (a judge that reads no
-    ground truth)."""
-    was_training = model.training
-    model.eval()
-    try:
-        caps = generate.generate_captions(
-            model, processor, list(notes), prompt, batch_size, max_new_tokens, root=root
-        )
-    finally:
-        model.train(was_training)
+    not the easy way to win the first pairs. ``with_objects`` False leaves the notes' objects out of the
+    pairs (a judge that reads no ground truth)."""
+    caps = greedy_captions(model, processor, notes, root, prompt, batch_size, max_new_tokens)
     out = []
     for note, cap in zip(notes, caps):
         wrong = judge(note, cap)

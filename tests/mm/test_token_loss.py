@@ -50,6 +50,26 @@ def test_weighted_loss_golden_value_from_the_formula():
     assert weighted_token_loss(logits, labels, w, tw.sum()).item() == pytest.approx(num / den, abs=1e-12)
 
 
+def _tiny_sft(tmp_path, tasks, **samples):
+    """(config, random tiny model, processor, samples of 3 world notes) for the SFT loss tests."""
+    from mm.config import load_config
+    from mm.data.format import read_notes
+    from mm.train import common, sft
+    from mm.train.sft_data import SampleSet, load_note_images
+    from mm.train.tasks import build_samples
+
+    world = make_world(tmp_path / "notes", notes=10)
+    notes = read_notes(world, "train")[:3]
+    cfg = load_config(sft.TrainConfig, tiny_train_config(tmp_path / "c.yaml", tasks=tasks))
+    common.seed_everything(0)
+    model, proc, _ = sft.build_model_and_processor(cfg)
+    data = SampleSet(
+        processor=proc, images=load_note_images(notes, world, proc.image_size),
+        samples=build_samples(notes, **samples),
+    )  # fmt: skip
+    return cfg, model, proc, data
+
+
 def test_question_weight_rejects_nonpositive(tmp_path):
     from mm.config import load_config
     from mm.train.sft import TrainConfig
@@ -64,21 +84,9 @@ def test_question_weight_rejects_nonpositive(tmp_path):
 
 def test_question_weight_scales_question_tokens_in_a_training_step(tmp_path):
     """Weight 1 takes the model's own loss; a weight w gives the weighted mean over kinds."""
-    from mm.config import load_config
-    from mm.data.format import read_notes
-    from mm.train import common, sft
-    from mm.train.sft_data import SampleSet, load_note_images
-    from mm.train.tasks import build_samples
+    from mm.train import sft
 
-    world = make_world(tmp_path / "notes", notes=10)
-    notes = read_notes(world, "train")[:3]
-    cfg = load_config(sft.TrainConfig, tiny_train_config(tmp_path / "c.yaml", tasks={"question_weight": 4.0}))
-    common.seed_everything(0)
-    model, proc, _ = sft.build_model_and_processor(cfg)
-    data = SampleSet(
-        processor=proc, images=load_note_images(notes, world, proc.image_size),
-        samples=build_samples(notes, questions_per_note=1),
-    )  # fmt: skip
+    cfg, model, proc, data = _tiny_sft(tmp_path, {"question_weight": 4.0}, questions_per_note=1)
     idx = list(range(len(data)))
     kinds = [data.samples[i].kind for i in idx]
     assert {"caption", "question"} <= set(kinds)
@@ -118,11 +126,12 @@ def test_question_weight_scales_question_tokens_in_a_training_step(tmp_path):
         assert got.item() != pytest.approx(unweighted.item(), rel=1e-2)
 
 
-def test_train_cli_runs_with_a_question_weight(tmp_path):
+@pytest.mark.parametrize("tasks", [{"question_weight": 8.0}, {"colour_weight": 4.0, "question_weight": 2.0}])
+def test_train_cli_runs_with_loss_weights(tmp_path, tasks):
     from mm.cli import main
 
     world = make_world(tmp_path / "notes", notes=16)
-    cfg = tiny_train_config(tmp_path / "c.yaml", tasks={"question_weight": 8.0}, data={"folder": str(world)})
+    cfg = tiny_train_config(tmp_path / "c.yaml", tasks=tasks, data={"folder": str(world)})
     assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
     import json
 
@@ -204,26 +213,15 @@ def test_heavy_token_weights_golden():
 
 def test_colour_weight_weighs_the_colour_words(tmp_path):
     from mm.config import load_config
-    from mm.data.format import read_notes
-    from mm.train import common, sft
+    from mm.eval.claims.extract import COLOR_WORDS
+    from mm.train import sft
     from mm.train.sft.loss import batch_weights, colour_token_ids
-    from mm.train.sft_data import SampleSet, load_note_images
-    from mm.train.tasks import build_samples
 
-    world = make_world(tmp_path / "notes", notes=10)
-    notes = read_notes(world, "train")[:3]
-    cfg = load_config(sft.TrainConfig, tiny_train_config(tmp_path / "c.yaml", tasks={"colour_weight": 3.0}))
-    common.seed_everything(0)
-    _, proc, _ = sft.build_model_and_processor(cfg)
+    cfg, _, proc, data = _tiny_sft(tmp_path, {"colour_weight": 3.0})
     tok = proc.tokenizer
     ids = colour_token_ids(tok)
     assert {tok.decode([i]).strip() for i in ids.tolist()} >= {"red", "blue"}
-    from mm.eval.claims.extract import COLOR_WORDS
-
     assert all(tok.decode([i]).strip().lower() in COLOR_WORDS for i in ids.tolist())
-    data = SampleSet(
-        processor=proc, images=load_note_images(notes, world, proc.image_size), samples=build_samples(notes),
-    )  # fmt: skip
     idx = list(range(len(data)))
     batch = data.batch(idx)
     w = batch_weights(data, idx, batch["labels"], cfg.tasks, ids)
@@ -242,15 +240,3 @@ def test_colour_weight_weighs_the_colour_words(tmp_path):
     for bad in (0.0, float("nan")):
         with pytest.raises(ValueError, match="colour_weight"):
             load_config(sft.TrainConfig, tiny_train_config(tmp_path / "b.yaml", tasks={"colour_weight": bad}))
-
-
-def test_train_cli_runs_with_a_colour_weight(tmp_path):
-    from mm.cli import main
-
-    world = make_world(tmp_path / "notes", notes=16)
-    cfg = tiny_train_config(tmp_path / "c.yaml", tasks={"colour_weight": 4.0}, data={"folder": str(world)})
-    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
-    import json
-
-    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert all(math.isfinite(r["loss"]) for r in recs if "loss" in r)
