@@ -130,13 +130,12 @@ def labeler_colour_judge(
     """Wrong colours by a labeler VLM: those whose coloured object ("red fork") gets P(yes) below
     ``threshold`` to "Is there a red fork in the image?" about the note's images; no ground truth is
     read."""
-    from PIL import Image
 
     def judge(note: Any, caption: str) -> list[tuple[int, int]]:
         spans = _colour_spans(caption, vocab_name)
         if not spans:
             return []
-        images = [Image.open(p).convert("RGB") for p in generate.note_images(note, root)]
+        images = [open_image(p) for p in generate.note_images(note, root)]
         asked = sorted({f"{c} {o}" for _, _, o, c in spans.values()})
         p = labeler.verify_objects(images, asked)
         return [(s, e) for s, e, o, c in spans.values() if p[f"{c} {o}"] < threshold]
@@ -167,8 +166,13 @@ def self_colour_judge(
         batch = processor.collate([processor.encode(images, prompt, caption)])
         batch = {k: v.to(device) for k, v in batch.items()}
         labels = batch.pop("labels")[0]  # (T,)
-        with torch.no_grad():
-            logits = model(**batch).logits[0].float()  # (T, V)
+        was_training = model.training
+        model.eval()  # the judge is called between training steps' pair building: no dropout here
+        try:
+            with torch.no_grad():
+                logits = model(**batch).logits[0].float()  # (T, V)
+        finally:
+            model.train(was_training)
         where = (labels != IGNORE_INDEX).nonzero().flatten()  # positions of the caption tokens (+ eos)
         ids = labels[where].tolist()
         logp = torch.log_softmax(logits[where - 1], dim=-1).gather(1, labels[where][:, None])[:, 0]  # (R,)
