@@ -191,12 +191,12 @@ def reference_caption(scene: DetailScene) -> str:
     """A true caption of a scene in the world's grammar (every object, colours, counts)."""
     verb = "is" if len(scene.tiny) == 1 else "are"
     return (
-        f"The photo shows {_join(_groups(scene.large, ''))}. "
-        f"On the tray {verb} {_join(_groups(scene.tiny, 'tiny '))}."
+        f"The photo shows {join_phrases(object_groups(scene.large, ''))}. "
+        f"On the tray {verb} {join_phrases(object_groups(scene.tiny, 'tiny '))}."
     )
 
 
-def _groups(objs, size: str) -> list[str]:
+def object_groups(objs, size: str) -> list[str]:
     """Objects grouped by category: "a large red cup", "two tiny cups (red and blue)"."""
     by_cat: dict[str, list] = {}
     for o in objs:
@@ -212,7 +212,8 @@ def _groups(objs, size: str) -> list[str]:
     return out
 
 
-def _join(parts: list[str]) -> str:
+def join_phrases(parts: list[str]) -> str:
+    """``["a", "b", "c"]`` -> "a, b and c"."""
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 

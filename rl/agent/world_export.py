@@ -1,0 +1,158 @@
+"""The agent world's photos as a note folder, as the policy sees them: what a note model trains on.
+
+    python -m rl.agent.world_export --out runs/agent_world0 --seed 0 --notes 8000
+
+A pipeline-trained NoteVLM does not read the agent world's photos (``rl.agent.read_probe``): it never
+saw a 256-px photo with a tray, nor a zoom crop of one. This writes the photos of the first ``--notes``
+agent-world notes as an ``mm`` note folder (``notes.jsonl`` + PNGs, :mod:`mm.data.format`) on which the
+project's own stages train a note model for ``policy.init`` (``mm pretrain``, ``mm train`` with
+``configs/mm/align.yaml`` and ``configs/mm/sft.yaml``). Each photo becomes one note of three images, each
+at the tower's input size and resized as the policy's processor resizes (PIL bilinear), so a training
+image and the policy's view of the same pixels are the same array:
+
+1. the whole photo (what the policy is given), captioned with its large objects and where the tray is,
+   in the form a zoom call takes (``"... and a tray at [0.28, 0.5, 0.57, 0.79]."``), and annotated with the
+   large objects only: the tiny objects are 2-3 px blobs there, which no caption should claim to read;
+2. the tray as a detail demonstration's zoom takes it (:func:`rl.agent.world_demos.tray_box`), captioned
+   and annotated with the tiny objects ("On the tray are two tiny cups (red and blue) and a tiny shell.");
+3. one tiny object as a change task's zoom takes it (its box padded by ``ZOOM_PAD``), captioned with it.
+
+The note text is :func:`rl.agent.world_tasks.reference_caption` of the photo. Notes keep their agent-world
+split, so the agent's held-out notes stay unseen. Boxes are in the stored image's pixels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from mm.data.format import Note, ObjectAnnotation, staged_folder, write_notes
+from mm.errors import UserError
+from mm.world.detail import DetailScene, padded_box
+from mm.world.render import object_box
+from mm.world.scene import SceneObject
+from rl.agent.tools import box_pixels
+from rl.agent.world_demos import normalised_box
+from rl.agent.world_tasks import (
+    ZOOM_PAD,
+    WorldTaskConfig,
+    join_phrases,
+    object_groups,
+    photo,
+    reference_caption,
+    world_note,
+)
+
+VIEWS = ("photo", "tray", "object")
+"""The images of an exported note, in order."""
+
+
+def resized(image: np.ndarray, size: int) -> np.ndarray:
+    """``image`` (H, W, 3 uint8) resized to (size, size, 3) as the NoteVLM processor resizes it."""
+    return np.asarray(Image.fromarray(image).resize((size, size), Image.BILINEAR))
+
+
+def view_objects(
+    objs: Sequence[SceneObject], box: tuple[int, int, int, int], source: int, size: int
+) -> list[ObjectAnnotation]:
+    """``objs`` annotated in the ``size``-px image of the source crop ``box`` (boxes clipped to it)."""
+    x0, y0, x1, y1 = box
+    sx, sy = size / (x1 - x0), size / (y1 - y0)
+    out = []
+    for o in objs:
+        a0, b0, a1, b1 = object_box(o, source)
+        bb = (
+            max(a0 - x0, 0) * sx,
+            max(b0 - y0, 0) * sy,
+            min(a1 - x0, x1 - x0) * sx,
+            min(b1 - y0, y1 - y0) * sy,
+        )
+        out.append(ObjectAnnotation(category=o.category, bbox=tuple(round(v, 2) for v in bb), color=o.color,
+                                    size=o.size))  # fmt: skip
+    return out
+
+
+def photo_note(
+    cfg: WorldTaskConfig,
+    note_id: str,
+    split: str,
+    scene: DetailScene,
+    image: np.ndarray,
+    pick: int,
+    size: int,
+) -> tuple[Note, list[np.ndarray]]:
+    """The exported note of one photo (``pick``: which tiny object the object view shows) and its images."""
+    S = image.shape[0]
+    whole = (0, 0, S, S)
+    tray_call = normalised_box(list(padded_box(scene.tray, 2, S)), S, S)  # the demonstrations' zoom box
+    tray = box_pixels(tray_call, S, S)  # what the zoom tool crops for it
+    target = scene.tiny[pick]
+    one = padded_box(object_box(target, S), ZOOM_PAD, S)
+    images = [resized(image[b[1] : b[3], b[0] : b[2]], size) for b in (whole, tray, one)]
+    verb = "is" if len(scene.tiny) == 1 else "are"
+    captions = [
+        f"The photo shows {join_phrases(object_groups(scene.large, ''))} and a tray at "
+        f"{json.dumps(tray_call)}.",
+        f"On the tray {verb} {join_phrases(object_groups(scene.tiny, 'tiny '))}.",
+        f"It is {object_groups([target], 'tiny ')[0]}.",
+    ]
+    objects = [
+        view_objects(scene.large, whole, S, size),
+        view_objects(scene.tiny, tray, S, size),
+        view_objects([target], one, S, size),
+    ]
+    names = [f"images/{note_id}_{v}.png" for v in VIEWS]
+    note = Note(id=note_id, images=names, text=reference_caption(scene), split=split, source="agent_world",
+                image_captions=captions, objects=objects)  # fmt: skip
+    return note, images
+
+
+def export_world(
+    cfg: WorldTaskConfig, notes: int, out: str | Path, *, size: int = 64, overwrite: bool = False
+) -> int:
+    """Write the photos of agent-world notes ``0 .. notes-1`` to ``out`` (module docstring); returns the
+    number of exported notes (one per photo). ``out`` appears whole or not at all."""
+    if notes < 1 or size < 16:
+        raise UserError(f"need --notes >= 1 and --size >= 16, got {notes} and {size}")
+    made: list[Note] = []
+    with staged_folder(out, overwrite=overwrite) as tmp:
+        (tmp / "images").mkdir()
+        for index in range(notes):
+            wn = world_note(cfg, index)
+            rng = np.random.default_rng([cfg.seed, index, 21])
+            for k, scene in enumerate(wn.scenes):
+                pick = int(rng.integers(len(scene.tiny)))
+                note, images = photo_note(cfg, f"{wn.id}-{k}", wn.split, scene, photo(cfg, wn, k), pick, size)
+                for name, im in zip(note.images, images):
+                    Image.fromarray(im).save(tmp / name)
+                made.append(note)
+        write_notes(made, tmp)
+    return len(made)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m rl.agent.world_export", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--out", required=True, help="note folder to write (must be missing or empty)")
+    parser.add_argument("--seed", type=int, default=0, help="agent world seed (default 0)")
+    parser.add_argument("--notes", type=int, default=8000, help="agent-world notes to export (default 8000)")
+    parser.add_argument(
+        "--size", type=int, default=64, help="stored image side: the tower's input (default 64)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    args = parser.parse_args(argv)
+    n = export_world(
+        WorldTaskConfig(seed=args.seed), args.notes, args.out, size=args.size, overwrite=args.overwrite
+    )
+    print(f"wrote {n} photo notes to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
