@@ -59,6 +59,11 @@ class DetailConfig:
     """Probability that a tiny object repeats a category already on the tray (so counts exceed one)."""
     tray_size: int = 72
     """Side of the tray in source pixels."""
+    tray_spots: int = 0
+    """Where the tray may lie: 0 = anywhere (4 px from the edges); n >= 2 = at one of n x n spots spread
+    evenly over the photo (corners and edges included). A policy says where to zoom by writing the box's
+    numbers; with a few spots, finding the tray is choosing one of them, which a small captioning LM
+    learns, where reading an arbitrary position off its 64-px view it does not (difficulty knob)."""
     clutter: int = 3
     """Distractor strokes drawn under the objects."""
     noise_std: float = 3.0
@@ -90,6 +95,10 @@ class DetailConfig:
         need(
             3 * TRAY_GRID <= self.tray_size <= self.source_size // 2,
             f"tray_size must be in [{3 * TRAY_GRID}, source_size / 2], got {self.tray_size}",
+        )
+        need(
+            self.tray_spots == 0 or 2 <= self.tray_spots <= 8,
+            f"tray_spots must be 0 (anywhere) or in [2, 8], got {self.tray_spots}",
         )
         need(
             0.0 <= self.tiny_duplicate <= 1.0, f"tiny_duplicate must be in [0, 1], got {self.tiny_duplicate}"
@@ -150,7 +159,11 @@ def _overlaps(box: tuple[float, float, float, float], other: tuple[float, float,
 def sample_detail_scene(cfg: DetailConfig, theme: str, rng: np.random.Generator) -> DetailScene:
     """A photo of ``theme``: the tray at a random spot, large objects around it, tiny objects on it."""
     S, T = cfg.source_size, cfg.tray_size
-    tx, ty = (int(v) for v in rng.integers(4, S - T - 4, size=2))
+    if cfg.tray_spots:
+        spots = np.linspace(4, S - T - 4, cfg.tray_spots).round().astype(int)  # (n,) corners of the spots
+        tx, ty = (int(spots[i]) for i in rng.integers(cfg.tray_spots, size=2))
+    else:
+        tx, ty = (int(v) for v in rng.integers(4, S - T - 4, size=2))
     tray = (tx, ty, tx + T, ty + T)
     in_theme = vocab.categories_of_theme(theme)
     colors = vocab.COLORS

@@ -1,6 +1,6 @@
 """The agent world's photos as a note folder, as the policy sees them: what a note model trains on.
 
-    python -m rl.agent.world_export --out runs/agent_world0 --seed 0 --notes 8000
+    python -m rl.agent.world_export --out runs/agent_world0 --config configs/rl/agent.yaml --notes 8000
 
 A pipeline-trained NoteVLM does not read the agent world's photos (``rl.agent.read_probe``): it never
 saw a 256-px photo with a tray, nor a zoom crop of one. This writes the photos of the first ``--notes``
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -136,21 +137,35 @@ def export_world(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from mm.config import ConfigError, load_config
+    from rl.agent.config import AgentRunConfig
+
     parser = argparse.ArgumentParser(
         prog="python -m rl.agent.world_export", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--out", required=True, help="note folder to write (must be missing or empty)")
-    parser.add_argument("--seed", type=int, default=0, help="agent world seed (default 0)")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="an rl agent config whose world section to export (default: the defaults)",
+    )
+    parser.add_argument(
+        "--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+        help="override config keys, e.g. --set world.seed=1 world.detail.tray_spots=3",
+    )  # fmt: skip
     parser.add_argument("--notes", type=int, default=8000, help="agent-world notes to export (default 8000)")
     parser.add_argument(
         "--size", type=int, default=64, help="stored image side: the tower's input (default 64)"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     args = parser.parse_args(argv)
-    n = export_world(
-        WorldTaskConfig(seed=args.seed), args.notes, args.out, size=args.size, overwrite=args.overwrite
-    )
-    print(f"wrote {n} photo notes to {args.out}")
+    try:
+        cfg = load_config(AgentRunConfig, args.config, list(args.overrides))
+        n = export_world(cfg.world, args.notes, args.out, size=args.size, overwrite=args.overwrite)
+    except (UserError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {n} photo notes of world {cfg.world.seed} to {args.out}")
     return 0
 
 

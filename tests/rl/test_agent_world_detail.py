@@ -40,6 +40,18 @@ def test_render_is_deterministic_per_seed():
 def test_bad_config_says_what_to_fix():
     with pytest.raises(ValueError, match="tiny_radius_max"):
         DetailConfig(tiny_radius_max=30.0)
+    with pytest.raises(ValueError, match="tray_spots must be 0"):
+        DetailConfig(tray_spots=1)
+
+
+def test_tray_spots_put_the_tray_at_one_of_n_by_n_places():
+    cfg = DetailConfig(tray_spots=3)
+    corners = {sample_detail_scene(cfg, "kitchen", np.random.default_rng([s])).tray[:2] for s in range(200)}
+    spots = {4, (256 - 72) // 2, 256 - 72 - 4}  # 4, 92, 180: the edges and the middle
+    assert corners == {(x, y) for x in spots for y in spots}
+    # the default keeps the tray anywhere (and the scenes of every existing world seed as they were)
+    anywhere = {sample_detail_scene(CFG, "kitchen", np.random.default_rng([s])).tray[0] for s in range(200)}
+    assert len(anywhere) > 50 and min(anywhere) >= 4 and max(anywhere) <= 256 - 72 - 5
 
 
 def test_edits_change_one_tiny_object():

@@ -71,6 +71,16 @@ def test_bad_arguments_and_existing_output_leave_nothing_half_written(tmp_path):
 
 
 def test_cli(tmp_path, capsys):
-    assert main(["--out", str(tmp_path / "o"), "--notes", "2", "--seed", "1"]) == 0
-    assert "photo notes" in capsys.readouterr().out
-    assert all(n.id.startswith("aw1-") for n in read_notes(tmp_path / "o"))
+    out = tmp_path / "o"
+    assert (
+        main(["--out", str(out), "--notes", "2", "--set", "world.seed=1", "world.detail.tray_spots=3"]) == 0
+    )
+    assert "photo notes of world 1" in capsys.readouterr().out
+    notes = read_notes(out)
+    assert notes and all(n.id.startswith("aw1-") for n in notes)
+    spots = {"0.00", "0.35", "0.69"}  # the 3 spots' left/top edge, padded by 2 px, rounded down
+    for n in notes:
+        x0, y0 = json.loads(n.image_captions[0].rsplit(" at ", 1)[1].rstrip("."))[:2]
+        assert f"{x0:.2f}" in spots and f"{y0:.2f}" in spots
+    assert main(["--out", str(tmp_path / "bad"), "--set", "world.detail.tray_spots=1"]) == 2
+    assert "tray_spots must be 0" in capsys.readouterr().err and not (tmp_path / "bad").exists()
