@@ -13,7 +13,7 @@ from rl.advantages import ADVANTAGE_SCALES
 from rl.agent.perception import PERCEPTION_VIEWS
 from rl.agent.simulator import SimulatorConfig
 from rl.agent.task import KINDS
-from rl.agent.world_demos import DETAIL_ZOOMS
+from rl.agent.world_demos import CAPTION_ZOOMS, DETAIL_ZOOMS
 from rl.agent.world_tasks import SPLITS, WorldTaskConfig
 from rl.losses import AGG_MODES
 
@@ -48,6 +48,9 @@ class DataConfig:
     detail_zoom: str = "tray"
     """Where detail demonstrations zoom: "tray" (the tray the tiny objects lie on, findable in the
     downsampled view) or "target" (the asked objects' box, a few pixels in the view)."""
+    caption_zoom: str = "objects"
+    """Where caption demonstrations zoom: "objects" (the tiny objects' padded box, to the pixel) or "tray"
+    (the whole tray, as detail and dialogue demonstrations take it)."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.kinds if k not in KINDS]
@@ -55,6 +58,8 @@ class DataConfig:
             raise ValueError(f"data.kinds must be a non-empty subset of {list(KINDS)}, got {self.kinds}")
         if self.detail_zoom not in DETAIL_ZOOMS:
             raise ValueError(f"data.detail_zoom must be one of {DETAIL_ZOOMS}, got {self.detail_zoom!r}")
+        if self.caption_zoom not in CAPTION_ZOOMS:
+            raise ValueError(f"data.caption_zoom must be one of {CAPTION_ZOOMS}, got {self.caption_zoom!r}")
         if self.train_tasks < 1:
             raise ValueError(f"data.train_tasks must be >= 1, got {self.train_tasks}")
 

@@ -100,7 +100,11 @@ def demo_trajectories(backend: AgentBackend, cfg: AgentRunConfig, tasks: Sequenc
     pick = policy_turns if tools else answer_turns
     d = cfg.data
     turns = {
-        t.task_id: pick(demonstration(t, detail_zoom=d.detail_zoom, bare_answers=d.bare_answers))
+        t.task_id: pick(
+            demonstration(
+                t, detail_zoom=d.detail_zoom, caption_zoom=d.caption_zoom, bare_answers=d.bare_answers
+            )
+        )
         for t in tasks
     }
     return rollout(
@@ -116,7 +120,11 @@ def clip_grads(backend: AgentBackend, limit: float) -> float:
 
 
 def sft_step(
-    backend: AgentBackend, optimizer: torch.optim.Optimizer, trajs: Sequence[Trajectory], *, seed: int,
+    backend: AgentBackend,
+    optimizer: torch.optim.Optimizer,
+    trajs: Sequence[Trajectory],
+    *,
+    seed: int,
     grad_clip: float,
 ) -> tuple[float, float]:
     """One supervised step on the policy turns of ``trajs``, torch seeded with ``seed``: (loss, grad norm)."""

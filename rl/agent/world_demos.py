@@ -160,9 +160,15 @@ def change_demo(task: AgentTask, run_tool: RunTool) -> list[DemoTurn]:
     return turns
 
 
-def caption_demo(task: AgentTask, run_tool: RunTool) -> list[DemoTurn]:
+CAPTION_ZOOMS = ("objects", "tray")
+"""Where a caption demonstration zooms: the tiny objects' padded box (anywhere on the tray, to the pixel),
+or the whole tray (one of few boxes when the world puts trays at ``detail.tray_spots``)."""
+
+
+def caption_demo(task: AgentTask, run_tool: RunTool, zoom: str = "objects") -> list[DemoTurn]:
     turns = [DemoTurn("user", task.question, False)]
-    _use(turns, _zoom(task, 1, task.meta["box"]), task, run_tool)
+    box = task.meta["box"] if zoom == "objects" else tray_box(task, task.meta["tray"])
+    _use(turns, _zoom(task, 1, box), task, run_tool)
     turns.append(DemoTurn("assistant", task.answer, True))
     return turns
 
@@ -200,21 +206,24 @@ def demonstration(
     *,
     seed: int = 0,
     detail_zoom: str = "target",
+    caption_zoom: str = "objects",
     bare_answers: bool = False,
 ) -> list[DemoTurn]:
     """The expert trajectory for ``task`` (module docstring); ``seed`` is the simulator's for dialogues;
-    ``detail_zoom``: one of :data:`DETAIL_ZOOMS`; ``bare_answers``: detail answers and dialogue replies
-    state the value without naming the object ("It is red.", "There are 2 in all."), so a policy is
-    not scored 0 for misnaming an object it was told."""
+    ``detail_zoom``: one of :data:`DETAIL_ZOOMS`; ``caption_zoom``: one of :data:`CAPTION_ZOOMS`;
+    ``bare_answers``: detail answers and dialogue replies state the value without naming the object ("It
+    is red.", "There are 2 in all."), so a policy is not scored 0 for misnaming an object it was told."""
     if detail_zoom not in DETAIL_ZOOMS:
         raise ValueError(f"detail_zoom must be one of {DETAIL_ZOOMS}, got {detail_zoom!r}")
+    if caption_zoom not in CAPTION_ZOOMS:
+        raise ValueError(f"caption_zoom must be one of {CAPTION_ZOOMS}, got {caption_zoom!r}")
     run = run_tool or loop_observation
     if task.kind == "detail":
         return detail_demo(task, run, detail_zoom, bare_answers)
     if task.kind == "change":
         return change_demo(task, run)
     if task.kind == "caption":
-        return caption_demo(task, run)
+        return caption_demo(task, run, caption_zoom)
     if task.kind == "dialogue":
         return dialogue_demo(task, run, seed, bare_answers)
     raise ValueError(f"task {task.task_id!r}: no demonstration for kind {task.kind!r}")

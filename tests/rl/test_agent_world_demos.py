@@ -113,6 +113,31 @@ def test_detail_demo_can_zoom_on_the_tray():
         demonstration(task, detail_zoom="nowhere")
 
 
+def test_caption_demo_zooms_on_the_objects_or_the_tray():
+    task = world_task(CFG, "caption", 0)
+
+    def call(**kw):
+        (c,) = [t.call for t in demonstration(task, **kw) if t.role == "assistant" and t.call]
+        src = task.sources[0]
+        return box_pixels(c["box"], src.shape[1], src.shape[0])
+
+    x0, y0, x1, y1 = call()  # the tiny objects' padded box (the default)
+    bx0, by0, bx1, by1 = task.meta["box"]
+    assert x0 <= bx0 and y0 <= by0 and x1 >= bx1 and y1 >= by1 and (x1 - x0) - (bx1 - bx0) <= 3
+    tray = call(caption_zoom="tray")
+    assert tray == call(detail_zoom="tray", caption_zoom="tray")  # the detail knob does not move it
+    tx0, ty0, tx1, ty1 = task.meta["tray"]
+    assert (
+        tray[0] <= tx0
+        and tray[1] <= ty0
+        and tray[2] >= tx1
+        and tray[3] >= ty1
+        and (tray[2] - tray[0]) - (tx1 - tx0) <= 8
+    )
+    with pytest.raises(ValueError, match="caption_zoom"):
+        demonstration(task, caption_zoom="nowhere")
+
+
 def test_bare_answers_name_no_object():
     from rl.agent.answers import objects_in
 
