@@ -13,7 +13,7 @@ from rl.advantages import ADVANTAGE_SCALES
 from rl.agent.perception import PERCEPTION_VIEWS
 from rl.agent.simulator import SimulatorConfig
 from rl.agent.task import KINDS
-from rl.agent.world_demos import CAPTION_ZOOMS, DETAIL_ZOOMS
+from rl.agent.world_demos import CAPTION_ZOOMS, CHANGE_ZOOMS, DETAIL_ZOOMS
 from rl.agent.world_tasks import SPLITS, WorldTaskConfig
 from rl.losses import AGG_MODES
 
@@ -51,6 +51,10 @@ class DataConfig:
     caption_zoom: str = "objects"
     """Where caption demonstrations zoom: "objects" (the tiny objects' padded box, to the pixel) or "tray"
     (the whole tray, as detail and dialogue demonstrations take it)."""
+    change_zoom: str = "object"
+    """Where change demonstrations zoom after ``compare``: "object" (the changed object's padded box in each
+    photo that has it) or "region" (the first region ``compare`` lists, in both photos, its numbers copied
+    from the observation)."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.kinds if k not in KINDS]
@@ -60,6 +64,8 @@ class DataConfig:
             raise ValueError(f"data.detail_zoom must be one of {DETAIL_ZOOMS}, got {self.detail_zoom!r}")
         if self.caption_zoom not in CAPTION_ZOOMS:
             raise ValueError(f"data.caption_zoom must be one of {CAPTION_ZOOMS}, got {self.caption_zoom!r}")
+        if self.change_zoom not in CHANGE_ZOOMS:
+            raise ValueError(f"data.change_zoom must be one of {CHANGE_ZOOMS}, got {self.change_zoom!r}")
         if self.train_tasks < 1:
             raise ValueError(f"data.train_tasks must be >= 1, got {self.train_tasks}")
 

@@ -102,7 +102,11 @@ def demo_trajectories(backend: AgentBackend, cfg: AgentRunConfig, tasks: Sequenc
     turns = {
         t.task_id: pick(
             demonstration(
-                t, detail_zoom=d.detail_zoom, caption_zoom=d.caption_zoom, bare_answers=d.bare_answers
+                t,
+                detail_zoom=d.detail_zoom,
+                caption_zoom=d.caption_zoom,
+                change_zoom=d.change_zoom,
+                bare_answers=d.bare_answers,
             )
         )
         for t in tasks

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -149,11 +150,27 @@ def detail_answer(ask: str, value: str, obj: str, bare: bool = False, size: str 
     return f"There {'is' if n == 1 else 'are'} {n}{what}."
 
 
-def change_demo(task: AgentTask, run_tool: RunTool) -> list[DemoTurn]:
+CHANGE_ZOOMS = ("object", "region")
+"""Where a change demonstration zooms after ``compare``: on the changed object in each photo that has it
+(its padded box, which the policy would have to work out from the regions), or on the first changed
+region as ``compare`` lists it, in both photos (its numbers copied from the observation)."""
+_REGION = re.compile(r"\[(\d\.\d\d), (\d\.\d\d), (\d\.\d\d), (\d\.\d\d)\]")
+
+
+def listed_regions(observation: str) -> list[list[float]]:
+    """The normalised boxes a ``compare`` observation lists, in order ("1 region changed: [0.49, ...]")."""
+    return [[float(v) for v in m.groups()] for m in _REGION.finditer(observation)]
+
+
+def change_demo(task: AgentTask, run_tool: RunTool, zoom: str = "object") -> list[DemoTurn]:
     m = task.meta
     turns = [DemoTurn("user", task.question, False)]
     _use(turns, {"name": "compare", "images": [1, 2]}, task, run_tool)
-    for image, key in ((1, "before_box"), (2, "after_box")):
+    if zoom == "region":
+        regions = listed_regions(turns[-1].text)
+        for image in (1, 2) if regions else ():
+            _use(turns, {"name": "zoom", "image": image, "box": regions[0]}, task, run_tool)
+    for image, key in ((1, "before_box"), (2, "after_box")) if zoom == "object" else ():
         if m[key] is not None:
             _use(turns, _zoom(task, image, m[key]), task, run_tool)
     turns.append(DemoTurn("assistant", task.answer[0].upper() + task.answer[1:] + ".", True))
@@ -207,21 +224,25 @@ def demonstration(
     seed: int = 0,
     detail_zoom: str = "target",
     caption_zoom: str = "objects",
+    change_zoom: str = "object",
     bare_answers: bool = False,
 ) -> list[DemoTurn]:
     """The expert trajectory for ``task`` (module docstring); ``seed`` is the simulator's for dialogues;
-    ``detail_zoom``: one of :data:`DETAIL_ZOOMS`; ``caption_zoom``: one of :data:`CAPTION_ZOOMS`;
+    ``detail_zoom``, ``caption_zoom``, ``change_zoom``: one of :data:`DETAIL_ZOOMS`, :data:`CAPTION_ZOOMS`,
+    :data:`CHANGE_ZOOMS`;
     ``bare_answers``: detail answers and dialogue replies state the value without naming the object ("It
     is red.", "There are 2 in all."), so a policy is not scored 0 for misnaming an object it was told."""
     if detail_zoom not in DETAIL_ZOOMS:
         raise ValueError(f"detail_zoom must be one of {DETAIL_ZOOMS}, got {detail_zoom!r}")
     if caption_zoom not in CAPTION_ZOOMS:
         raise ValueError(f"caption_zoom must be one of {CAPTION_ZOOMS}, got {caption_zoom!r}")
+    if change_zoom not in CHANGE_ZOOMS:
+        raise ValueError(f"change_zoom must be one of {CHANGE_ZOOMS}, got {change_zoom!r}")
     run = run_tool or loop_observation
     if task.kind == "detail":
         return detail_demo(task, run, detail_zoom, bare_answers)
     if task.kind == "change":
-        return change_demo(task, run)
+        return change_demo(task, run, change_zoom)
     if task.kind == "caption":
         return caption_demo(task, run, caption_zoom)
     if task.kind == "dialogue":

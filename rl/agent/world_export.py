@@ -15,7 +15,8 @@ image and the policy's view of the same pixels are the same array:
    large objects only: the tiny objects are 2-3 px blobs there, which no caption should claim to read;
 2. the tray as a detail demonstration's zoom takes it (:func:`rl.agent.world_demos.tray_box`), captioned
    and annotated with the tiny objects ("On the tray are two tiny cups (red and blue) and a tiny shell.");
-3. one tiny object as a change task's zoom takes it (its box padded by ``ZOOM_PAD``), captioned with it.
+3. one tiny object, its box padded by 0 to ``ZOOM_PAD`` source pixels (a change demonstration's zoom on
+   the object, or on the changed region imgdiff reports), captioned with it.
 
 The note text is :func:`rl.agent.world_tasks.reference_caption` of the photo. Notes keep their agent-world
 split, so the agent's held-out notes stay unseen. Boxes are in the stored image's pixels.
@@ -86,14 +87,16 @@ def photo_note(
     image: np.ndarray,
     pick: int,
     size: int,
+    pad: int = ZOOM_PAD,
 ) -> tuple[Note, list[np.ndarray]]:
-    """The exported note of one photo (``pick``: which tiny object the object view shows) and its images."""
+    """The exported note of one photo and its images: the object view shows tiny object ``pick``, its box
+    padded by ``pad`` source pixels."""
     S = image.shape[0]
     whole = (0, 0, S, S)
     tray_call = normalised_box(list(padded_box(scene.tray, 2, S)), S, S)  # the demonstrations' zoom box
     tray = box_pixels(tray_call, S, S)  # what the zoom tool crops for it
     target = scene.tiny[pick]
-    one = padded_box(object_box(target, S), ZOOM_PAD, S)
+    one = padded_box(object_box(target, S), pad, S)
     images = [resized(image[b[1] : b[3], b[0] : b[2]], size) for b in (whole, tray, one)]
     verb = "is" if len(scene.tiny) == 1 else "are"
     captions = [
@@ -127,8 +130,10 @@ def export_world(
             wn = world_note(cfg, index)
             rng = np.random.default_rng([cfg.seed, index, 21])
             for k, scene in enumerate(wn.scenes):
-                pick = int(rng.integers(len(scene.tiny)))
-                note, images = photo_note(cfg, f"{wn.id}-{k}", wn.split, scene, photo(cfg, wn, k), pick, size)
+                pick, pad = int(rng.integers(len(scene.tiny))), int(rng.integers(ZOOM_PAD + 1))
+                note, images = photo_note(
+                    cfg, f"{wn.id}-{k}", wn.split, scene, photo(cfg, wn, k), pick, size, pad
+                )
                 for name, im in zip(note.images, images):
                     Image.fromarray(im).save(tmp / name)
                 made.append(note)

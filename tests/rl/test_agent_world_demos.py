@@ -13,7 +13,7 @@ from rl.agent.answers import score_answer
 from rl.agent.parse import ToolCall
 from rl.agent.simulator import UserSimulator
 from rl.agent.tools import TOOLS, box_pixels
-from rl.agent.world_demos import answer_turns, demonstration, normalised_box, policy_turns
+from rl.agent.world_demos import answer_turns, demonstration, listed_regions, normalised_box, policy_turns
 from rl.agent.world_tasks import WorldTaskConfig, world_task
 
 CFG = WorldTaskConfig(seed=0)
@@ -147,3 +147,25 @@ def test_bare_answers_name_no_object():
         assert replies and all(objects_in(r) == [] for r in replies), replies
         named = [t.text for t in demonstration(task) if t.policy and t.call is None]
         assert all(objects_in(r) for r in named), named
+
+
+def test_change_demo_can_copy_the_first_compare_region_into_both_zooms():
+    assert listed_regions("2 regions changed: [0.73, 0.37, 0.77, 0.39] [0.83, 0.19, 0.88, 0.21]") == [
+        [0.73, 0.37, 0.77, 0.39],
+        [0.83, 0.19, 0.88, 0.21],
+    ]
+    assert listed_regions("0 regions changed") == []
+    task = world_task(CFG, "change", 1)
+    turns = demonstration(task, change_zoom="region")
+    compare, *zooms = [t.call for t in turns if t.role == "assistant" and t.call]
+    region = listed_regions([t for t in turns if t.role == "tool"][0].text)[0]
+    assert compare["name"] == "compare"
+    assert zooms == [{"name": "zoom", "image": 1, "box": region}, {"name": "zoom", "image": 2, "box": region}]
+    # the region holds the changed object's box (imgdiff is exact here: same clutter and noise)
+    src = task.sources[0]
+    x0, y0, x1, y1 = box_pixels(region, src.shape[1], src.shape[0])
+    bx0, by0, bx1, by1 = task.meta["box"]  # the object's box padded by ZOOM_PAD
+    assert bx0 <= x0 < x1 <= bx1 and by0 <= y0 < y1 <= by1
+    assert policy_turns(turns)[-1] == policy_turns(demonstration(task))[-1]  # the same answer
+    with pytest.raises(ValueError, match="change_zoom"):
+        demonstration(task, change_zoom="nowhere")
