@@ -80,7 +80,6 @@ def view_objects(
 
 
 def photo_note(
-    cfg: WorldTaskConfig,
     note_id: str,
     split: str,
     scene: DetailScene,
@@ -131,9 +130,7 @@ def export_world(
             rng = np.random.default_rng([cfg.seed, index, 21])
             for k, scene in enumerate(wn.scenes):
                 pick, pad = int(rng.integers(len(scene.tiny))), int(rng.integers(ZOOM_PAD + 1))
-                note, images = photo_note(
-                    cfg, f"{wn.id}-{k}", wn.split, scene, photo(cfg, wn, k), pick, size, pad
-                )
+                note, images = photo_note(f"{wn.id}-{k}", wn.split, scene, photo(cfg, wn, k), pick, size, pad)
                 for name, im in zip(note.images, images):
                     Image.fromarray(im).save(tmp / name)
                 made.append(note)
