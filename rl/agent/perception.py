@@ -38,7 +38,7 @@ from rl.agent.answers import score_answer, words
 from rl.agent.task import AgentTask
 from rl.agent.tools import zoom
 from rl.agent.world_demos import detail_answer, normalised_box
-from rl.agent.world_tasks import WorldTaskConfig, note_split, objects_box, photo, world_note
+from rl.agent.world_tasks import TRAY_PAD, WorldTaskConfig, note_split, objects_box, photo, world_note
 
 PERCEPTION_VIEWS = ("tray", "target", "view")
 """What a perception item shows: a tray zoom crop, a target zoom crop, or the full photo."""
@@ -69,7 +69,7 @@ def scene_items(
     """The perception items of one photo (module docstring); ``image`` is its full-resolution render."""
     S = cfg.detail.source_size
     counts = Counter(o.category for o in scene.tiny)
-    tray = zoom_crop(image, padded_box(tuple(scene.tray), 2, S)) if "tray" in views else None
+    tray = zoom_crop(image, padded_box(tuple(scene.tray), TRAY_PAD, S)) if "tray" in views else None
     out: list[AgentTask] = []
 
     def add(view: str, source: np.ndarray, ask: str, cat: str, value: str, size: str = "tiny") -> None:

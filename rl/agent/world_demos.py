@@ -48,6 +48,7 @@ from rl.agent.parse import ParseError, parse_call
 from rl.agent.simulator import UserSimulator
 from rl.agent.task import AgentTask
 from rl.agent.tools import TOOLS
+from rl.agent.world_tasks import TRAY_PAD
 
 RunTool = Callable[[dict, AgentTask], tuple[str, "np.ndarray | None"]]
 """``(call, task) -> (observation text, image or None)``."""
@@ -122,8 +123,8 @@ the downsampled view, so a small policy can find it)."""
 
 
 def tray_box(task: AgentTask, tray: list[int]) -> list[int]:
-    """The tray's source-pixel box, padded by 2 pixels and made square (as dialogue zooms take it)."""
-    return list(padded_box(tuple(tray), 2, task.sources[0].shape[0]))
+    """The tray's source-pixel box, padded by ``TRAY_PAD`` pixels and made square (as dialogue zooms do)."""
+    return list(padded_box(tuple(tray), TRAY_PAD, task.sources[0].shape[0]))
 
 
 def detail_demo(
@@ -168,11 +169,13 @@ def change_demo(task: AgentTask, run_tool: RunTool, zoom: str = "object") -> lis
     _use(turns, {"name": "compare", "images": [1, 2]}, task, run_tool)
     if zoom == "region":
         regions = listed_regions(turns[-1].text)
-        for image in (1, 2) if regions else ():
-            _use(turns, {"name": "zoom", "image": image, "box": regions[0]}, task, run_tool)
-    for image, key in ((1, "before_box"), (2, "after_box")) if zoom == "object" else ():
-        if m[key] is not None:
-            _use(turns, _zoom(task, image, m[key]), task, run_tool)
+        calls = [{"name": "zoom", "image": image, "box": regions[0]} for image in (1, 2)] if regions else []
+    else:
+        calls = [
+            _zoom(task, i, m[key]) for i, key in ((1, "before_box"), (2, "after_box")) if m[key] is not None
+        ]
+    for call in calls:
+        _use(turns, call, task, run_tool)
     turns.append(DemoTurn("assistant", task.answer[0].upper() + task.answer[1:] + ".", True))
     return turns
 

@@ -41,6 +41,7 @@ from mm.world.scene import SceneObject
 from rl.agent.tools import box_pixels
 from rl.agent.world_demos import normalised_box
 from rl.agent.world_tasks import (
+    TRAY_PAD,
     ZOOM_PAD,
     WorldTaskConfig,
     join_phrases,
@@ -92,7 +93,9 @@ def photo_note(
     padded by ``pad`` source pixels."""
     S = image.shape[0]
     whole = (0, 0, S, S)
-    tray_call = normalised_box(list(padded_box(scene.tray, 2, S)), S, S)  # the demonstrations' zoom box
+    tray_call = normalised_box(
+        list(padded_box(scene.tray, TRAY_PAD, S)), S, S
+    )  # the demonstrations' zoom box
     tray = box_pixels(tray_call, S, S)  # what the zoom tool crops for it
     target = scene.tiny[pick]
     one = padded_box(object_box(target, S), pad, S)

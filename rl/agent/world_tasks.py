@@ -44,6 +44,9 @@ SPLITS = ("train", "test")
 """Note splits."""
 ZOOM_PAD = 6
 """Source pixels added around an object's box to make the box a zoom should take."""
+TRAY_PAD = 2
+"""Source pixels added around the tray's box to make the box a tray zoom takes (demonstrations, dialogue
+zooms, perception items, exported notes)."""
 
 
 @dataclass(kw_only=True)
@@ -250,7 +253,7 @@ def dialogue_task(cfg: WorldTaskConfig, note: WorldNote) -> AgentTask:
     rng = np.random.default_rng([cfg.seed, note.index, 14])
     goal = dialogue_goal(note, rng)
     S = cfg.detail.source_size
-    boxes = [[k + 1, list(padded_box(s.tray, 2, S))] for k, s in enumerate(note.scenes)]
+    boxes = [[k + 1, list(padded_box(s.tray, TRAY_PAD, S))] for k, s in enumerate(note.scenes)]
     meta = {"note": note.id, "split": note.split, "goal": goal, "zooms": boxes}
     c = vocab.category(goal["object"])
     answer = (
