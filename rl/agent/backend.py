@@ -160,12 +160,15 @@ class AgentBackend(ABC):
         return {}
 
     # ------------------------------------------------------------------ shared
-    def observation(self, text: str, image: np.ndarray | None = None) -> Segment:
-        """``<obs>text[image]</obs>`` as non-policy tokens."""
-        seg = Segment(self.text_ids(OBS_OPEN + text))
-        if image is not None:
-            seg = join([seg, self.image_segment(image)])
-        return join([seg, Segment(self.text_ids(OBS_CLOSE))])
+    def observation(self, text: str, images: np.ndarray | Sequence[np.ndarray] | None = None) -> Segment:
+        """``<obs>text[images]</obs>`` as non-policy tokens (one ``(h, w, 3)`` image, or several)."""
+        if images is None:
+            images = ()
+        elif isinstance(images, np.ndarray):
+            images = (images,)
+        parts = [Segment(self.text_ids(OBS_OPEN + text))]
+        parts += [self.image_segment(image) for image in images]
+        return join([*parts, Segment(self.text_ids(OBS_CLOSE))])
 
     def user_message(self, text: str) -> Segment:
         """``<user>text</user>``: the user's next message in a dialogue, as non-policy tokens."""

@@ -53,8 +53,9 @@ class DataConfig:
     (the whole tray, as detail and dialogue demonstrations take it)."""
     change_zoom: str = "object"
     """Where change demonstrations zoom after ``compare``: "object" (the changed object's padded box in each
-    photo that has it) or "region" (the first region ``compare`` lists, in both photos, its numbers copied
-    from the observation)."""
+    photo that has it), "region" (the first region ``compare`` lists, in both photos, its numbers copied
+    from the observation) or "compare" (no zoom: ``compare`` with ``"zoom": true`` shows the changed area
+    of both photos)."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.kinds if k not in KINDS]

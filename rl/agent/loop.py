@@ -170,11 +170,13 @@ def step(
         traj.truncation = "max_turns"
         return
     obs = Observation(call.observation) if isinstance(call, ParseError) else registry.run(call, traj.task)
-    text, image = obs.text, obs.image
-    if image is not None and backend.max_images is not None and len(traj.images) >= backend.max_images:
-        text, image = f"{text} (image not shown: the model takes at most {backend.max_images} images)", None
-    traj.calls.append(CallRecord(n, call, text, image_added=image is not None))
-    traj.add_observation(backend.observation(text, image))
+    text, images = obs.text, obs.images
+    room = backend.max_images
+    if images and room is not None and len(traj.images) + len(images) > room:
+        shown = "image not shown" if len(images) == 1 else "images not shown"
+        text, images = f"{text} ({shown}: the model takes at most {room} images)", ()
+    traj.calls.append(CallRecord(n, call, text, image_added=bool(images)))
+    traj.add_observation(backend.observation(text, images))
     if traj.policy_tokens >= cfg.max_tokens:
         traj.truncation = "max_tokens"
 

@@ -37,10 +37,19 @@ MAX_LISTED_REGIONS = 8
 
 @dataclass(frozen=True)
 class Observation:
-    """What a tool returns to the policy: text, and optionally an image (``(h, w, 3)`` uint8)."""
+    """What a tool returns to the policy: text, and optionally images (``(h, w, 3)`` uint8 each)."""
 
     text: str
     image: np.ndarray | None = None
+    """The image shown after the text (``zoom``'s crop)."""
+    more_images: tuple[np.ndarray, ...] = ()
+    """Further images shown after ``image``, in order (``compare`` with ``zoom``: the changed area of
+    the second photo after the first's)."""
+
+    @property
+    def images(self) -> tuple[np.ndarray, ...]:
+        """Every image of the observation, in order."""
+        return ((self.image,) if self.image is not None else ()) + tuple(self.more_images)
 
 
 @dataclass(frozen=True)
@@ -185,6 +194,10 @@ COMPARE_SCHEMA = {
             "maxItems": 2,
             "description": "the two note images to compare, e.g. [1, 2]",
         },
+        "zoom": {
+            "type": "boolean",
+            "description": "also show the changed area of both images at full resolution",
+        },
     },
     "required": ["images"],
 }
@@ -199,8 +212,16 @@ def check_pair(args: dict[str, Any]) -> ParseError | None:
     )
 
 
-def compare(task: AgentTask, images: list[int]) -> str:
-    """imgdiff (robust mode) on two note images: the changed regions, largest first, normalised."""
+COMPARE_ZOOM_PAD = 3
+"""Pixels of context around the changed area that ``compare`` with ``zoom`` shows."""
+
+
+def compare(task: AgentTask, images: list[int], zoom: bool = False) -> str | Observation:
+    """imgdiff (robust mode) on two note images: the changed regions, largest first, normalised.
+
+    ``zoom``: also the smallest square around every listed region (padded by ``COMPARE_ZOOM_PAD`` px),
+    cut from both images at full resolution, the first image's crop first: what two zoom calls on that
+    box would show, without copying its numbers."""
     import imgdiff
 
     i, j = images
@@ -212,14 +233,33 @@ def compare(task: AgentTask, images: list[int]) -> str:
     if result.same:
         return f"no change between image {i} and image {j}"
     H, W = a.shape[:2]
-    regions = sorted(result.regions, key=lambda r: -r.pixels)
+    regions = sorted(result.regions, key=lambda r: -r.pixels)[:MAX_LISTED_REGIONS]
     boxes = [
-        format_box([r.bbox[0] / W, r.bbox[1] / H, (r.bbox[2] + 1) / W, (r.bbox[3] + 1) / H])
-        for r in regions[:MAX_LISTED_REGIONS]
+        format_box([r.bbox[0] / W, r.bbox[1] / H, (r.bbox[2] + 1) / W, (r.bbox[3] + 1) / H]) for r in regions
     ]
-    n = len(regions)
+    n = len(result.regions)
     more = f" (+{n - MAX_LISTED_REGIONS} smaller)" if n > MAX_LISTED_REGIONS else ""
-    return f"{n} region{'s' if n != 1 else ''} changed: {' '.join(boxes)}{more}"
+    text = f"{n} region{'s' if n != 1 else ''} changed: {' '.join(boxes)}{more}"
+    if not zoom:
+        return text
+    x0, y0, x1, y1 = changed_square([r.bbox for r in regions], W, H)  # pixel bounds, ends exclusive
+    crops = [np.ascontiguousarray(src[y0:y1, x0:x1]) for src in (a, b)]  # 2 x (h, w, 3)
+    box = format_box([x0 / W, y0 / H, x1 / W, y1 / H])
+    return Observation(f"{text}; image {i} then image {j} at {box}:", crops[0], (crops[1],))
+
+
+def changed_square(bboxes: list[tuple[int, int, int, int]], width: int, height: int) -> tuple[int, ...]:
+    """Pixel bounds ``(x0, y0, x1, y1)`` (ends exclusive) of the smallest square around inclusive
+    ``bboxes``, padded by ``COMPARE_ZOOM_PAD``, moved (not cut) to lie in the image where it fits."""
+    x0 = min(b[0] for b in bboxes) - COMPARE_ZOOM_PAD
+    y0 = min(b[1] for b in bboxes) - COMPARE_ZOOM_PAD
+    x1 = max(b[2] for b in bboxes) + 1 + COMPARE_ZOOM_PAD
+    y1 = max(b[3] for b in bboxes) + 1 + COMPARE_ZOOM_PAD
+    side = min(max(x1 - x0, y1 - y0), width, height)
+    cx, cy = (x0 + x1) // 2, (y0 + y1) // 2
+    x0 = min(max(cx - side // 2, 0), width - side)
+    y0 = min(max(cy - side // 2, 0), height - side)
+    return x0, y0, x0 + side, y0 + side
 
 
 def format_box(box: list[float]) -> str:
@@ -237,7 +277,7 @@ def default_registry() -> ToolRegistry:
         "compare",
         compare,
         COMPARE_SCHEMA,
-        description="regions that changed between two images",
+        description="regions that changed between two images (zoom: true also shows them)",
         check=check_pair,
     )
     return registry

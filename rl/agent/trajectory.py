@@ -7,7 +7,8 @@ Layout of ``ids`` (``response_mask`` under it: 1 exactly on tokens the policy ge
 
 ``logps`` holds each policy token's log-prob at sampling time (0 elsewhere): the ``old_logps`` of a
 policy-gradient step. ``images`` holds the model inputs of every image in the order of their
-placeholders in ``ids`` (the note's images, then one per zoom).
+placeholders in ``ids`` (the note's images, then those of each observation: one per zoom, two for
+``compare`` with ``zoom``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class CallRecord:
     call: ToolCall | ParseError
     observation: str
     image_added: bool = False
-    """Whether the observation carried an image into the trajectory."""
+    """Whether the observation carried an image (or several) into the trajectory."""
 
     @property
     def valid(self) -> bool:

@@ -24,10 +24,10 @@ no-tool baseline's demonstrations). ``rl.agent.demos.demo_turns`` is the generic
 whose ``meta["box"]`` is already normalised; world tasks use this module.
 
 Scripts: ``detail`` zooms on ``meta["box"]`` in the asked photo (or on its tray: ``detail_zoom``), then
-answers; ``change`` calls
-``compare`` on photos 1 and 2, zooms on the changed region in each photo where the object is, then
-states the change; ``caption`` zooms on the tray, then gives the reference caption; ``dialogue`` plays
-against :class:`rl.agent.simulator.UserSimulator`: zooms on each photo's tray, then answers each slot
+answers; ``change`` calls ``compare`` on photos 1 and 2, zooms on the changed region in each photo where
+the object is (or lets ``compare`` show it: ``change_zoom``), then states the change; ``caption`` zooms
+on the tray, then gives the reference caption; ``dialogue`` plays against
+:class:`rl.agent.simulator.UserSimulator`: zooms on each photo's tray, then answers each slot
 the user asks (and only that slot) until the user is satisfied.
 """
 
@@ -151,10 +151,11 @@ def detail_answer(ask: str, value: str, obj: str, bare: bool = False, size: str 
     return f"There {'is' if n == 1 else 'are'} {n}{what}."
 
 
-CHANGE_ZOOMS = ("object", "region")
+CHANGE_ZOOMS = ("object", "region", "compare")
 """Where a change demonstration zooms after ``compare``: on the changed object in each photo that has it
-(its padded box, which the policy would have to work out from the regions), or on the first changed
-region as ``compare`` lists it, in both photos (its numbers copied from the observation)."""
+(its padded box, which the policy would have to work out from the regions), on the first changed
+region as ``compare`` lists it, in both photos (its numbers copied from the observation), or nowhere:
+``compare`` itself with ``"zoom": true`` shows the changed area of both photos."""
 _REGION = re.compile(r"\[(\d\.\d\d), (\d\.\d\d), (\d\.\d\d), (\d\.\d\d)\]")
 
 
@@ -166,8 +167,11 @@ def listed_regions(observation: str) -> list[list[float]]:
 def change_demo(task: AgentTask, run_tool: RunTool, zoom: str = "object") -> list[DemoTurn]:
     m = task.meta
     turns = [DemoTurn("user", task.question, False)]
-    _use(turns, {"name": "compare", "images": [1, 2]}, task, run_tool)
-    if zoom == "region":
+    compare = {"name": "compare", "images": [1, 2]}
+    _use(turns, {**compare, "zoom": True} if zoom == "compare" else compare, task, run_tool)
+    if zoom == "compare":
+        calls = []
+    elif zoom == "region":
         regions = listed_regions(turns[-1].text)
         calls = [{"name": "zoom", "image": image, "box": regions[0]} for image in (1, 2)] if regions else []
     else:

@@ -171,6 +171,21 @@ def test_images_beyond_the_models_limit_become_text(adapter):
     assert len(traj.images) == 3 and traj.answer == "two"
 
 
+def test_an_observation_may_carry_several_images(adapter):
+    both = '<tool>{"name": "compare", "images": [1, 2], "zoom": true}</tool>'
+    backend, (traj,) = _run(adapter, {"what changed": [both, "added"]}, tasks=_tasks()[:1])
+    proc = backend.adapter.processor
+    a, b = change_pair()
+    assert traj.calls[0].image_added and len(traj.images) == 4
+    assert traj.ids.count(proc.image_token_id) == 4 * K
+    torch.testing.assert_close(traj.images[2], proc.load_image(a[0:40, 22:62]), atol=0, rtol=0)
+    torch.testing.assert_close(traj.images[3], proc.load_image(b[0:40, 22:62]), atol=0, rtol=0)
+    small = tiny_notevlm(seed=1, max_images=3)  # room for one more image, not two: neither is shown
+    _, (cut,) = _run(small, {"what changed": [both, "added"]}, tasks=_tasks()[:1])
+    assert not cut.calls[0].image_added and len(cut.images) == 2
+    assert cut.calls[0].observation.endswith("(images not shown: the model takes at most 3 images)")
+
+
 def test_trajectory_batch_aligns_masks_and_logps(adapter):
     backend, trajs = _run(adapter)
     for t in trajs:  # stand-in sampling log-probs: -position on policy tokens

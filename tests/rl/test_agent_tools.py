@@ -14,6 +14,7 @@ from rl.agent.tools import (
     Observation,
     ToolRegistry,
     box_pixels,
+    changed_square,
     default_registry,
     register_tool,
 )
@@ -117,6 +118,27 @@ def test_compare_lists_changed_regions_largest_first_in_zoom_coordinates():
     assert same.text == "no change between image 1 and image 2"
     small = registry.run(ToolCall("compare", {"images": [1, 2]}), _task(a, a[:20]))
     assert small.text.startswith("error: images 1 and 2 differ in size (80x40 vs 80x20)")
+
+
+def test_compare_with_zoom_shows_the_changed_area_of_both_images():
+    a, b = change_pair()  # changed: [8, 4, 15, 11] and [60, 20, 75, 35] inclusive, in an 80x40 photo
+    out = default_registry().run(ToolCall("compare", {"images": [2, 1], "zoom": True}), _task(a, b))
+    # the square around both regions, padded 3 px: x 5..79 (75 wide) cannot be 75 tall in 40 px rows,
+    # so the side is 40, centred on x 42 and moved into the photo
+    assert changed_square([(8, 4, 15, 11), (60, 20, 75, 35)], 80, 40) == (22, 0, 62, 40)
+    assert out.text == (
+        "2 regions changed: [0.75, 0.50, 0.95, 0.90] [0.10, 0.10, 0.20, 0.30]; "
+        "image 2 then image 1 at [0.28, 0.00, 0.78, 1.00]:"
+    )
+    assert len(out.images) == 2 and out.image is out.images[0]
+    np.testing.assert_array_equal(out.images[0], b[0:40, 22:62])  # image 2 first, as asked
+    np.testing.assert_array_equal(out.images[1], a[0:40, 22:62])
+    assert all(im.flags["C_CONTIGUOUS"] for im in out.images)
+    one = changed_square([(8, 4, 15, 11)], 80, 40)  # 8x8 region + 3 px each side = 14 px square
+    assert one == (5, 1, 19, 15)
+    assert changed_square([(0, 0, 1, 1)], 80, 40) == (0, 0, 8, 8)  # 2x2 at the corner: moved in, not cut
+    same = default_registry().run(ToolCall("compare", {"images": [1, 2], "zoom": True}), _task(a, a.copy()))
+    assert same.text == "no change between image 1 and image 2" and same.images == ()
 
 
 def test_compare_caps_the_listed_regions():

@@ -169,3 +169,14 @@ def test_change_demo_can_copy_the_first_compare_region_into_both_zooms():
     assert policy_turns(turns)[-1] == policy_turns(demonstration(task))[-1]  # the same answer
     with pytest.raises(ValueError, match="change_zoom"):
         demonstration(task, change_zoom="nowhere")
+
+
+def test_change_demo_can_let_compare_show_the_change():
+    task = world_task(CFG, "change", 1)
+    turns = demonstration(task, change_zoom="compare")
+    calls = [t.call for t in turns if t.role == "assistant" and t.call]
+    assert calls == [{"name": "compare", "images": [1, 2], "zoom": True}]
+    (obs,) = [t for t in turns if t.role == "tool"]
+    assert obs.text.startswith("1 region changed") and "image 1 then image 2 at" in obs.text
+    assert obs.image is not None and obs.image.shape[0] == obs.image.shape[1]  # the first photo's crop
+    assert policy_turns(turns)[-1] == policy_turns(demonstration(task))[-1]  # the same answer
