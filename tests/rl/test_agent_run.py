@@ -24,6 +24,16 @@ def _cfg(*overrides: str) -> AgentRunConfig:
     return load_config(AgentRunConfig, TINY, [*SMALL, *overrides])
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "configs/rl").glob("agent*.yaml")), ids=lambda p: p.name)
+def test_shipped_agent_configs_load(path):
+    cfg = load_config(AgentRunConfig, path)
+    assert cfg.sft.steps >= 1 and cfg.grpo.steps >= 1
+    if (
+        path.name == "agent_world.yaml"
+    ):  # the note-model recipe: the world and demonstrations it was measured with
+        assert cfg.world.detail.tray_spots == 3 and cfg.data.change_zoom == "compare"
+
+
 def test_cli_runs_end_to_end(tmp_path, capsys):
     from rl.cli import main
 
