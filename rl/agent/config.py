@@ -13,7 +13,7 @@ from rl.advantages import ADVANTAGE_SCALES
 from rl.agent.perception import PERCEPTION_VIEWS
 from rl.agent.simulator import SimulatorConfig
 from rl.agent.task import KINDS
-from rl.agent.world_demos import CAPTION_ZOOMS, CHANGE_ZOOMS, DETAIL_ZOOMS
+from rl.agent.world_demos import CAPTION_ZOOMS, CHANGE_ZOOMS, DETAIL_ZOOMS, DIALOGUE_ZOOMS
 from rl.agent.world_tasks import SPLITS, WorldTaskConfig
 from rl.losses import AGG_MODES
 
@@ -56,6 +56,9 @@ class DataConfig:
     photo that has it), "region" (the first region ``compare`` lists, in both photos, its numbers copied
     from the observation) or "compare" (no zoom: ``compare`` with ``"zoom": true`` shows the changed area
     of both photos)."""
+    dialogue_zoom: str = "goal"
+    """Which photos' trays dialogue demonstrations zoom on: "goal" (those holding the goal's objects, which
+    the policy cannot tell from the downsampled view) or "all" (every photo's)."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.kinds if k not in KINDS]
@@ -67,6 +70,10 @@ class DataConfig:
             raise ValueError(f"data.caption_zoom must be one of {CAPTION_ZOOMS}, got {self.caption_zoom!r}")
         if self.change_zoom not in CHANGE_ZOOMS:
             raise ValueError(f"data.change_zoom must be one of {CHANGE_ZOOMS}, got {self.change_zoom!r}")
+        if self.dialogue_zoom not in DIALOGUE_ZOOMS:
+            raise ValueError(
+                f"data.dialogue_zoom must be one of {DIALOGUE_ZOOMS}, got {self.dialogue_zoom!r}"
+            )
         if self.train_tasks < 1:
             raise ValueError(f"data.train_tasks must be >= 1, got {self.train_tasks}")
 

@@ -106,6 +106,7 @@ def demo_trajectories(backend: AgentBackend, cfg: AgentRunConfig, tasks: Sequenc
                 detail_zoom=d.detail_zoom,
                 caption_zoom=d.caption_zoom,
                 change_zoom=d.change_zoom,
+                dialogue_zoom=d.dialogue_zoom,
                 bare_answers=d.bare_answers,
             )
         )

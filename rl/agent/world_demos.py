@@ -27,7 +27,8 @@ Scripts: ``detail`` zooms on ``meta["box"]`` in the asked photo (or on its tray:
 answers; ``change`` calls ``compare`` on photos 1 and 2, zooms on the changed region in each photo where
 the object is (or lets ``compare`` show it: ``change_zoom``), then states the change; ``caption`` zooms
 on the tray, then gives the reference caption; ``dialogue`` plays against
-:class:`rl.agent.simulator.UserSimulator`: zooms on each photo's tray, then answers each slot
+:class:`rl.agent.simulator.UserSimulator`: zooms on the tray of each photo that holds the goal's
+objects (or of every photo: ``dialogue_zoom``), then answers each slot
 the user asks (and only that slot) until the user is satisfied.
 """
 
@@ -210,12 +211,20 @@ def slot_answer(goal: dict, slot: str, bare: bool = False) -> str:
     return f"They are {' and '.join(cols)}."
 
 
-def dialogue_demo(task: AgentTask, run_tool: RunTool, seed: int = 0, bare: bool = False) -> list[DemoTurn]:
+DIALOGUE_ZOOMS = ("goal", "all")
+"""Which photos' trays a dialogue demonstration zooms on before answering: those that hold the goal's
+objects (known from the ground truth only: the tiny objects are not legible in the downsampled view),
+or every photo's."""
+
+
+def dialogue_demo(
+    task: AgentTask, run_tool: RunTool, seed: int = 0, bare: bool = False, zoom: str = "goal"
+) -> list[DemoTurn]:
     sim = UserSimulator(task, seed=seed)
     goal = task.meta["goal"]
     turns = [DemoTurn("user", sim.opening(), False)]
     for image, box in task.meta["zooms"]:
-        if image in goal["images"]:
+        if zoom == "all" or image in goal["images"]:
             _use(turns, _zoom(task, image, box), task, run_tool)
     while not sim.done:
         text = slot_answer(goal, sim.asked, bare)
@@ -232,11 +241,12 @@ def demonstration(
     detail_zoom: str = "target",
     caption_zoom: str = "objects",
     change_zoom: str = "object",
+    dialogue_zoom: str = "goal",
     bare_answers: bool = False,
 ) -> list[DemoTurn]:
     """The expert trajectory for ``task`` (module docstring); ``seed`` is the simulator's for dialogues;
-    ``detail_zoom``, ``caption_zoom``, ``change_zoom``: one of :data:`DETAIL_ZOOMS`, :data:`CAPTION_ZOOMS`,
-    :data:`CHANGE_ZOOMS`;
+    ``detail_zoom``, ``caption_zoom``, ``change_zoom``, ``dialogue_zoom``: one of :data:`DETAIL_ZOOMS`,
+    :data:`CAPTION_ZOOMS`, :data:`CHANGE_ZOOMS`, :data:`DIALOGUE_ZOOMS`;
     ``bare_answers``: detail answers and dialogue replies state the value without naming the object ("It
     is red.", "There are 2 in all."), so a policy is not scored 0 for misnaming an object it was told."""
     if detail_zoom not in DETAIL_ZOOMS:
@@ -245,6 +255,8 @@ def demonstration(
         raise ValueError(f"caption_zoom must be one of {CAPTION_ZOOMS}, got {caption_zoom!r}")
     if change_zoom not in CHANGE_ZOOMS:
         raise ValueError(f"change_zoom must be one of {CHANGE_ZOOMS}, got {change_zoom!r}")
+    if dialogue_zoom not in DIALOGUE_ZOOMS:
+        raise ValueError(f"dialogue_zoom must be one of {DIALOGUE_ZOOMS}, got {dialogue_zoom!r}")
     run = run_tool or loop_observation
     if task.kind == "detail":
         return detail_demo(task, run, detail_zoom, bare_answers)
@@ -253,7 +265,7 @@ def demonstration(
     if task.kind == "caption":
         return caption_demo(task, run, caption_zoom)
     if task.kind == "dialogue":
-        return dialogue_demo(task, run, seed, bare_answers)
+        return dialogue_demo(task, run, seed, bare_answers, dialogue_zoom)
     raise ValueError(f"task {task.task_id!r}: no demonstration for kind {task.kind!r}")
 
 

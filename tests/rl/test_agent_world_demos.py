@@ -180,3 +180,22 @@ def test_change_demo_can_let_compare_show_the_change():
     assert obs.text.startswith("1 region changed") and "image 1 then image 2 at" in obs.text
     assert obs.image is not None and obs.image.shape[0] == obs.image.shape[1]  # the first photo's crop
     assert policy_turns(turns)[-1] == policy_turns(demonstration(task))[-1]  # the same answer
+
+
+def test_dialogue_demo_can_zoom_on_every_photo():
+    for index in range(8):
+        task = world_task(CFG, "dialogue", index)
+        goal = task.meta["goal"]["images"]
+        zoomed = {
+            "goal": [t.call["image"] for t in demonstration(task) if t.role == "assistant" and t.call],
+            "all": [
+                t.call["image"]
+                for t in demonstration(task, dialogue_zoom="all")
+                if t.role == "assistant" and t.call
+            ],
+        }
+        assert zoomed["goal"] == sorted(goal) and zoomed["all"] == list(range(1, len(task.sources) + 1))
+        replies = [t.text for t in demonstration(task, dialogue_zoom="all") if t.policy and t.call is None]
+        assert replies == [t.text for t in demonstration(task) if t.policy and t.call is None]
+    with pytest.raises(ValueError, match="dialogue_zoom"):
+        demonstration(task, dialogue_zoom="some")
