@@ -23,6 +23,16 @@ SQUARE = (420, 90, 435, 105)
 """Inclusive box of the red square drawn on B."""
 BUMP = (80, 230, 239, 329)
 """Inclusive box of the +8 brightness bump on B."""
+TEXT, TEXT_ORG, TEXT_SCALE, TEXT_THICKNESS = "notelens imgdiff", (24, 60), 1.4, 2
+"""The caption drawn on A (OpenCV's Hershey simplex font, anti-aliased)."""
+
+
+def text_box() -> tuple[int, int, int, int]:
+    """Inclusive box that holds the caption's pixels (glyph rasterising differs between OpenCV releases)."""
+    (w, h), base = cv2.getTextSize(TEXT, cv2.FONT_HERSHEY_SIMPLEX, TEXT_SCALE, TEXT_THICKNESS)
+    x, y = TEXT_ORG
+    m = TEXT_THICKNESS + 2  # stroke width and anti-aliasing
+    return x - m, y - h - m, x + w + m, y + base + m
 
 
 def make_pair(seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
@@ -38,7 +48,7 @@ def make_pair(seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
     base += cv2.resize(small, (WIDTH, HEIGHT), interpolation=cv2.INTER_CUBIC)  # fine texture
     a = np.clip(base, 0, 255).astype(np.uint8)
     white = (250, 250, 245)
-    cv2.putText(a, "notelens imgdiff", (24, 60), cv2.FONT_HERSHEY_SIMPLEX, 1.4, white, 2, cv2.LINE_AA)
+    cv2.putText(a, TEXT, TEXT_ORG, cv2.FONT_HERSHEY_SIMPLEX, TEXT_SCALE, white, TEXT_THICKNESS, cv2.LINE_AA)
     ok, jpg = cv2.imencode(".jpg", a[:, :, ::-1], [cv2.IMWRITE_JPEG_QUALITY, 90])
     assert ok
     b = cv2.imdecode(jpg, cv2.IMREAD_COLOR)[:, :, ::-1].copy()  # (H, W, 3) RGB, JPEG noise everywhere
