@@ -160,12 +160,8 @@ class AgentBackend(ABC):
         return {}
 
     # ------------------------------------------------------------------ shared
-    def observation(self, text: str, images: np.ndarray | Sequence[np.ndarray] | None = None) -> Segment:
-        """``<obs>text[images]</obs>`` as non-policy tokens (one ``(h, w, 3)`` image, or several)."""
-        if images is None:
-            images = ()
-        elif isinstance(images, np.ndarray):
-            images = (images,)
+    def observation(self, text: str, images: Sequence[np.ndarray] = ()) -> Segment:
+        """``<obs>text[images]</obs>`` as non-policy tokens (``images``: ``(h, w, 3)`` each, in order)."""
         parts = [Segment(self.text_ids(OBS_OPEN + text))]
         parts += [self.image_segment(image) for image in images]
         return join([*parts, Segment(self.text_ids(OBS_CLOSE))])

@@ -28,8 +28,8 @@ answers; ``change`` calls ``compare`` on photos 1 and 2, zooms on the changed re
 the object is (or lets ``compare`` show it: ``change_zoom``), then states the change; ``caption`` zooms
 on the tray, then gives the reference caption; ``dialogue`` plays against
 :class:`rl.agent.simulator.UserSimulator`: zooms on the tray of each photo that holds the goal's
-objects (or of every photo: ``dialogue_zoom``), then answers each slot
-the user asks (and only that slot) until the user is satisfied.
+objects (or of every photo: ``dialogue_zoom``), then answers each slot the user asks (and only that
+slot) until the user is satisfied.
 """
 
 from __future__ import annotations
