@@ -59,6 +59,11 @@ class DataConfig:
     dialogue_zoom: str = "goal"
     """Which photos' trays dialogue demonstrations zoom on: "goal" (those holding the goal's objects, which
     the policy cannot tell from the downsampled view) or "all" (every photo's)."""
+    dialogue_recovery: float = 0.0
+    """Share of dialogue demonstrations that start with a mistake kept out of the loss (zooms on all but the
+    last of those photos, a wrong reply, the user's objection) and then recover (the missed zoom, the right
+    replies): the state after an objection, which a demonstration that is never wrong does not show.
+    Drawn per task from its id, the same for every training seed."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.kinds if k not in KINDS]
@@ -76,6 +81,8 @@ class DataConfig:
             )
         if self.train_tasks < 1:
             raise ValueError(f"data.train_tasks must be >= 1, got {self.train_tasks}")
+        if not 0.0 <= self.dialogue_recovery <= 1.0:
+            raise ValueError(f"data.dialogue_recovery must be in [0, 1], got {self.dialogue_recovery}")
 
 
 @dataclass(kw_only=True)
@@ -203,6 +210,10 @@ class GRPOStageConfig:
     """Caption tasks: reward minus this times the share of judged attribute/count claims that are false."""
     turn_reward_weight: float = 0.0
     """Dialogues: reward plus this times the mean turn-level score the simulated user gave (0 = off)."""
+    turn_credit: float = 0.0
+    """Dialogues: turn-level credit. Each turn's tokens get the trajectory's advantage plus this times the
+    turn's own (the user's score of the reply that closes it, centred on the group's judged turns:
+    ``rl.agent.train.turn_advantages``), so a right first reply is credited apart from a wrong second."""
     checkpoint_every: int = 5
     """Steps between resumable checkpoints (model, optimizer, step)."""
 
@@ -214,6 +225,8 @@ class GRPOStageConfig:
             )
         if self.scale not in ADVANTAGE_SCALES:
             raise ValueError(f"grpo.scale must be one of {ADVANTAGE_SCALES}, got {self.scale!r}")
+        if self.turn_credit < 0:
+            raise ValueError(f"grpo.turn_credit must be >= 0, got {self.turn_credit}")
         if self.agg not in AGG_MODES:
             raise ValueError(f"grpo.agg must be one of {AGG_MODES}, got {self.agg!r}")
 

@@ -35,7 +35,7 @@ from rl.agent.task import AgentTask
 from rl.agent.tools import TOOLS, ToolRegistry
 from rl.agent.train import AgentGRPOConfig, grpo_loss, sft_loss
 from rl.agent.trajectory import Trajectory
-from rl.agent.world_demos import answer_turns, demonstration, policy_turns
+from rl.agent.world_demos import answer_turns, demonstration, policy_turns, unlearned
 from rl.agent.world_tasks import mixed_tasks
 
 NO_TOOLS = ToolRegistry()
@@ -95,27 +95,39 @@ def train_tasks(cfg: AgentRunConfig) -> list[AgentTask]:
     return list(mixed_tasks(cfg.world, "train", cfg.data.train_tasks, tuple(cfg.data.kinds)))
 
 
+def recovers(task: AgentTask, share: float) -> bool:
+    """Whether ``task``'s demonstration is a recovery one (``data.dialogue_recovery``): drawn from its id."""
+    return task.kind == "dialogue" and zlib.crc32(task.task_id.encode()) % 10_000 < round(share * 10_000)
+
+
 def demo_trajectories(backend: AgentBackend, cfg: AgentRunConfig, tasks: Sequence[AgentTask], *, tools: bool):
-    """Demonstrations replayed through the loop: with tool calls (``tools``) or answers only."""
+    """Demonstrations replayed through the loop: with tool calls (``tools``) or answers only; a recovery
+    demonstration's mistake turns are taken out of the loss (``Trajectory.mask_turns``)."""
     pick = policy_turns if tools else answer_turns
     d = cfg.data
-    turns = {
-        t.task_id: pick(
-            demonstration(
-                t,
-                detail_zoom=d.detail_zoom,
-                caption_zoom=d.caption_zoom,
-                change_zoom=d.change_zoom,
-                dialogue_zoom=d.dialogue_zoom,
-                bare_answers=d.bare_answers,
-            )
+    demos = {
+        t.task_id: demonstration(
+            t,
+            detail_zoom=d.detail_zoom,
+            caption_zoom=d.caption_zoom,
+            change_zoom=d.change_zoom,
+            dialogue_zoom=d.dialogue_zoom,
+            bare_answers=d.bare_answers,
+            recovery=recovers(t, d.dialogue_recovery),
+            user=cfg.rollout.simulator(),
         )
         for t in tasks
     }
-    return rollout(
+    trajs = rollout(
         backend, tasks, loop_config(cfg, tools=tools), registry=TOOLS if tools else NO_TOOLS,
-        policy=scripted_policy(backend, turns), users=cfg.rollout.simulator(),
+        policy=scripted_policy(backend, {k: pick(v) for k, v in demos.items()}),
+        users=cfg.rollout.simulator(),
     )  # fmt: skip
+    for traj in trajs:
+        masked = unlearned(demos[traj.task.task_id], tools=tools)
+        if masked:
+            traj.mask_turns(masked)
+    return trajs
 
 
 def clip_grads(backend: AgentBackend, limit: float) -> float:
@@ -209,8 +221,9 @@ def run_grpo(
     log = MetricsLogger(stage_dir / "metrics.jsonl", resume_step=start if start else None)
     tasks = train_tasks(cfg)
     algo = AgentGRPOConfig(
-        group_size=g.group_size, scale=g.scale, eps_low=g.eps_low, eps_high=g.eps_high, agg=g.agg
-    )
+        group_size=g.group_size, scale=g.scale, eps_low=g.eps_low, eps_high=g.eps_high, agg=g.agg,
+        turn_credit=g.turn_credit,
+    )  # fmt: skip
     loop = loop_config(cfg, tools=True, sample=True)
     reward = reward_fn(cfg)
     backend.adapter.model.train()

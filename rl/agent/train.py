@@ -42,8 +42,13 @@ class AgentGRPOConfig:
     """Upper clip of the ratio (DAPO clip-higher); None = eps_low."""
     agg: str = "token-mean"
     """How token losses become a scalar (``rl.losses.aggregate_loss``)."""
+    turn_credit: float = 0.0
+    """Weight of the turn-level advantages (:func:`turn_advantages`) added to the trajectory's on each
+    dialogue turn's tokens; 0 = one advantage for the whole trajectory."""
 
     def __post_init__(self) -> None:
+        if self.turn_credit < 0:
+            raise ValueError(f"turn_credit must be >= 0, got {self.turn_credit}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 for group advantages, got {self.group_size}")
         if self.scale not in ADVANTAGE_SCALES:
@@ -64,8 +69,9 @@ def answer_reward(traj: Trajectory, *, invalid_call_penalty: float = 0.1) -> flo
 
 
 def sft_loss(backend: AgentBackend, trajs: Sequence[Trajectory]) -> torch.Tensor:
-    """Token-mean NLL of the policy turns of (demonstration) trajectories; observations are masked out."""
-    batch, _ = trajectory_batch(backend, trajs)
+    """Token-mean NLL of the policy turns of (demonstration) trajectories; observations are masked out,
+    and so are policy turns taken out of the loss (``Trajectory.train_mask``)."""
+    batch = backend.model_inputs([t.segment for t in trajs], [t.train_mask for t in trajs])
     logps, mask = backend.adapter.token_logps(batch)  # (B, T), (B, T)
     return aggregate_loss(-logps, mask, mode="token-mean")
 
@@ -87,6 +93,53 @@ def turn_token_advantages(trajs: Sequence[Trajectory], per_turn: Sequence[Sequen
     return out
 
 
+def reply_scores(traj: Trajectory) -> list[float | None]:
+    """Per policy turn, the simulated user's score of the reply that closes its stretch (the reply itself,
+    or a tool call made before it); None for a turn no reply closes, and for every turn of a trajectory
+    the user did not judge."""
+    scores = {u.turn: u.score for u in traj.user_turns}
+    out: list[float | None] = [None] * len(traj.turns)
+    pending: list[int] = []
+    for i in range(len(traj.turns)):
+        pending.append(i)
+        if i + 1 in scores:
+            for k in pending:
+                out[k] = scores[i + 1]
+            pending = []
+    return out
+
+
+def turn_advantages(
+    trajs: Sequence[Trajectory], *, group_size: int, scale: str = "group"
+) -> list[list[float]]:
+    """Turn-level advantages within each group of ``group_size`` trajectories (after MT-GRPO, Zeng et al.
+    2025, with the group's replies pooled over turns): each turn's :func:`reply_scores` value minus the
+    mean score of the group's judged replies, over their unbiased std ("group"; "batch": the std of every
+    judged reply of the batch; "none": no division). 0 where no reply closes the turn, and everywhere in
+    a group whose judged replies all scored the same."""
+    if scale not in ADVANTAGE_SCALES:
+        raise ValueError(f"scale must be one of {ADVANTAGE_SCALES}, got {scale!r}")
+    if len(trajs) % group_size:
+        raise ValueError(f"{len(trajs)} trajectories do not split into groups of {group_size}")
+
+    def std(values: list[float]) -> float:
+        return torch.tensor(values, dtype=torch.float64).std().item() if len(values) > 1 else 0.0
+
+    batch_std = std([u.score for t in trajs for u in t.user_turns])
+    out: list[list[float]] = []
+    for g in range(0, len(trajs), group_size):
+        group = trajs[g : g + group_size]
+        per = [reply_scores(t) for t in group]
+        values = [u.score for t in group for u in t.user_turns]
+        if not values or max(values) == min(values):
+            out += [[0.0] * len(row) for row in per]
+            continue
+        mean = sum(values) / len(values)
+        div = {"group": std(values) + 1e-4, "batch": batch_std + 1e-4, "none": 1.0}[scale]
+        out += [[0.0 if v is None else (v - mean) / div for v in row] for row in per]
+    return out
+
+
 def grpo_loss(
     backend: AgentBackend,
     trajs: Sequence[Trajectory],
@@ -98,8 +151,8 @@ def grpo_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy loss of whole trajectories; ``trajs`` in groups of ``cfg.group_size`` per task,
     ``rewards`` (B,). ``temperature``: the sampling temperature (old log-probs were taken under it).
-    ``advantages``: None = GRPO group advantages of ``rewards``; else (B,) or (B, T) given (e.g.
-    :func:`turn_token_advantages` for turn-level credit)."""
+    ``advantages``: None = GRPO group advantages of ``rewards`` (plus ``cfg.turn_credit`` times
+    :func:`turn_advantages` on each turn's tokens); else (B,) or (B, T) given."""
     if len(trajs) != rewards.shape[0] or len(trajs) % cfg.group_size:
         raise ValueError(
             f"need B rewards for B trajectories, B a multiple of group_size={cfg.group_size}; "
@@ -107,6 +160,9 @@ def grpo_loss(
         )
     if advantages is None:
         advantages = group_advantages(rewards.float(), group_size=cfg.group_size, scale=cfg.scale)  # (B,)
+        if cfg.turn_credit:
+            turns = turn_advantages(trajs, group_size=cfg.group_size, scale=cfg.scale)
+            advantages = advantages[:, None] + cfg.turn_credit * turn_token_advantages(trajs, turns)  # (B, T)
     batch, old = trajectory_batch(backend, trajs)  # (B, T) inputs, (B, T) old log-probs
     logps, mask = backend.adapter.token_logps(batch, temperature=temperature)  # (B, T)
     advantages = advantages.to(logps.device)

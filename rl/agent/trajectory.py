@@ -78,6 +78,9 @@ class Trajectory:
     """Dialogues: the simulated user's reply to each answer turn (its message is an observation)."""
     satisfied: bool | None = None
     """Dialogues: whether the simulated user ended satisfied (None: not a simulated dialogue)."""
+    loss_mask: list[int] | None = None
+    """The supervised loss's token mask when it is not ``response_mask``: a demonstration's policy turns
+    kept as context but out of the loss (a recovery demonstration's mistake; :meth:`mask_turns`)."""
 
     @classmethod
     def start(cls, task: AgentTask, prompt: Segment) -> Trajectory:
@@ -120,6 +123,23 @@ class Trajectory:
     def n_invalid_calls(self) -> int:
         return len(self.calls) - self.n_valid_calls
 
+    @property
+    def train_mask(self) -> list[int]:
+        """The tokens a supervised loss trains on: ``loss_mask`` when set, else ``response_mask``."""
+        return self.response_mask if self.loss_mask is None else self.loss_mask
+
+    def mask_turns(self, turns: set[int]) -> None:
+        """Take policy turns ``turns`` (0-based, in order) out of the supervised loss (``loss_mask``);
+        they stay in ``ids`` as context and in ``response_mask``."""
+        policy = [(start, end) for kind, start, end in self.spans if kind == "policy"]
+        if any(k < 0 or k >= len(policy) for k in turns):
+            raise ValueError(f"turns {sorted(turns)} out of range: {len(policy)} policy turns")
+        mask = list(self.train_mask)
+        for k in turns:
+            start, end = policy[k]
+            mask[start:end] = [0] * (end - start)
+        self.loss_mask = mask
+
     def add_policy(self, ids: list[int], logps: list[float], text: str) -> None:
         if len(ids) != len(logps):
             raise ValueError(f"a turn needs one log-prob per token: {len(ids)} ids, {len(logps)} log-probs")
@@ -134,6 +154,8 @@ class Trajectory:
         start = len(self.ids)
         self.ids, self.images, self.extra = whole.ids, whole.images, whole.extra
         self.response_mask += [mask] * len(segment.ids)
+        if self.loss_mask is not None:
+            self.loss_mask += [mask] * len(segment.ids)
         self.logps += logps
         self.spans.append((kind, start, len(self.ids)))
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +47,7 @@ import numpy as np
 from mm.world import vocab
 from mm.world.detail import padded_box
 from rl.agent.parse import ParseError, parse_call
-from rl.agent.simulator import UserSimulator
+from rl.agent.simulator import SimulatorConfig, UserSimulator
 from rl.agent.task import AgentTask
 from rl.agent.tools import TOOLS
 from rl.agent.world_tasks import TRAY_PAD
@@ -69,6 +70,8 @@ class DemoTurn:
     """The tool call an assistant turn makes, or the call a tool turn answers."""
     image: np.ndarray | None = None
     """A ``zoom`` observation's crop at full resolution, ``(h, w, 3)`` uint8."""
+    learn: bool = True
+    """False for a policy turn kept as context but out of the loss: a recovery demonstration's mistake."""
 
     def to_json(self) -> dict[str, Any]:
         """The turn as JSON (the image as its shape; it is rebuilt from the call and the task's sources)."""
@@ -76,6 +79,7 @@ class DemoTurn:
             "role": self.role,
             "text": self.text,
             "policy": self.policy,
+            "learn": self.learn,
             "call": self.call,
             "image_shape": None if self.image is None else list(self.image.shape),
         }
@@ -106,8 +110,8 @@ def normalised_box(box: list[int], width: int, height: int) -> list[float]:
     return [down[0], down[1], min(up[0], 1.0), min(up[1], 1.0)]
 
 
-def _use(turns: list[DemoTurn], call: dict, task: AgentTask, run_tool: RunTool) -> None:
-    turns.append(DemoTurn("assistant", tool_text(call), True, call))
+def _use(turns: list[DemoTurn], call: dict, task: AgentTask, run_tool: RunTool, learn: bool = True) -> None:
+    turns.append(DemoTurn("assistant", tool_text(call), True, call, learn=learn))
     text, image = run_tool(call, task)
     turns.append(DemoTurn("tool", text, False, call, image))
 
@@ -217,15 +221,53 @@ objects (known from the ground truth only: the tiny objects are not legible in t
 or every photo's."""
 
 
+def wrong_slot_answer(goal: dict, slot: str, rng: np.random.Generator, bare: bool = False) -> str:
+    """A reply stating ``slot`` wrongly, as a policy that missed a photo would: a count one off (one more
+    when the count is 1), or the colours with one swapped for a colour the goal's objects lack."""
+    if slot == "count":
+        n = goal["count"]
+        wrong = n + 1 if n == 1 or rng.random() < 0.5 else n - 1
+        return slot_answer({**goal, "count": wrong}, slot, bare)
+    cols = list(goal["colors"])
+    others = [c for c in vocab.COLORS if c not in cols]
+    cols[int(rng.integers(len(cols)))] = others[int(rng.integers(len(others)))]
+    return slot_answer({**goal, "colors": sorted(cols)}, slot, bare)
+
+
 def dialogue_demo(
-    task: AgentTask, run_tool: RunTool, seed: int = 0, bare: bool = False, zoom: str = "goal"
+    task: AgentTask,
+    run_tool: RunTool,
+    seed: int = 0,
+    bare: bool = False,
+    zoom: str = "goal",
+    recovery: bool = False,
+    user: SimulatorConfig | None = None,
 ) -> list[DemoTurn]:
-    sim = UserSimulator(task, seed=seed)
+    user = user or SimulatorConfig()
+    if recovery and (user.patience < 1 or user.max_turns < 3):
+        raise ValueError(
+            f"task {task.task_id!r}: a recovery demonstration needs a user who objects once and then hears "
+            f"both slots (patience >= 1, max_turns >= 3), got patience {user.patience}, max_turns "
+            f"{user.max_turns}; raise rollout.user_patience / rollout.user_max_turns or set "
+            "data.dialogue_recovery=0"
+        )
+    sim = UserSimulator(task, seed=seed, cfg=user)
     goal = task.meta["goal"]
     turns = [DemoTurn("user", sim.opening(), False)]
-    for image, box in task.meta["zooms"]:
-        if zoom == "all" or image in goal["images"]:
-            _use(turns, _zoom(task, image, box), task, run_tool)
+    zooms = [(image, box) for image, box in task.meta["zooms"] if zoom == "all" or image in goal["images"]]
+    if recovery:
+        # the mistake, kept as context out of the loss: zooms on all but the last of those photos, a
+        # wrong reply, the user's objection; then the rest of the zooms and the right replies
+        rng = np.random.default_rng([seed, zlib.crc32(task.task_id.encode()), 1])
+        missed = zooms[-1][0]
+        for image, box in zooms[:-1]:
+            _use(turns, _zoom(task, image, box), task, run_tool, learn=False)
+        text = wrong_slot_answer(goal, sim.asked, rng, bare)
+        turns.append(DemoTurn("assistant", text, True, learn=False))
+        turns.append(DemoTurn("user", sim.reply(text).text, False))
+        zooms = [(image, box) for image, box in zooms if image == missed]
+    for image, box in zooms:
+        _use(turns, _zoom(task, image, box), task, run_tool)
     while not sim.done:
         text = slot_answer(goal, sim.asked, bare)
         turns.append(DemoTurn("assistant", text, True))
@@ -243,12 +285,16 @@ def demonstration(
     change_zoom: str = "object",
     dialogue_zoom: str = "goal",
     bare_answers: bool = False,
+    recovery: bool = False,
+    user: SimulatorConfig | None = None,
 ) -> list[DemoTurn]:
     """The expert trajectory for ``task`` (module docstring); ``seed`` is the simulator's for dialogues;
     ``detail_zoom``, ``caption_zoom``, ``change_zoom``, ``dialogue_zoom``: one of :data:`DETAIL_ZOOMS`,
     :data:`CAPTION_ZOOMS`, :data:`CHANGE_ZOOMS`, :data:`DIALOGUE_ZOOMS`;
     ``bare_answers``: detail answers and dialogue replies state the value without naming the object ("It
-    is red.", "There are 2 in all."), so a policy is not scored 0 for misnaming an object it was told."""
+    is red.", "There are 2 in all."), so a policy is not scored 0 for misnaming an object it was told;
+    ``recovery``: a dialogue starts with a mistake out of the loss (:func:`dialogue_demo`); ``user``: the
+    simulated user's patience and turns (the loop's, so a replayed dialogue ends as the script does)."""
     if detail_zoom not in DETAIL_ZOOMS:
         raise ValueError(f"detail_zoom must be one of {DETAIL_ZOOMS}, got {detail_zoom!r}")
     if caption_zoom not in CAPTION_ZOOMS:
@@ -265,7 +311,7 @@ def demonstration(
     if task.kind == "caption":
         return caption_demo(task, run, caption_zoom)
     if task.kind == "dialogue":
-        return dialogue_demo(task, run, seed, bare_answers, dialogue_zoom)
+        return dialogue_demo(task, run, seed, bare_answers, dialogue_zoom, recovery, user)
     raise ValueError(f"task {task.task_id!r}: no demonstration for kind {task.kind!r}")
 
 
@@ -277,3 +323,9 @@ def policy_turns(turns: list[DemoTurn]) -> list[str]:
 def answer_turns(turns: list[DemoTurn]) -> list[str]:
     """The assistant's turns without tool calls: the same task answered without looking closer."""
     return [t.text for t in turns if t.policy and t.call is None]
+
+
+def unlearned(turns: list[DemoTurn], *, tools: bool = True) -> set[int]:
+    """Indices into :func:`policy_turns` (``tools``) or :func:`answer_turns` of the turns out of the loss."""
+    kept = [t for t in turns if t.policy and (tools or t.call is None)]
+    return {k for k, t in enumerate(kept) if not t.learn}

@@ -224,3 +224,19 @@ def test_sampling_rejects_bad_settings():
 def test_loop_config_rejects_non_positive_limits(field):
     with pytest.raises(ValueError, match=f"LoopConfig.{field} must be >= 1"):
         LoopConfig(**{field: 0})
+
+
+def test_mask_turns_takes_policy_turns_out_of_the_loss_only():
+    from rl.agent.backend import Segment
+    from rl.agent.trajectory import Trajectory
+
+    traj = Trajectory.start(_tasks()[1], Segment([5, 6]))
+    traj.add_policy([7, 8], [-0.1, -0.2], "a")
+    traj.add_observation(Segment([9]))
+    assert traj.train_mask is traj.response_mask and traj.loss_mask is None
+    traj.mask_turns({0})
+    assert traj.loss_mask == [0, 0, 0, 0, 0] and traj.response_mask == [0, 0, 1, 1, 0]
+    traj.add_policy([10, 11, 12], [0.0] * 3, "b")  # later turns are trained
+    assert traj.train_mask == [0, 0, 0, 0, 0, 1, 1, 1] and traj.response_mask == [0, 0, 1, 1, 0, 1, 1, 1]
+    with pytest.raises(ValueError, match="out of range: 2 policy turns"):
+        traj.mask_turns({2})

@@ -89,6 +89,7 @@ def test_grpo_stopped_after_step_k_and_resumed_equals_uninterrupted(tmp_path):
         ("eval.seeds=[]", "seeds"),
         ("sft.steps=0", "sft.steps"),
         ("grpo.scale=wide", "grpo.scale"),
+        ("data.dialogue_recovery=1.5", "dialogue_recovery"),
     ],
 )
 def test_bad_config_is_an_error(override, message):
@@ -113,6 +114,45 @@ def test_dialogue_demo_runs_against_the_simulator_with_user_turns_masked():
     # the no-tool baseline's demonstration: the same replies, no calls
     (plain,) = demo_trajectories(backend, cfg, [task], tools=False)
     assert plain.calls == [] and plain.replies == traj.replies and plain.satisfied
+
+
+def test_recovery_demo_keeps_its_mistake_in_context_and_out_of_the_loss():
+    import torch
+
+    from rl.agent.loop import trajectory_batch
+    from rl.agent.train import sft_loss
+
+    patient = ["rollout.user_patience=2", "rollout.user_max_turns=4"]
+    cfg = _cfg("rollout.max_new_tokens=128", "rollout.max_tokens=512", "rollout.max_turns=8",
+               "data.dialogue_recovery=1.0", *patient)  # fmt: skip
+    backend = build_backend(cfg)
+    task = world_task(WorldTaskConfig(seed=0), "dialogue", 3)  # two zooms and a wrong reply, then recovery
+    (traj,) = demo_trajectories(backend, cfg, [task], tools=True)
+    assert traj.satisfied is True and all(c.valid for c in traj.calls)
+    assert traj.user_turns[0].score < 1.0 and not traj.user_turns[0].done  # the user objected
+    policy = [(s, e) for kind, s, e in traj.spans if kind == "policy"]
+    assert len(policy) == len(traj.turns) and traj.turns[2].startswith("They are")
+    for k, (s, e) in enumerate(policy):  # the first three turns (two zooms, the wrong reply) are context
+        assert set(traj.train_mask[s:e]) == ({0} if k < 3 else {1}) and set(traj.response_mask[s:e]) == {1}
+    assert [m for m, r in zip(traj.train_mask, traj.response_mask) if not r] == [0] * (len(traj.ids) - sum(
+        traj.response_mask))  # fmt: skip
+    batch, _ = trajectory_batch(backend, [traj])
+    with torch.no_grad():
+        logps, _ = backend.adapter.token_logps(batch)  # (1, T)
+        train = torch.tensor(traj.train_mask, dtype=logps.dtype)[None]
+        want = -(logps * train).sum() / train.sum()
+        torch.testing.assert_close(sft_loss(backend, [traj]), want, atol=1e-6, rtol=0)
+        everything = -(logps * batch["response_mask"]).sum() / batch["response_mask"].sum()
+        assert abs(float(want - everything)) > 1e-3
+    (plain,) = demo_trajectories(backend, cfg, [task], tools=False)  # no tools: only the wrong reply masked
+    assert plain.calls == [] and plain.satisfied and plain.turns[0] == traj.turns[2]
+    first = next((s, e) for kind, s, e in plain.spans if kind == "policy")
+    assert set(plain.train_mask[first[0] : first[1]]) == {0}
+    assert sum(plain.train_mask) == sum(plain.response_mask) - (first[1] - first[0])
+    # the tiny config's user (patience 1, 2 replies) cannot hear a mistake and both slots
+    impatient = _cfg("data.dialogue_recovery=1.0")
+    with pytest.raises(ValueError, match="user_max_turns"):
+        demo_trajectories(build_backend(impatient), impatient, [task], tools=True)
 
 
 def test_trajectory_reward_of_demonstrations_and_penalties():

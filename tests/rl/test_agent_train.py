@@ -18,9 +18,12 @@ from rl.agent.train import (
     grpo_loss,
     grpo_step,
     normalise_answer,
+    reply_scores,
     sft_loss,
+    turn_advantages,
     turn_token_advantages,
 )
+from rl.agent.trajectory import Trajectory, UserTurn
 from tests.rl.agent_helpers import change_pair, note_images, tiny_notevlm
 
 LOOP = LoopConfig(max_turns=4, max_new_tokens=64, instructions=False)
@@ -214,3 +217,63 @@ def test_turn_advantages_cover_exactly_each_turns_tokens():
     assert torch.isfinite(loss)
     with pytest.raises(ValueError, match="has 2 turns but 1 turn advantages"):
         turn_token_advantages([change, detail], [[1.0], [1.0, 2.0]])
+
+
+def _judged(turns: list[str], scores: dict[int, float], task_id: str = "g") -> Trajectory:
+    """A trajectory carrying only turns and the simulated user's scores (what turn credit reads)."""
+    task = AgentTask(task_id=task_id, kind="dialogue", sources=note_images(1), question="q", answer="a")
+    users = [UserTurn(turn, "u", score, False) for turn, score in sorted(scores.items())]
+    return Trajectory(task, [], [], [], [], turns=turns, user_turns=users)
+
+
+def test_reply_scores_give_tool_calls_the_score_of_the_reply_they_led_to():
+    traj = _judged(
+        ["<tool>a</tool>", "two", "<tool>b</tool>", "<tool>c</tool>", "three", "<tool>d"], {2: 0.0, 5: 1.0}
+    )
+    assert reply_scores(traj) == [0.0, 0.0, 1.0, 1.0, 1.0, None]  # the last turn closed no reply
+    assert reply_scores(_judged(["x"], {})) == [None]
+
+
+def test_turn_advantages_golden():
+    # group 1: replies scored 0, 1 | 1 -> mean 2/3, unbiased std sqrt(1/3); group 2: all equal -> 0
+    group1 = [_judged(["<tool>z</tool>", "a", "b"], {2: 0.0, 3: 1.0}), _judged(["c"], {1: 1.0})]
+    group2 = [_judged(["d"], {1: 0.5}), _judged(["e", "f"], {1: 0.5})]
+    adv = turn_advantages([*group1, *group2], group_size=2)
+    s = (1 / 3) ** 0.5 + 1e-4
+    assert adv[0] == pytest.approx([-2 / 3 / s, -2 / 3 / s, 1 / 3 / s], abs=1e-12)
+    assert adv[1] == pytest.approx([1 / 3 / s], abs=1e-12)
+    assert adv[2:] == [[0.0], [0.0, 0.0]]
+    none = turn_advantages(group1, group_size=2, scale="none")
+    assert none == [pytest.approx([-2 / 3, -2 / 3, 1 / 3]), pytest.approx([1 / 3])]
+    with pytest.raises(ValueError, match="groups of 2"):
+        turn_advantages(group1[:1], group_size=2)
+
+
+def test_turn_credit_adds_turn_advantages_to_the_trajectory_advantage():
+    adapter = tiny_notevlm(seed=6)
+    backend, trajs = _sampled(adapter)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    plain = AgentGRPOConfig(group_size=2)
+    credit = AgentGRPOConfig(group_size=2, turn_credit=0.5)
+    with torch.no_grad():  # no simulated user: the same loss
+        assert float(grpo_loss(backend, trajs, rewards, credit)[0]) == float(
+            grpo_loss(backend, trajs, rewards, plain)[0]
+        )
+    for traj, score in zip(trajs, [1.0, 0.0, 0.5, 0.5]):
+        traj.user_turns = [UserTurn(len(traj.turns), "u", score, True)]  # the user judged each last turn
+    turns = turn_advantages(trajs, group_size=2)
+    assert turns[2] == [0.0] * len(trajs[2].turns) and turns[0][-1] > 0 > turns[1][-1]
+    want = group_advantages(rewards, group_size=2)[:, None] + 0.5 * turn_token_advantages(
+        trajs, turns
+    )  # (B, T)
+
+    def grads(cfg, **kw) -> torch.Tensor:
+        adapter.model.zero_grad(set_to_none=True)
+        grpo_loss(backend, trajs, rewards, cfg, **kw)[0].backward()
+        return torch.cat([p.grad.flatten() for p in adapter.model.parameters() if p.grad is not None])
+
+    ours = grads(credit)
+    torch.testing.assert_close(ours, grads(plain, advantages=want), atol=0, rtol=0)
+    assert not torch.allclose(ours, grads(plain))
+    with pytest.raises(ValueError, match="turn_credit"):
+        AgentGRPOConfig(turn_credit=-1.0)

@@ -13,7 +13,14 @@ from rl.agent.answers import score_answer
 from rl.agent.parse import ToolCall
 from rl.agent.simulator import UserSimulator
 from rl.agent.tools import TOOLS, box_pixels
-from rl.agent.world_demos import answer_turns, demonstration, listed_regions, normalised_box, policy_turns
+from rl.agent.world_demos import (
+    answer_turns,
+    demonstration,
+    listed_regions,
+    normalised_box,
+    policy_turns,
+    unlearned,
+)
 from rl.agent.world_tasks import WorldTaskConfig, world_task
 
 CFG = WorldTaskConfig(seed=0)
@@ -199,3 +206,40 @@ def test_dialogue_demo_can_zoom_on_every_photo():
         assert replies == [t.text for t in demonstration(task) if t.policy and t.call is None]
     with pytest.raises(ValueError, match="dialogue_zoom"):
         demonstration(task, dialogue_zoom="some")
+
+
+@pytest.mark.parametrize("zoom", ["goal", "all"])
+def test_dialogue_recovery_demo_errs_out_of_the_loss_then_recovers(zoom):
+    for index in range(8):
+        task = world_task(CFG, "dialogue", index)
+        turns = demonstration(task, recovery=True, dialogue_zoom=zoom)
+        plain = demonstration(task, dialogue_zoom=zoom)
+        objection = next(i for i, t in enumerate(turns) if t.role == "user" and i > 0)
+        before, after = turns[:objection], turns[objection + 1 :]
+        # before the objection: the zooms but the last one and a wrong reply, all out of the loss
+        assert all(not t.learn for t in before if t.policy) and all(t.learn for t in after if t.policy)
+        zooms = [t.call["image"] for t in plain if t.policy and t.call]
+        assert [t.call["image"] for t in before if t.policy and t.call] == zooms[:-1]
+        assert [t.call["image"] for t in after if t.policy and t.call] == zooms[-1:]
+        sim = UserSimulator(task, seed=0)
+        wrong = before[-1]
+        assert wrong.policy and wrong.call is None
+        first = sim.reply(wrong.text)
+        assert first.score < 1.0 and not first.done and first.text == turns[objection].text
+        # the right replies after it satisfy the user, and are the plain demonstration's
+        for t in after:
+            if t.policy and t.call is None:
+                sim.reply(t.text)
+        assert sim.satisfied
+        right = [t.text for t in after if t.policy and t.call is None]
+        assert right == [t.text for t in plain if t.policy and t.call is None]
+        n_before = sum(t.policy for t in before)
+        assert unlearned(turns) == set(range(n_before)) and unlearned(turns, tools=False) == {0}
+        again = demonstration(task, recovery=True, dialogue_zoom=zoom)
+        assert unlearned(plain) == set() and [t.to_json() for t in again] == [t.to_json() for t in turns]
+
+
+def test_recovery_applies_to_dialogues_only():
+    for kind in ("detail", "change", "caption"):
+        task = world_task(CFG, kind, 0)
+        assert unlearned(demonstration(task, recovery=True)) == set()
