@@ -93,6 +93,28 @@ class ImageIndexEmbedding(nn.Embedding):
         return (tokens + idx[None, :, None, :]) * keep  # (B, N, K, D)
 
 
+class TokenPositionEmbedding(nn.Embedding):
+    """Add a learned embedding ``E[k]`` (row k of ``weight``, (K, D)) to token k of every image.
+
+    An image's K fusion tokens come in a fixed order (the mlp fusion's pooled grid, row-major; a query
+    index for qformer / resampler), but the fusion need not write that place into the token's content:
+    an LM with relative positions (RoPE) then has to count from ``<im_start>`` to tell where in a photo
+    a token lies. With this, the place is in the content. Padded tokens stay exactly 0.
+    """
+
+    def __init__(self, *, tokens: int, dim: int, std: float = 0.02):
+        super().__init__(tokens, dim)
+        nn.init.normal_(self.weight, std=std)
+
+    def forward(self, tokens: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+        _check_tokens(tokens, token_mask)
+        K = tokens.shape[2]
+        if K != self.num_embeddings:
+            raise ValueError(f"tokens have K={K} per image but the table has {self.num_embeddings} rows")
+        keep = token_mask[..., None].to(tokens.dtype)  # (B, N, K, 1)
+        return (tokens + self.weight.to(tokens.dtype)[None, None]) * keep  # (B, N, K, D)
+
+
 class NotePooler(nn.Module):
     """Note embedding for retrieval: masked mean over the valid images' tokens -> Linear -> (B, D_out)."""
 

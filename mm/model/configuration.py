@@ -61,6 +61,10 @@ class NoteVLMConfig(PreTrainedConfig):
     """Add a learned embedding of the slot index n to every fusion token of image n (`image_index`), so
     the LM can tell "the second photo" from the first without counting `<im_start>` tokens. It trains
     and is saved with the fusion."""
+    token_position_embeddings: bool = False
+    """Add a learned embedding of the token's place k among an image's K fusion tokens to token k of
+    every image (`token_position`, `mm.multi_image.TokenPositionEmbedding`), so a token's content says
+    where in the photo it lies. It trains and is saved with the fusion."""
     visibility: str = "all"
     """What the LM's tokens may attend to (`mm.multi_image.visibility_mask`): "all" (plain causal) or "own"
     (each photo, and the text between it and the next photo, form a branch no other photo or branch sees;

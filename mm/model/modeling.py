@@ -35,7 +35,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from mm.config import from_dict
 from mm.fusion import build_fusion
 from mm.model.configuration import NoteVLMConfig
-from mm.multi_image import ImageIndexEmbedding, layout_ids, visibility_mask
+from mm.multi_image import ImageIndexEmbedding, TokenPositionEmbedding, layout_ids, visibility_mask
 from mm.vision import VisionConfig, build_vision_tower
 
 # transformers >= 5.24 names the KV cache `cache` (argument and output field); earlier versions
@@ -160,6 +160,11 @@ class NoteVLMModel(NoteVLMPreTrainedModel):
             if multi.index_embeddings
             else None
         )
+        self.token_position = (
+            TokenPositionEmbedding(tokens=config.fusion_budget, dim=config.text_config.hidden_size)
+            if getattr(config, "token_position_embeddings", False)
+            else None
+        )
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:
@@ -194,6 +199,8 @@ class NoteVLMModel(NoteVLMPreTrainedModel):
         tokens, token_mask = self.fusion(patches, image_mask)  # (B, S, K, D), (B, S, K)
         if self.image_index is not None:
             tokens = self.image_index(tokens, token_mask)  # (B, N, K, D); padded slots stay 0
+        if self.token_position is not None:
+            tokens = self.token_position(tokens, token_mask)  # (B, S, K, D); padded slots stay 0
         return tokens, image_mask
 
     def merge_image_tokens(
@@ -364,6 +371,10 @@ class NoteVLMForConditionalGeneration(NoteVLMPreTrainedModel, GenerationMixin):
     @property
     def image_index(self) -> nn.Module | None:
         return self.model.image_index
+
+    @property
+    def token_position(self) -> nn.Module | None:
+        return self.model.token_position
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.get_input_embeddings()

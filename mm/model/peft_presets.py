@@ -24,6 +24,10 @@ STAGES = ("align", "sft")
 FUSION_MODULE = "fusion"
 INDEX_MODULE = "image_index"
 """NoteVLM's optional image index embeddings (``image_index_embeddings``): train and save with the fusion."""
+POSITION_MODULE = "token_position"
+"""NoteVLM's optional token position embeddings (``token_position_embeddings``): likewise."""
+TAG_MODULES = (INDEX_MODULE, POSITION_MODULE)
+"""The embeddings added to the fusion's tokens, which go with the fusion."""
 LM_MODULE = "language_model"
 VISION_MODULE = "vision_tower"
 
@@ -104,8 +108,7 @@ def lora_config(model: nn.Module, preset: LoraPreset | None = None) -> Any:
                 "rename the clashing modules"
             )
         modules_to_save = [FUSION_MODULE]
-        if getattr(model, INDEX_MODULE, None) is not None:
-            modules_to_save.append(INDEX_MODULE)
+        modules_to_save += [m for m in TAG_MODULES if getattr(model, m, None) is not None]
     return LoraConfig(
         r=preset.r,
         lora_alpha=preset.alpha,
@@ -163,8 +166,9 @@ def freeze_for_stage(model: nn.Module, stage: str) -> dict[str, int]:
             p.requires_grad_(flag)
     for p in model.get_output_embeddings().parameters():  # the LM head goes with the LM
         p.requires_grad_(stage == "sft")
-    if getattr(model, INDEX_MODULE, None) is not None:  # image index embeddings go with the fusion
-        getattr(model, INDEX_MODULE).weight.requires_grad_(True)
+    for tag in TAG_MODULES:  # index / position embeddings of the fusion tokens go with the fusion
+        if getattr(model, tag, None) is not None:
+            getattr(model, tag).weight.requires_grad_(True)
     return trainable_counts(model)
 
 
@@ -179,7 +183,7 @@ def trainable_counts(model: nn.Module) -> dict[str, int]:
             continue
         parts = name.split(".")
         part = next((x for x in (VISION_MODULE, FUSION_MODULE, LM_MODULE) if x in parts), "other")
-        part = FUSION_MODULE if INDEX_MODULE in parts else part
+        part = FUSION_MODULE if any(tag in parts for tag in TAG_MODULES) else part
         part = LM_MODULE if "lm_head" in parts else part
         counts[part] += p.numel()
     counts["total"] = sum(counts.values())

@@ -36,6 +36,9 @@ class ModelConfig:
     """Tokenizer folder (save_pretrained); None = the project tokenizer (mm.data.tokenizer.load_tokenizer)."""
     image_index_embeddings: bool = False
     """Add a learned per-image index embedding to each image's fusion tokens (NoteVLMConfig field)."""
+    token_position_embeddings: bool = False
+    """Add a learned embedding of each fusion token's place among an image's K tokens (NoteVLMConfig
+    field), so a token's content says where in the photo it lies."""
     visibility: str = "all"
     """LM visibility of a note's photos: "all" or "own" (NoteVLMConfig field; mm.multi_image)."""
 

@@ -87,6 +87,7 @@ def build_model_and_processor(cfg: TrainConfig) -> tuple[Any, Any, dict[str, Any
         image_token_id=tok.convert_tokens_to_ids("<image>"),
         max_images=cfg.model.max_images,
         image_index_embeddings=cfg.model.image_index_embeddings,
+        token_position_embeddings=cfg.model.token_position_embeddings,
         visibility=cfg.model.visibility,
         pad_token_id=tok.pad_token_id,
         bos_token_id=tok.bos_token_id,

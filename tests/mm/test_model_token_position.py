@@ -1,0 +1,66 @@
+"""NoteVLM's optional token position embeddings: what they add, save/load, stages, LoRA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mm.model.peft_presets import apply_lora, freeze_for_stage, trainable_counts
+from mm.multi_image import TokenPositionEmbedding
+from tests.helpers.model import random_images, tiny_model, tiny_processor
+
+
+def _batch():
+    return tiny_processor()(
+        [random_images(2), random_images(1, seed=1)],
+        ["describe the note", "is there a cat"],
+        ["a red cat", "yes"],
+    )
+
+
+def test_row_k_is_added_to_token_k_of_every_image_and_off_by_default():
+    assert tiny_model().token_position is None
+    model = tiny_model(token_position_embeddings=True)
+    img = random_images(1)[0]
+    pixels = torch.stack([img, random_images(1, seed=4)[0]])[None]  # (1, 2, 3, S, S)
+    mask = torch.tensor([[True, True]])
+    with torch.no_grad():
+        tokens, _ = model.model.get_image_features(pixels, mask)  # (1, 2, K, D)
+        plain, _ = tiny_model().model.get_image_features(pixels, mask)
+        emb = model.token_position.weight  # (K, D)
+    assert emb.shape[0] == tokens.shape[2]
+    torch.testing.assert_close(tokens - plain, emb[None, None].expand_as(tokens))
+    with torch.no_grad():  # a padded slot stays exactly zero
+        one, _ = model.model.get_image_features(pixels, torch.tensor([[True, False]]))
+    assert torch.equal(one[0, 1], torch.zeros_like(one[0, 1]))
+
+
+def test_table_size_must_match_the_tokens():
+    table = TokenPositionEmbedding(tokens=4, dim=8)
+    with pytest.raises(ValueError, match="K=3 per image but the table has 4 rows"):
+        table(torch.zeros(1, 1, 3, 8), torch.ones(1, 1, 3, dtype=torch.bool))
+
+
+def test_save_load_identical_logits(tmp_path):
+    from mm.model import NoteVLMForConditionalGeneration
+
+    model = tiny_model(seed=3, token_position_embeddings=True)
+    with torch.no_grad():
+        model.token_position.weight.normal_()  # away from init so a dropped tensor would show
+        before = model(**_batch()).logits
+    model.save_pretrained(tmp_path)
+    back = NoteVLMForConditionalGeneration.from_pretrained(str(tmp_path)).eval()
+    assert back.token_position is not None
+    with torch.no_grad():
+        assert torch.equal(back(**_batch()).logits, before)
+
+
+def test_trains_with_the_fusion_in_every_stage():
+    model = tiny_model(token_position_embeddings=True)
+    n = model.token_position.weight.numel()
+    base = freeze_for_stage(tiny_model(), "align")["fusion"]
+    counts = freeze_for_stage(model, "align")
+    assert model.token_position.weight.requires_grad and counts["fusion"] == base + n
+    lora = apply_lora(tiny_model(token_position_embeddings=True))
+    trained = [name for name, p in lora.named_parameters() if p.requires_grad and "token_position" in name]
+    assert trained and trainable_counts(lora)["fusion"] > n
