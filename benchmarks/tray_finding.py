@@ -1,0 +1,119 @@
+"""Where a note model loses the tray's place: its captions against the tokens it reads them from.
+
+    python benchmarks/tray_finding.py --model runs/aw0/sft2/model --data runs/aw0/data [--notes 96]
+
+The agent's first zoom must name the tray's box; a note model trained on the agent world's photos
+(``rl.agent.world_export``) writes that box in each photo's caption ("... and a tray at [0.35, 0.0, 0.65,
+0.31]."), one of the few boxes the world's tray spots allow. Two figures on an exported note folder:
+
+- *caption*: the model's greedy caption (the image caption prompt) of the photo of ``--notes`` test
+  notes; the share whose tray box is the reference caption's, to the character;
+- *probe*: a logistic regression from the photo's fusion tokens to the tray's box (one class per box
+  seen), on the first ``--probe`` notes (70% to fit, 30% to score): from the K tokens laid out in their
+  order (``tokens``), and from their mean (``mean``: what a token's content alone carries, whatever its
+  place in the sequence). ``chance`` is the most frequent box's share.
+
+High ``tokens`` with low ``mean`` says the place is in which token holds the tray, not in any token's
+content: an LM with relative positions (RoPE) must then count from ``<im_start>`` to tell it.
+``model.token_position_embeddings`` puts the place into the content.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from colour_reading import linear_probe  # noqa: E402
+
+TRAY = re.compile(r"tray at (\[[^\]]*\])")
+
+
+def tray_box(caption: str) -> str | None:
+    """The tray's box as a caption writes it (``"[0.35, 0.0, 0.65, 0.31]"``), or None."""
+    m = TRAY.search(caption)
+    return m.group(1) if m else None
+
+
+def box_hits(references: Sequence[str], captions: Sequence[str]) -> int:
+    """How many ``captions`` state the tray box of the reference caption beside them, to the character."""
+    if len(references) != len(captions):
+        raise ValueError(f"one caption per reference: {len(references)} vs {len(captions)}")
+    return sum(tray_box(c) is not None and tray_box(c) == tray_box(r) for r, c in zip(references, captions))
+
+
+def _rows(data: Path) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in (data / "notes.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r.get("image_captions") and tray_box(r["image_captions"][0])]
+    if not rows:
+        raise SystemExit(
+            f"{data} has no notes whose first image caption states a tray box (rl.agent.world_export)"
+        )
+    return rows
+
+
+def caption_hits(adapter: Any, data: Path, notes: int) -> dict[str, Any]:
+    from mm.data.prompts import IMAGE_CAPTION_PROMPT
+    from mm.eval.generate import generate
+
+    rows = [r for r in _rows(data) if r["split"] == "test"][:notes]
+    items = [[str(data / r["images"][0])] for r in rows]
+    captions = generate(
+        adapter.model, adapter.processor, items, [IMAGE_CAPTION_PROMPT] * len(rows), max_new_tokens=48
+    )
+    hits = box_hits([r["image_captions"][0] for r in rows], captions)
+    return {"notes": len(rows), "box_right": hits, "share": hits / len(rows) if rows else float("nan")}
+
+
+def probe(adapter: Any, data: Path, notes: int) -> dict[str, float]:
+    rows = _rows(data)[:notes]
+    labels = [tray_box(r["image_captions"][0]) for r in rows]
+    boxes = sorted(set(labels))
+    y = torch.tensor([boxes.index(b) for b in labels])  # (N,)
+    model = adapter.model.eval()
+    laid, mean = [], []
+    for s in range(0, len(rows), 32):
+        chunk = rows[s : s + 32]
+        batch = adapter.processor([[str(data / r["images"][0])] for r in chunk], ["x"] * len(chunk))
+        with torch.no_grad():
+            tokens, _ = model.model.get_image_features(
+                batch["pixel_values"], batch.get("image_mask")
+            )  # (B, 1, K, D)
+        laid.append(tokens.flatten(1).float())  # (B, K * D)
+        mean.append(tokens.mean(dim=(1, 2)).float())  # (B, D)
+    n = len(boxes)
+    return {
+        "boxes": n,
+        "tokens": linear_probe(torch.cat(laid), y, classes=n),
+        "mean": linear_probe(torch.cat(mean), y, classes=n),
+        "chance": float((y == y.mode().values).float().mean()),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="a NoteVLM folder")
+    ap.add_argument("--data", required=True, type=Path, help="a folder written by rl.agent.world_export")
+    ap.add_argument("--notes", type=int, default=96, help="test notes to caption")
+    ap.add_argument("--probe", type=int, default=900, help="notes for the linear probe (0: skip it)")
+    args = ap.parse_args(argv)
+    from mm.model.adapter.load import load_adapter
+
+    torch.set_num_threads(1)
+    adapter = load_adapter(args.model)
+    out: dict[str, Any] = {"model": args.model, "caption": caption_hits(adapter, args.data, args.notes)}
+    if args.probe:
+        out["probe"] = probe(adapter, args.data, args.probe)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
