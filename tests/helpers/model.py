@@ -148,3 +148,12 @@ def tiny_processor(max_length: int = 64):
 def random_images(n: int, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.rand(3, IMAGE_SIZE, IMAGE_SIZE, generator=g) for _ in range(n)]
+
+
+def two_note_batch():
+    """Model inputs of two notes (two images, one image) with answers: a small batch for logits checks."""
+    return tiny_processor()(
+        [random_images(2), random_images(1, seed=1)],
+        ["describe the note", "is there a cat"],
+        ["a red cat", "yes"],
+    )

@@ -7,15 +7,7 @@ import torch
 
 from mm.model.peft_presets import apply_lora, freeze_for_stage, trainable_counts
 from mm.multi_image import TokenPositionEmbedding
-from tests.helpers.model import random_images, tiny_model, tiny_processor
-
-
-def _batch():
-    return tiny_processor()(
-        [random_images(2), random_images(1, seed=1)],
-        ["describe the note", "is there a cat"],
-        ["a red cat", "yes"],
-    )
+from tests.helpers.model import random_images, tiny_model, two_note_batch
 
 
 def test_row_k_is_added_to_token_k_of_every_image_and_off_by_default():
@@ -47,12 +39,12 @@ def test_save_load_identical_logits(tmp_path):
     model = tiny_model(seed=3, token_position_embeddings=True)
     with torch.no_grad():
         model.token_position.weight.normal_()  # away from init so a dropped tensor would show
-        before = model(**_batch()).logits
+        before = model(**two_note_batch()).logits
     model.save_pretrained(tmp_path)
     back = NoteVLMForConditionalGeneration.from_pretrained(str(tmp_path)).eval()
     assert back.token_position is not None
     with torch.no_grad():
-        assert torch.equal(back(**_batch()).logits, before)
+        assert torch.equal(back(**two_note_batch()).logits, before)
 
 
 def test_trains_with_the_fusion_in_every_stage():
