@@ -1,4 +1,5 @@
-"""NoteVLM's optional token position embeddings: what they add, save/load, stages, LoRA."""
+"""NoteVLM's optional token position embeddings (what they add), and both fusion-token embeddings (index and
+position): save/load, stages, LoRA."""
 
 from __future__ import annotations
 
@@ -33,26 +34,33 @@ def test_table_size_must_match_the_tokens():
         table(torch.zeros(1, 1, 3, 8), torch.ones(1, 1, 3, dtype=torch.bool))
 
 
-def test_save_load_identical_logits(tmp_path):
+# the embeddings added to the fusion's tokens: NoteVLM's module name and the config flag that adds it
+TAGS = {"image_index": "image_index_embeddings", "token_position": "token_position_embeddings"}
+
+
+@pytest.mark.parametrize("tag", list(TAGS))
+def test_save_load_identical_logits(tmp_path, tag):
     from mm.model import NoteVLMForConditionalGeneration
 
-    model = tiny_model(seed=3, token_position_embeddings=True)
+    model = tiny_model(seed=3, **{TAGS[tag]: True})
     with torch.no_grad():
-        model.token_position.weight.normal_()  # away from init so a dropped tensor would show
+        getattr(model, tag).weight.normal_()  # away from init so a dropped tensor would show
         before = model(**two_note_batch()).logits
     model.save_pretrained(tmp_path)
     back = NoteVLMForConditionalGeneration.from_pretrained(str(tmp_path)).eval()
-    assert back.token_position is not None
+    assert getattr(back, tag) is not None
     with torch.no_grad():
         assert torch.equal(back(**two_note_batch()).logits, before)
 
 
-def test_trains_with_the_fusion_in_every_stage():
-    model = tiny_model(token_position_embeddings=True)
-    n = model.token_position.weight.numel()
+@pytest.mark.parametrize("tag", list(TAGS))
+def test_trains_with_the_fusion_in_every_stage(tag):
+    model = tiny_model(**{TAGS[tag]: True})
+    n = getattr(model, tag).weight.numel()
     base = freeze_for_stage(tiny_model(), "align")["fusion"]
     counts = freeze_for_stage(model, "align")
-    assert model.token_position.weight.requires_grad and counts["fusion"] == base + n
-    lora = apply_lora(tiny_model(token_position_embeddings=True))
-    trained = [name for name, p in lora.named_parameters() if p.requires_grad and "token_position" in name]
+    assert getattr(model, tag).weight.requires_grad and counts["fusion"] == base + n
+    assert counts["language_model"] == 0
+    lora = apply_lora(tiny_model(**{TAGS[tag]: True}))
+    trained = [name for name, p in lora.named_parameters() if p.requires_grad and tag in name]
     assert trained and trainable_counts(lora)["fusion"] > n
