@@ -1,4 +1,5 @@
-"""NoteVLM's optional per-image index embeddings: what they add, save/load, stages, LoRA."""
+"""NoteVLM's optional per-image index embeddings: what they add (save/load, stages and LoRA are tested
+with the token position embeddings, test_model_token_position.py)."""
 
 from __future__ import annotations
 
