@@ -54,8 +54,8 @@ from rl.pipeline_stages import (
     _stage_data,
     _stage_eval,
     _stage_post,
-    _stage_pretrain,
-    _stage_train,
+    stage_pretrain,
+    stage_train,
 )
 
 POPE_SPLITS = ("random", "popular", "adversarial")
@@ -163,7 +163,9 @@ def stage_names(cfg: PipelineConfig) -> list[str]:
 # ---------------------------------------------------------------- resolving the stage configs
 
 
-def _load(cls: type, spec: StageSpec | WorldSpec, wiring: list[str], what: str) -> Any:
+def load_stage_config(cls: type, spec: StageSpec | WorldSpec, wiring: list[str], what: str) -> Any:
+    """``cls`` loaded from ``spec``'s YAML, its overrides, then ``wiring`` (which wins); ``what`` names the
+    stage in errors (a missing file, a bad key)."""
     from mm.config import ConfigError, load_config
 
     if not Path(spec.config).is_file():
@@ -187,12 +189,12 @@ def resolve(cfg: PipelineConfig, out: Path) -> dict[str, Any]:
 
     world_dir = out / "data" / "world"
     data = f"data.folder={world_dir}"
-    res: dict[str, Any] = {"data": _load(WorldConfig, cfg.world, [], "world")}
-    res["pretrain"] = _load(PretrainConfig, cfg.pretrain, [data], "pretrain")
-    res["align"] = _load(
+    res: dict[str, Any] = {"data": load_stage_config(WorldConfig, cfg.world, [], "world")}
+    res["pretrain"] = load_stage_config(PretrainConfig, cfg.pretrain, [data], "pretrain")
+    res["align"] = load_stage_config(
         TrainConfig, cfg.align, [data, f"init.pretrain={out / 'pretrain'}", "init.model=null"], "align"
     )
-    res["sft"] = _load(
+    res["sft"] = load_stage_config(
         TrainConfig, cfg.sft, [data, "init.pretrain=null", f"init.model={out / 'align' / 'model'}"], "sft"
     )
     for name, want in (("align", "align"), ("sft", "sft")):
@@ -211,10 +213,10 @@ def resolve(cfg: PipelineConfig, out: Path) -> dict[str, Any]:
         module, cls_name = POST_STAGES[name]
         cls = getattr(importlib.import_module(module), cls_name)
         spec = getattr(cfg, name)
-        extra = self_feedback_wiring(name, _load(cls, spec, [], name), sft_model)
+        extra = self_feedback_wiring(name, load_stage_config(cls, spec, [], name), sft_model)
         if not cfg.ground_truth:  # the trainers get the notes stripped of their ground truth
             extra.append("data.ground_truth=false")
-        res[name] = _load(cls, spec, [data, f"init.model={sft_model}", *extra], name)
+        res[name] = load_stage_config(cls, spec, [data, f"init.model={sft_model}", *extra], name)
     if not cfg.ground_truth:
         check_without_ground_truth(res, list(cfg.post))
     return res
@@ -336,9 +338,9 @@ def run_pipeline(
         if name == "data":
             metrics = _stage_data(c, folder, show_progress, cfg.world)
         elif name == "pretrain":
-            metrics = _stage_pretrain(c, folder, show_progress, resume=True)
+            metrics = stage_pretrain(c, folder, show_progress, resume=True)
         elif name in ("align", "sft"):
-            metrics = _stage_train(c, folder, show_progress, resume=True)
+            metrics = stage_train(c, folder, show_progress, resume=True)
         elif name in POST_STAGES:
             metrics = _stage_post(name, c, folder, show_progress, resume=True)
         else:

@@ -34,7 +34,7 @@ def _stage_data(c: Any, out: Path, show: bool, spec: Any) -> dict[str, Any]:
     return {"notes": len(notes), "images": sum(len(n.images) for n in notes), "splits": splits}
 
 
-def _stage_pretrain(c: Any, out: Path, show: bool, resume: bool) -> dict[str, Any]:
+def stage_pretrain(c: Any, out: Path, show: bool, resume: bool) -> dict[str, Any]:
     from mm.data.tokenizer import load_tokenizer
     from mm.train import pretrain
 
@@ -64,7 +64,7 @@ def _stage_pretrain(c: Any, out: Path, show: bool, resume: bool) -> dict[str, An
     return {"step": r.step, "train_seconds": round(r.seconds, 2), **r.metrics}
 
 
-def _stage_train(c: Any, out: Path, show: bool, resume: bool) -> dict[str, Any]:
+def stage_train(c: Any, out: Path, show: bool, resume: bool) -> dict[str, Any]:
     from mm.data.format import read_notes
     from mm.train import sft
 
@@ -115,5 +115,3 @@ def _config_dict(c: Any) -> Any:
     from mm.config import to_dict
 
     return json.loads(json.dumps(to_dict(c), default=str))
-
-

@@ -20,6 +20,9 @@ answer and its ``<eos>`` are learned (labels -100 on images, separators and the 
 - ``colour_answer``: open colour questions about ONE image of the note (:func:`colour_answer_samples`:
   "What colour is the fork in this photo?", answer the colour word, "red"), for each category the image
   shows in one colour: the lookup a caption makes after the noun ("a fork (red)"), asked on its own.
+- ``count_answer``: open count questions about ONE image of the note (:func:`count_answer_samples`:
+  "How many cups are in this photo?", answer the count in digits, "2"), for each category the image
+  shows: a caption's grouping ("two tiny cups (red and blue)"), asked on its own.
 - ``conversation``: LLaVA files: each ``human`` turn followed by a ``gpt`` turn is one sample (single
   turn; the ``<image>`` marker is removed from the prompt since the processor places the images).
 
@@ -42,7 +45,7 @@ from mm.world.text import article
 
 TASK_KINDS = (
     "caption", "image_caption", "question", "pope_question", "attribute_question", "colour_answer",
-    "conversation",
+    "count_answer", "conversation",
 )  # fmt: skip
 """Kinds of samples :func:`build_samples` can make."""
 
@@ -204,6 +207,53 @@ def colour_answer_samples(notes: Sequence[Any], *, per_note: int = 1, seed: int 
     return _draw_per_note(questions, len(notes), lambda q: q["note"], sample, per_note, seed)
 
 
+COUNT_QUESTION = "How many {what} are in this photo?"
+
+
+def plural(name: str) -> str:
+    """The plural of a category: the world vocabulary's, else ``name + "s"`` (COCO-style names)."""
+    from mm.world import vocab
+
+    try:
+        return vocab.category(name).plural
+    except KeyError:
+        return name + "s"
+
+
+def count_answer_samples(notes: Sequence[Any], *, per_note: int = 1, seed: int = 0) -> list[list[Sample]]:
+    """Per note, ``per_note`` open count questions (:data:`COUNT_QUESTION`) about the categories of its
+    images' objects, each answered with the count in digits ("2"). Each draw takes a count value first,
+    uniformly among those the note's questions have, then a question with it, so answers are not mostly
+    "1" (most categories appear once), which a model could learn without counting."""
+    questions = []
+    for i, note in enumerate(notes):
+        for k, objects in enumerate(note.objects or []):
+            counts: dict[str, int] = {}
+            for o in objects:
+                counts[o.category] = counts.get(o.category, 0) + 1
+            for name, n in sorted(counts.items()):
+                questions.append({"note": i, "image": k, "object": name, "count": n})
+
+    def sample(q: dict) -> Sample:
+        prompt = COUNT_QUESTION.format(what=plural(q["object"]))
+        return Sample(q["note"], "count_answer", prompt, str(q["count"]), image=q["image"])
+
+    by_note: list[dict[int, list[dict]]] = [{} for _ in notes]
+    for q in questions:
+        by_note[q["note"]].setdefault(q["count"], []).append(q)
+    rng = random.Random(seed)
+    out = []
+    for buckets in by_note:
+        picked = []
+        while len(picked) < per_note and buckets:
+            n = rng.choice(sorted(buckets))
+            picked.append(sample(buckets[n].pop(rng.randrange(len(buckets[n])))))
+            if not buckets[n]:
+                del buckets[n]
+        out.append(picked)
+    return out
+
+
 def conversation_samples(index: int, note: Any) -> list[Sample]:
     """Single-turn samples from a LLaVA conversation: each human turn answered by the next gpt turn."""
     turns = note.conversations or []
@@ -228,10 +278,12 @@ def build_samples(
     pope_questions_per_note: int = 1,
     attribute_questions_per_note: int = 1,
     colour_answers_per_note: int = 1,
+    count_answers_per_note: int = 1,
     seed: int = 0,
 ) -> list[Sample]:
     """Every sample of ``kinds`` from ``notes``, note by note (caption, image captions, questions, POPE-style
-    and colour questions, chat); yes/no answers in ``answer_style`` (:func:`yes_no_answer`)."""
+    and colour questions, colour and count answers, chat); yes/no answers in ``answer_style``
+    (:func:`yes_no_answer`)."""
     unknown = [k for k in kinds if k not in TASK_KINDS]
     if unknown:
         raise ValueError(f"unknown task kind(s) {unknown}; known kinds: {', '.join(TASK_KINDS)}")
@@ -252,6 +304,11 @@ def build_samples(
         if "colour_answer" in kinds
         else None
     )
+    counts = (
+        count_answer_samples(notes, per_note=count_answers_per_note, seed=seed)
+        if "count_answer" in kinds
+        else None
+    )
     out: list[Sample] = []
     for i, note in enumerate(notes):
         if "caption" in kinds:
@@ -266,6 +323,8 @@ def build_samples(
             out.extend(colour[i])
         if answers is not None:
             out.extend(answers[i])
+        if counts is not None:
+            out.extend(counts[i])
         if "conversation" in kinds:
             out.extend(conversation_samples(i, note))
     return out

@@ -159,7 +159,7 @@ def _write_range(args: tuple[WorldConfig, int, int, str]) -> tuple[list[Note], l
     return notes, lines
 
 
-def _start_method() -> str:
+def start_method() -> str:
     """``fork`` (fast start) unless torch is loaded: forking a process with torch's thread pools can hang."""
     return "spawn" if "torch" in sys.modules else "fork"
 
@@ -194,7 +194,7 @@ def write_world(
             bar.update(len(part[0]))
 
         if workers > 1:
-            with mp.get_context(_start_method()).Pool(workers) as pool:
+            with mp.get_context(start_method()).Pool(workers) as pool:
                 for part in pool.imap(_write_range, chunks):
                     collect(part)
         else:

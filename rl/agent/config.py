@@ -8,6 +8,7 @@ Unknown keys and wrong types are errors (``mm.config``); cross-field checks say 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rl.advantages import ADVANTAGE_SCALES
 from rl.agent.perception import PERCEPTION_VIEWS
@@ -16,6 +17,7 @@ from rl.agent.task import KINDS
 from rl.agent.world_demos import CAPTION_ZOOMS, CHANGE_ZOOMS, DETAIL_ZOOMS, DIALOGUE_ZOOMS
 from rl.agent.world_tasks import SPLITS, WorldTaskConfig
 from rl.losses import AGG_MODES
+from rl.pipeline import StageSpec
 
 
 @dataclass(kw_only=True)
@@ -261,6 +263,37 @@ class EvalConfig:
             )
 
 
+def _note_stage(config: str) -> Any:
+    return field(default_factory=lambda: StageSpec(config=config))
+
+
+@dataclass(kw_only=True)
+class NoteModelConfig:
+    """The ``note_model`` stage (:mod:`rl.agent.note_model`): a note model trained on the agent world's own
+    photos (``rl.agent.world_export``, then ``mm pretrain``, align, SFT and a second SFT), which the policy
+    then starts from; off by default (``policy.init`` or ``policy.spec`` give the start instead)."""
+
+    build: bool = False
+    """Build the note model and start the policy from it (then ``policy.init`` must be null)."""
+    notes: int = 8000
+    """Agent-world notes exported (train and test split, one note folder entry per photo)."""
+    workers: int = 2
+    """Processes that render the exported photos."""
+    pretrain: StageSpec = _note_stage("configs/mm/pretrain.yaml")
+    """InfoNCE pretraining (``rl.pipeline.StageSpec`` of a mm.train.pretrain.PretrainConfig)."""
+    align: StageSpec = _note_stage("configs/mm/align.yaml")
+    """Align stage from the pretraining (StageSpec of a mm.train.sft.TrainConfig, train.stage align)."""
+    sft: StageSpec = _note_stage("configs/mm/sft.yaml")
+    """SFT from the align model (StageSpec of a TrainConfig, train.stage sft)."""
+    tune: StageSpec | None = None
+    """A second SFT from the first (e.g. with the tower trainable), or null: the policy starts from the first
+    SFT's model."""
+
+    def __post_init__(self) -> None:
+        if self.notes < 1 or self.workers < 1:
+            raise ValueError(f"note_model.notes and workers must be >= 1, got {self.notes}, {self.workers}")
+
+
 @dataclass(kw_only=True)
 class AgentRunConfig:
     """``rl agent``: init -> perception -> tool SFT (cold start) and no-tool SFT -> multi-turn GRPO -> eval
@@ -268,6 +301,8 @@ class AgentRunConfig:
 
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """The starting policy."""
+    note_model: NoteModelConfig = field(default_factory=NoteModelConfig)
+    """A note model built on the task world's photos for the policy to start from (off by default)."""
     world: WorldTaskConfig = field(default_factory=WorldTaskConfig)
     """The task world (its seed is the training world; eval.seeds name the held-out ones)."""
     data: DataConfig = field(default_factory=DataConfig)
@@ -286,3 +321,10 @@ class AgentRunConfig:
     """Seed of data order and sampling (each step reseeds from (seed, step), so a resumed run is exact)."""
     threads: int = 0
     """torch CPU threads (0 = torch's default)."""
+
+    def __post_init__(self) -> None:
+        if self.note_model.build and self.policy.init is not None:
+            raise ValueError(
+                f"note_model.build=true trains the policy's start, but policy.init={self.policy.init!r} "
+                "names another; set policy.init=null or note_model.build=false"
+            )

@@ -7,6 +7,8 @@ continues where it stopped; GRPO also resumes from its last checkpoint inside th
 keep the training sections of the config (``OUT/training_config.json``); ``eval`` may change, e.g. to
 evaluate more worlds after deleting ``OUT/eval`` and ``OUT/report``:
 
+0. ``note_model``: with ``note_model.build``, a note model trained on the world's photos, which then is
+   ``policy.init`` for every later stage (:mod:`rl.agent.note_model`) -> ``note_model/<sub-stage>/``
 1. ``init``: the policy (``rl.agent.stages.build_backend``) -> ``init/model.pt``
 2. ``perception``: single-turn reading of world images (``rl.agent.perception_stage``; a copy of
    ``init`` when ``perception.steps`` is 0) -> ``perception/model.pt``
@@ -33,17 +35,18 @@ from mm.errors import UserError
 from mm.train.metrics import atomic_write_text
 from rl.agent.config import AgentRunConfig
 from rl.agent.evaluate import eval_model
+from rl.agent.note_model import run_note_model, starting_from_it
 from rl.agent.perception_stage import run_perception
 from rl.agent.report import write_report
 from rl.agent.stages import build_backend, run_grpo, run_sft, save_weights
 
-STAGES = ("init", "perception", "sft_tool", "sft_notool", "grpo", "eval", "report")
+STAGES = ("note_model", "init", "perception", "sft_tool", "sft_notool", "grpo", "eval", "report")
 """The stages of ``rl agent``, in order."""
 MODELS = {"notool_sft": ("sft_notool", False), "tool_sft": ("sft_tool", True), "tool_grpo": ("grpo", True)}
 """Evaluated model -> (the stage whose model.pt it is, whether it has tools)."""
 
 
-TRAINING_SECTIONS = ("policy", "world", "data", "rollout", "perception", "sft", "grpo", "seed")
+TRAINING_SECTIONS = ("policy", "note_model", "world", "data", "rollout", "perception", "sft", "grpo", "seed")
 """Config sections a resumed run must keep (the trained models depend on them)."""
 
 
@@ -88,6 +91,8 @@ def run_agent(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     for stage in STAGES:
+        if stage == "init" and cfg.note_model.build:  # every stage from here starts from the note model
+            cfg = starting_from_it(cfg, out / "note_model")
         if result_path(out, stage).exists():
             log(f"[agent] {stage}: done before, skipped")
             continue
@@ -108,6 +113,10 @@ def _run_stage(
     cfg: AgentRunConfig, out: Path, stage: str, stage_dir: Path, grpo_stop_after: int | None
 ) -> dict[str, Any] | None:
     init = out / "perception" / "model.pt"
+    if stage == "note_model":
+        if not cfg.note_model.build:
+            return {"build": False}
+        return run_note_model(cfg, stage_dir)
     if stage == "init":
         backend = build_backend(cfg)
         save_weights(backend, stage_dir / "model.pt")

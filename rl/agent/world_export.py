@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +37,7 @@ from PIL import Image
 from mm.data.format import Note, ObjectAnnotation, staged_folder, write_notes
 from mm.errors import UserError
 from mm.world.detail import DetailScene, padded_box
+from mm.world.generate import start_method
 from mm.world.render import object_box
 from mm.world.scene import SceneObject
 from rl.agent.tools import box_pixels
@@ -118,25 +120,48 @@ def photo_note(
     return note, images
 
 
+def _export_range(job: tuple[WorldTaskConfig, int, int, int, str]) -> list[Note]:
+    """The photo notes of agent-world notes ``a .. b-1``, their images written under ``folder``."""
+    cfg, a, b, size, folder = job
+    made = []
+    for index in range(a, b):
+        wn = world_note(cfg, index)
+        rng = np.random.default_rng([cfg.seed, index, 21])
+        for k, scene in enumerate(wn.scenes):
+            pick, pad = int(rng.integers(len(scene.tiny))), int(rng.integers(ZOOM_PAD + 1))
+            note, images = photo_note(f"{wn.id}-{k}", wn.split, scene, photo(cfg, wn, k), pick, size, pad)
+            for name, im in zip(note.images, images):
+                Image.fromarray(im).save(Path(folder) / name)
+            made.append(note)
+    return made
+
+
 def export_world(
-    cfg: WorldTaskConfig, notes: int, out: str | Path, *, size: int = 64, overwrite: bool = False
+    cfg: WorldTaskConfig,
+    notes: int,
+    out: str | Path,
+    *,
+    size: int = 64,
+    overwrite: bool = False,
+    workers: int = 1,
 ) -> int:
     """Write the photos of agent-world notes ``0 .. notes-1`` to ``out`` (module docstring); returns the
-    number of exported notes (one per photo). ``out`` appears whole or not at all."""
-    if notes < 1 or size < 16:
-        raise UserError(f"need --notes >= 1 and --size >= 16, got {notes} and {size}")
+    number of exported notes (one per photo). ``out`` appears whole or not at all; ``workers`` > 1 forks
+    that many processes (the same files as one)."""
+    if notes < 1 or size < 16 or workers < 1:
+        raise UserError(f"need --notes >= 1, --size >= 16 and --workers >= 1, got {notes}, {size}, {workers}")
     made: list[Note] = []
     with staged_folder(out, overwrite=overwrite) as tmp:
         (tmp / "images").mkdir()
-        for index in range(notes):
-            wn = world_note(cfg, index)
-            rng = np.random.default_rng([cfg.seed, index, 21])
-            for k, scene in enumerate(wn.scenes):
-                pick, pad = int(rng.integers(len(scene.tiny))), int(rng.integers(ZOOM_PAD + 1))
-                note, images = photo_note(f"{wn.id}-{k}", wn.split, scene, photo(cfg, wn, k), pick, size, pad)
-                for name, im in zip(note.images, images):
-                    Image.fromarray(im).save(tmp / name)
-                made.append(note)
+        step = 250
+        jobs = [(cfg, a, min(a + step, notes), size, str(tmp)) for a in range(0, notes, step)]
+        if workers > 1 and len(jobs) > 1:
+            with mp.get_context(start_method()).Pool(min(workers, len(jobs))) as pool:
+                for part in pool.imap(_export_range, jobs):
+                    made.extend(part)
+        else:
+            for job in jobs:
+                made.extend(_export_range(job))
         write_notes(made, tmp)
     return len(made)
 
@@ -162,11 +187,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--size", type=int, default=64, help="stored image side: the tower's input (default 64)"
     )
+    parser.add_argument("--workers", type=int, default=1, help="processes that render (default 1)")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(AgentRunConfig, args.config, list(args.overrides))
-        n = export_world(cfg.world, args.notes, args.out, size=args.size, overwrite=args.overwrite)
+        n = export_world(
+            cfg.world, args.notes, args.out, size=args.size, overwrite=args.overwrite, workers=args.workers
+        )
     except (UserError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -70,7 +70,7 @@ def test_build_samples_kinds_and_order():
     assert s[1].prompt == "Is there a fork in image 1?"
     # note 1 has blank text: no caption sample; its chat turns are single-turn samples without <image>
     kinds = {"caption": 1, "image_caption": 0, "question": 4, "pope_question": 0, "conversation": 2}
-    kinds["attribute_question"] = kinds["colour_answer"] = 0
+    kinds["attribute_question"] = kinds["colour_answer"] = kinds["count_answer"] = 0
     assert count_kinds(s) == kinds
     chat = [x for x in s if x.kind == "conversation"]
     assert chat[0].prompt == "What is on the table?" and chat[0].answer == "A red fork."
@@ -78,7 +78,7 @@ def test_build_samples_kinds_and_order():
 
 
 def test_unknown_kind_is_an_error():
-    with pytest.raises(ValueError, match="pope_question, attribute_question, colour_answer, conversation"):
+    with pytest.raises(ValueError, match="attribute_question, colour_answer, count_answer, conversation"):
         build_samples([_note()], kinds=("captions",))
 
 
@@ -276,3 +276,36 @@ def test_colour_answer_samples_ask_the_one_colour_of_a_category_in_one_image():
     assert not any((i, k, f"What colour is the {c} in this photo?") in asked for i, k, c in two)
     again = build_samples(notes, kinds=("colour_answer",), colour_answers_per_note=2)
     assert again == [s for g in per for s in g]  # deterministic for a seed
+
+
+def test_count_answer_samples_count_a_category_in_one_image_and_balance_the_counts():
+    from collections import Counter
+
+    from mm.train.tasks import count_answer_samples
+    from mm.world.config import WorldConfig
+    from mm.world.generate import generate_notes
+    from mm.world.vocab import category
+
+    notes = generate_notes(WorldConfig(notes=80, image_size=64))
+    per = count_answer_samples(notes, per_note=3, seed=0)
+    assert len(per) == len(notes) and all(len(g) <= 3 for g in per)
+    asked = [s for g in per for s in g]
+    plurals = {category(o.category).plural: o.category for n in notes for objs in n.objects for o in objs}
+    for s in asked:
+        what = s.prompt.removeprefix("How many ").removesuffix(" are in this photo?")
+        objs = notes[s.note].objects[s.image]
+        assert s.kind == "count_answer" and s.answer == str(sum(o.category == plurals[what] for o in objs))
+    assert len({(s.note, s.image, s.prompt) for s in asked}) == len(asked)  # drawn without replacement
+    # a count value is drawn before a category: "1" (most categories) is less common than among all
+    every = Counter(s.answer for g in count_answer_samples(notes, per_note=99) for s in g)
+    drawn = Counter(s.answer for s in asked)
+    assert len(every) > 1 and drawn["1"] / len(asked) < every["1"] / sum(every.values())
+    again = build_samples(notes, kinds=("count_answer",), count_answers_per_note=3)
+    assert again == asked  # deterministic for a seed
+    assert count_answer_samples(notes, per_note=3, seed=1) != per
+
+
+def test_plural_falls_back_for_names_outside_the_world():
+    from mm.train.tasks import plural
+
+    assert plural("bus") == "buses" and plural("zebra") == "zebras"

@@ -123,7 +123,7 @@ def test_write_world_round_trip_and_refuses_nonempty(tmp_path):
 def test_parallel_equals_serial(tmp_path, monkeypatch, method):
     import mm.world.generate as gen
 
-    monkeypatch.setattr(gen, "_start_method", lambda: method)
+    monkeypatch.setattr(gen, "start_method", lambda: method)
     cfg = WorldConfig(notes=400, questions_per_note=2, images_per_note_max=1)
     a = write_world(cfg, tmp_path / "a", workers=1)
     b = write_world(cfg, tmp_path / "b", workers=2)

@@ -84,3 +84,16 @@ def test_cli(tmp_path, capsys):
         assert f"{x0:.2f}" in spots and f"{y0:.2f}" in spots
     assert main(["--out", str(tmp_path / "bad"), "--set", "world.detail.tray_spots=1"]) == 2
     assert "tray_spots must be 0" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+def test_workers_write_the_same_folder_as_one_process(tmp_path):
+    cfg = WorldTaskConfig(seed=2)
+    n = 260  # two chunks of notes
+    assert export_world(cfg, n, tmp_path / "one") == export_world(cfg, n, tmp_path / "two", workers=2)
+    assert (tmp_path / "one/notes.jsonl").read_text() == (tmp_path / "two/notes.jsonl").read_text()
+    names = sorted(p.name for p in (tmp_path / "one/images").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "two/images").iterdir())
+    for name in names[:: max(1, len(names) // 20)]:
+        assert (tmp_path / "one/images" / name).read_bytes() == (tmp_path / "two/images" / name).read_bytes()
+    with pytest.raises(UserError, match="--workers >= 1"):
+        export_world(cfg, 1, tmp_path / "none", workers=0)

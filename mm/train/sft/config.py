@@ -89,7 +89,7 @@ class TaskConfig:
 
     kinds: list[str] = field(default_factory=lambda: ["caption", "question"])
     """Task kinds: caption, image_caption, question, pope_question, attribute_question, colour_answer,
-    conversation."""
+    count_answer, conversation."""
     caption_prompt: str = CAPTION_PROMPT
     """Prompt of the captioning task (training and evaluation)."""
     image_caption_prompt: str = IMAGE_CAPTION_PROMPT
@@ -111,6 +111,9 @@ class TaskConfig:
     colour_answers_per_note: int = 1
     """Open colour questions per note (kind colour_answer: mm.train.tasks.colour_answer_samples; world
     notes, or any note whose objects have colours)."""
+    count_answers_per_note: int = 1
+    """Open count questions per note (kind count_answer: mm.train.tasks.count_answer_samples; any note with
+    object annotations)."""
     answer_style: str = "word"
     """How yes/no answers are written (mm.train.tasks.yes_no_answer): "word" ("yes") or "object" ("A fork:
     yes", the object first: the tiny 3-layer LM learns to answer that way, README)."""
@@ -132,6 +135,9 @@ class TaskConfig:
         if self.colour_answers_per_note < 0:
             n = self.colour_answers_per_note
             raise ValueError(f"tasks.colour_answers_per_note must be >= 0, got {n}")
+        if self.count_answers_per_note < 0:
+            n = self.count_answers_per_note
+            raise ValueError(f"tasks.count_answers_per_note must be >= 0, got {n}")
         if self.answer_style not in ANSWER_STYLES:
             raise ValueError(f"tasks.answer_style must be one of {ANSWER_STYLES}, got {self.answer_style!r}")
 

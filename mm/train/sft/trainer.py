@@ -128,7 +128,8 @@ def train(
         questions_per_note=cfg.tasks.questions_per_note, image_caption_prompt=cfg.tasks.image_caption_prompt,
         answer_style=cfg.tasks.answer_style, pope_questions_per_note=cfg.tasks.pope_questions_per_note,
         attribute_questions_per_note=cfg.tasks.attribute_questions_per_note,
-        colour_answers_per_note=cfg.tasks.colour_answers_per_note, seed=cfg.train.seed,
+        colour_answers_per_note=cfg.tasks.colour_answers_per_note,
+        count_answers_per_note=cfg.tasks.count_answers_per_note, seed=cfg.train.seed,
     )  # fmt: skip
     images = load_note_images(
         train_notes, root, processor.image_size, resize=processor.resize, fill=processor.image_mean

@@ -1,0 +1,101 @@
+"""The ``note_model`` stage of ``rl agent``: a note model trained on the task world's photos, then the policy
+starts from it, so one command runs the whole recipe.
+
+    rl agent --config configs/rl/agent_world.yaml --out runs/agent --set note_model.build=true
+
+Sub-stages, each in ``OUT/note_model/<name>/`` and skipped on a re-run once its ``done.json`` exists (a
+stopped pretraining or SFT resumes from its own checkpoints):
+
+1. ``data``: :func:`rl.agent.world_export.export_world` of ``note_model.notes`` notes of ``world`` (so the
+   held-out split the agent is evaluated on stays unseen);
+2. ``pretrain``: InfoNCE (``mm pretrain``'s library call) on that folder;
+3. ``align``, ``sft``, ``tune``: ``mm train`` stages, each from the one before (without a ``tune``
+   config the policy starts from ``sft``).
+
+The stage configs are the ``note_model`` StageSpecs (a YAML of the ``mm`` CLI plus overrides); the wiring
+keys (data folder, ``init`` paths) are forced here, as ``rl pipeline`` does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from mm.errors import UserError
+from mm.train.metrics import atomic_write_text
+from rl.agent.config import AgentRunConfig
+
+SUBSTAGES = ("data", "pretrain", "align", "sft", "tune")
+"""The note model's sub-stages, in order."""
+
+
+def note_configs(cfg: AgentRunConfig, root: Path) -> dict[str, Any]:
+    """The typed config of every training sub-stage, wired to ``root`` (errors before anything runs)."""
+    from mm.train.pretrain import PretrainConfig
+    from mm.train.sft import TrainConfig
+    from rl.pipeline import load_stage_config
+
+    nm, data = cfg.note_model, f"data.folder={root / 'data'}"
+    res = {"pretrain": load_stage_config(PretrainConfig, nm.pretrain, [data], "note_model.pretrain")}
+    starts = {"align": f"init.pretrain={root / 'pretrain'}", "sft": "align", "tune": "sft"}
+    for name, start in starts.items():
+        if getattr(nm, name) is None:
+            continue
+        init = [start, "init.model=null"] if name == "align" else [
+            "init.pretrain=null", f"init.model={root / start / 'model'}"
+        ]  # fmt: skip
+        res[name] = load_stage_config(TrainConfig, getattr(nm, name), [data, *init], f"note_model.{name}")
+        want = "align" if name == "align" else "sft"
+        if res[name].train.stage != want:
+            raise UserError(
+                f"note_model.{name}.config {getattr(nm, name).config} has train.stage="
+                f"{res[name].train.stage!r}; the {name} sub-stage needs a train.stage {want} config"
+            )
+    return res
+
+
+def model_folder(cfg: AgentRunConfig, root: Path) -> Path:
+    """The folder of the note model the policy starts from: ``tune``'s, or ``sft``'s without a tune stage."""
+    return root / ("sft" if cfg.note_model.tune is None else "tune") / "model"
+
+
+def starting_from_it(cfg: AgentRunConfig, root: Path) -> AgentRunConfig:
+    """``cfg`` for the stages after ``note_model``: ``policy.init`` is the built model (and the build off)."""
+    policy = replace(cfg.policy, init=str(model_folder(cfg, root)))
+    return replace(cfg, policy=policy, note_model=replace(cfg.note_model, build=False))
+
+
+def run_note_model(
+    cfg: AgentRunConfig, root: Path, *, log: Callable[[str], None] = print, show: bool = False
+) -> dict[str, Any]:
+    """Every sub-stage not done before; returns each one's result and the model folder."""
+    from rl.agent.world_export import export_world
+    from rl.pipeline_stages import stage_pretrain, stage_train
+
+    confs = note_configs(cfg, root)
+    results: dict[str, Any] = {}
+    for name in SUBSTAGES:
+        out, done = root / name, root / name / "done.json"
+        if done.exists():
+            results[name] = json.loads(done.read_text())
+            log(f"[agent] note_model/{name}: done before, skipped")
+            continue
+        if name == "data":
+            nm = cfg.note_model
+            res: dict[str, Any] = {
+                "photo_notes": export_world(cfg.world, nm.notes, out, workers=nm.workers, overwrite=True)
+            }
+        elif name == "pretrain":
+            res = stage_pretrain(confs[name], out, show, resume=True)
+        elif name not in confs:
+            res = {"skipped": "no note_model.tune"}
+        else:
+            res = stage_train(confs[name], out, show, resume=True)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(done, json.dumps(res, indent=1, default=str))
+        results[name] = res
+        log(f"[agent] note_model/{name}: done")
+    return {"model": str(model_folder(cfg, root)), **results}

@@ -1,0 +1,101 @@
+"""``rl agent``'s ``note_model`` stage: the agent world exported, a note model pretrained, aligned and
+fine-tuned on it, and the policy started from that model; sub-stages resume; bad configs are errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mm.config import load_config
+from mm.errors import UserError
+from rl.agent.config import AgentRunConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs/rl/agent_tiny.yaml"
+MM = ROOT / "configs/mm"
+TRAIN = "train.steps=2,train.batch_size=4,train.checkpoint_every=1"
+NOTE = [
+    "note_model.build=true", "note_model.notes=3", "note_model.workers=1",
+    f"note_model.pretrain.config={MM / 'pretrain.yaml'}",
+    f"note_model.pretrain.overrides=[{TRAIN},data.eval_notes=2]",
+    f"note_model.align.config={MM / 'align.yaml'}",
+    f"note_model.align.overrides=[{TRAIN},eval.notes=1]",
+    f"note_model.sft.config={MM / 'sft.yaml'}",
+    f"note_model.sft.overrides=[{TRAIN},eval.notes=1,eval.questions=0,'tasks.kinds=[caption,image_caption,count_answer]']",
+]  # fmt: skip
+SMALL = ["data.train_tasks=2", "sft.steps=1", "sft.batch_size=2", "grpo.steps=1", "eval.n_boot=20"]
+
+
+def _cfg(*overrides: str) -> AgentRunConfig:
+    return load_config(AgentRunConfig, TINY, [*SMALL, *NOTE, *overrides])
+
+
+def test_note_model_stage_builds_the_policy_start_and_resumes(tmp_path):
+    from rl.agent.note_model import SUBSTAGES, note_configs, run_note_model, starting_from_it
+    from rl.agent.stages import build_backend
+
+    cfg = _cfg(
+        f"note_model.tune.config={MM / 'sft.yaml'}",
+        f"note_model.tune.overrides=[{TRAIN},eval.notes=1,eval.questions=0,train.train_vision=true]",
+    )
+    root = tmp_path / "note_model"
+    result = run_note_model(cfg, root, log=lambda s: None)
+    assert result["model"] == str(root / "tune/model") and result["data"]["photo_notes"] >= 3
+    for name in SUBSTAGES:
+        assert json.loads((root / name / "done.json").read_text()) == result[name]
+    confs = note_configs(cfg, root)  # the wiring: each stage starts from the one before
+    assert confs["align"].init.pretrain == str(root / "pretrain") and confs["align"].init.model is None
+    assert confs["tune"].init.model == str(root / "sft/model")
+    assert confs["tune"].data.folder == str(root / "data")
+    assert confs["sft"].tasks.kinds == ["caption", "image_caption", "count_answer"]
+    # the policy starts from the tuned note model, weight for weight
+    from rl.agent.policy_init import load_policy
+
+    assert starting_from_it(cfg, root).policy.init == result["model"]
+    policy = build_backend(starting_from_it(cfg, root))
+    saved = load_policy(result["model"], []).model.state_dict()
+    mine = policy.adapter.model.state_dict()
+    assert saved.keys() == mine.keys() and all(torch.equal(saved[k], mine[k]) for k in saved)
+    # a re-run skips every finished sub-stage
+    said: list[str] = []
+    assert run_note_model(cfg, root, log=said.append) == json.loads(json.dumps(result))
+    assert said == [f"[agent] note_model/{n}: done before, skipped" for n in SUBSTAGES]
+
+
+def test_rl_agent_runs_from_the_note_model_it_builds(tmp_path):
+    from rl.agent.run import run_agent
+
+    out = tmp_path / "run"
+    report = run_agent(_cfg(), out, log=lambda s: None)  # no tune stage: start from sft
+    assert report is not None and set(report["metrics"]) == {"notool_sft", "tool_sft", "tool_grpo"}
+    note = json.loads((out / "note_model/result.json").read_text())
+    assert note["model"] == str(out / "note_model/sft/model")
+    assert note["tune"] == {"skipped": "no note_model.tune"}
+    init = torch.load(out / "init/model.pt")
+    from rl.agent.policy_init import load_policy
+
+    sft = load_policy(note["model"], []).model.state_dict()
+    assert all(torch.equal(init[k], sft[k]) for k in sft)
+    skipped = load_config(AgentRunConfig, TINY, SMALL)  # off by default: the stage records that alone
+    run_agent(skipped, tmp_path / "plain", log=lambda s: None)
+    assert json.loads((tmp_path / "plain/note_model/result.json").read_text())["build"] is False
+
+
+@pytest.mark.parametrize(
+    "override, error, message",
+    [
+        ("policy.init=runs/x/model", ValueError, "policy.init=null or note_model.build=false"),
+        ("note_model.notes=0", ValueError, "note_model.notes"),
+        ("note_model.align.config=configs/mm/sft.yaml", UserError, "train.stage align"),
+        ("note_model.sft.config=no/such.yaml", UserError, "note_model.sft.config='no/such.yaml' does not"),
+    ],
+)
+def test_bad_note_model_configs_are_errors_before_anything_runs(tmp_path, override, error, message):
+    from rl.agent.note_model import run_note_model
+
+    with pytest.raises(error, match=message):
+        run_note_model(_cfg(override), tmp_path / "nm", log=lambda s: None)
+    assert not (tmp_path / "nm").exists()
