@@ -19,6 +19,7 @@ keys (data folder, ``init`` paths) are forced here, as ``rl pipeline`` does.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -83,6 +84,7 @@ def run_note_model(
             results[name] = json.loads(done.read_text())
             log(f"[agent] note_model/{name}: done before, skipped")
             continue
+        t0 = time.perf_counter()
         if name == "data":
             nm = cfg.note_model
             res: dict[str, Any] = {
@@ -94,8 +96,9 @@ def run_note_model(
             res = {"skipped": "no note_model.tune"}
         else:
             res = stage_train(confs[name], out, show, resume=True)
+        res["seconds"] = round(time.perf_counter() - t0, 1)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(done, json.dumps(res, indent=1, default=str))
         results[name] = res
-        log(f"[agent] note_model/{name}: done")
+        log(f"[agent] note_model/{name}: done in {res['seconds']} s")
     return {"model": str(model_folder(cfg, root)), **results}

@@ -7,16 +7,26 @@ tray as a zoom crop returns it; a caption *mentions* an object when it holds the
 colour and name ("red car"). Recall of mentions over the photos' objects is set against the same
 recall of a caption of another test note of the same theme (the next one in order): a model that
 names the theme's usual objects without reading the photo scores the same on both.
+
+``--detail``: the reading a detail task needs once the zoom is right. For each test detail task the model
+sees the asked photo's tray as the detail demonstrations' zoom crops it and is asked the question alone,
+in the words of the SFT tasks ``colour_answer`` / ``count_answer`` ("What colour is the cup in this
+photo?", "How many cups are in this photo?"); accuracy per ask, against the share of the most common true
+answer (what one constant answer scores), and the answers the model gives.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from mm.world.detail import DetailConfig
+from rl.agent.answers import colors_in, numbers_in
 from rl.agent.backend import AgentBackend, Sampling
+from rl.agent.world_demos import loop_observation, tray_box, zoom_call
 from rl.agent.world_tasks import WorldTaskConfig, world_note, world_tasks
 
 PROMPT = "Describe the photo."
@@ -43,10 +53,15 @@ def same_theme_other(themes: Sequence[str]) -> list[int]:
 
 
 def captions(
-    backend: AgentBackend, images: Sequence[Any], *, batch_size: int, max_new_tokens: int
+    backend: AgentBackend,
+    images: Sequence[Any],
+    *,
+    batch_size: int,
+    max_new_tokens: int,
+    prompts: Sequence[str] | None = None,
 ) -> list[str]:
-    """Greedy captions of ``images``, one image each."""
-    rows = [backend.prompt([im], PROMPT) for im in images]
+    """Greedy answers to ``prompts`` (default: the caption prompt), one image each."""
+    rows = [backend.prompt([im], p) for im, p in zip(images, prompts or [PROMPT] * len(images))]
     out: list[str] = []
     for i in range(0, len(rows), batch_size):
         turns = backend.generate(rows[i : i + batch_size], max_new_tokens=max_new_tokens, sampling=Sampling())
@@ -76,6 +91,45 @@ def read_probe(
     return result
 
 
+def detail_question(task: Any) -> str:
+    """A detail task's question in the words of the SFT tasks ``colour_answer`` / ``count_answer``."""
+    from mm.train.tasks import COLOUR_QUESTION, COUNT_QUESTION, plural
+
+    obj = task.meta["object"]
+    if task.meta["ask"] == "color":
+        return COLOUR_QUESTION.format(name=obj)
+    return COUNT_QUESTION.format(what=plural(obj))
+
+
+def answer_right(task: Any, text: str) -> bool:
+    """True when the first colour (or count) ``text`` names is the task's answer."""
+    if task.meta["ask"] == "color":
+        return colors_in(text)[:1] == [task.answer]
+    return numbers_in(text)[:1] == [int(task.answer)]
+
+
+def detail_reading(backend: AgentBackend, cfg: WorldTaskConfig, tasks: int, *, batch_size: int = 16) -> dict:
+    """Per ask (``color``, ``count``): accuracy on the right tray zoom, the constant-answer share, the
+    answers given (module docstring)."""
+    items = list(world_tasks(cfg, "detail", "test", tasks))
+    calls = [zoom_call(t, t.meta["image"], tray_box(t, t.meta["tray"])) for t in items]
+    crops = [loop_observation(call, t)[1] for call, t in zip(calls, items)]
+    said = captions(
+        backend, crops, batch_size=batch_size, max_new_tokens=8, prompts=[detail_question(t) for t in items]
+    )
+    out: dict[str, Any] = {"seed": cfg.seed, "tasks": len(items)}
+    for ask in ("color", "count"):
+        mine = [(t, s) for t, s in zip(items, said) if t.meta["ask"] == ask]
+        truth = [t.answer for t, _ in mine]
+        out[ask] = {
+            "tasks": len(mine),
+            "right": sum(answer_right(t, s) for t, s in mine),
+            "constant": max(map(truth.count, truth), default=0),
+            "answers": dict(sorted(Counter(s.strip() for _, s in mine).items(), key=lambda kv: -kv[1])[:5]),
+        }
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from mm.model.adapter.load import load_adapter
     from rl.agent.backend import backend_for
@@ -84,8 +138,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("model", help="model folder (a NoteVLM written by mm train, or a supported family)")
     parser.add_argument("--seed", type=int, default=0, help="world seed (default 0)")
     parser.add_argument("--notes", type=int, default=96, help="test caption tasks (default 96)")
+    parser.add_argument(
+        "--tray-spots", type=int, default=0, help="the world's detail.tray_spots (agent_world.yaml: 3)"
+    )
+    parser.add_argument(
+        "--detail", action="store_true", help="ask test detail tasks' questions on the right tray zoom"
+    )
     args = parser.parse_args(argv)
-    result = read_probe(backend_for(load_adapter(args.model)), WorldTaskConfig(seed=args.seed), args.notes)
+    cfg = WorldTaskConfig(seed=args.seed, detail=DetailConfig(tray_spots=args.tray_spots))
+    backend = backend_for(load_adapter(args.model))
+    result = detail_reading(backend, cfg, args.notes) if args.detail else read_probe(backend, cfg, args.notes)
     print(json.dumps(result, indent=1))
     return 0
 

@@ -116,7 +116,7 @@ def _use(turns: list[DemoTurn], call: dict, task: AgentTask, run_tool: RunTool, 
     turns.append(DemoTurn("tool", text, False, call, image))
 
 
-def _zoom(task: AgentTask, image: int, box: list[int]) -> dict[str, Any]:
+def zoom_call(task: AgentTask, image: int, box: list[int]) -> dict[str, Any]:
     """A zoom call on source-pixel ``box`` of note image ``image``, normalised."""
     H, W = task.sources[image - 1].shape[:2]
     return {"name": "zoom", "image": image, "box": normalised_box(box, W, H)}
@@ -138,7 +138,7 @@ def detail_demo(
     m = task.meta
     turns = [DemoTurn("user", task.question, False)]
     box = m["box"] if zoom == "target" else tray_box(task, m["tray"])
-    _use(turns, _zoom(task, m["image"], box), task, run_tool)
+    _use(turns, zoom_call(task, m["image"], box), task, run_tool)
     turns.append(DemoTurn("assistant", detail_answer(m["ask"], task.answer, m["object"], bare), True))
     return turns
 
@@ -180,9 +180,8 @@ def change_demo(task: AgentTask, run_tool: RunTool, zoom: str = "object") -> lis
         regions = listed_regions(turns[-1].text)
         calls = [{"name": "zoom", "image": image, "box": regions[0]} for image in (1, 2)] if regions else []
     else:
-        calls = [
-            _zoom(task, i, m[key]) for i, key in ((1, "before_box"), (2, "after_box")) if m[key] is not None
-        ]
+        sides = ((1, "before_box"), (2, "after_box"))
+        calls = [zoom_call(task, i, m[key]) for i, key in sides if m[key] is not None]
     for call in calls:
         _use(turns, call, task, run_tool)
     turns.append(DemoTurn("assistant", task.answer[0].upper() + task.answer[1:] + ".", True))
@@ -197,7 +196,7 @@ or the whole tray (one of few boxes when the world puts trays at ``detail.tray_s
 def caption_demo(task: AgentTask, run_tool: RunTool, zoom: str = "objects") -> list[DemoTurn]:
     turns = [DemoTurn("user", task.question, False)]
     box = task.meta["box"] if zoom == "objects" else tray_box(task, task.meta["tray"])
-    _use(turns, _zoom(task, 1, box), task, run_tool)
+    _use(turns, zoom_call(task, 1, box), task, run_tool)
     turns.append(DemoTurn("assistant", task.answer, True))
     return turns
 
@@ -261,13 +260,13 @@ def dialogue_demo(
         rng = np.random.default_rng([seed, zlib.crc32(task.task_id.encode()), 1])
         missed = zooms[-1][0]
         for image, box in zooms[:-1]:
-            _use(turns, _zoom(task, image, box), task, run_tool, learn=False)
+            _use(turns, zoom_call(task, image, box), task, run_tool, learn=False)
         text = wrong_slot_answer(goal, sim.asked, rng, bare)
         turns.append(DemoTurn("assistant", text, True, learn=False))
         turns.append(DemoTurn("user", sim.reply(text).text, False))
         zooms = [(image, box) for image, box in zooms if image == missed]
     for image, box in zooms:
-        _use(turns, _zoom(task, image, box), task, run_tool)
+        _use(turns, zoom_call(task, image, box), task, run_tool)
     while not sim.done:
         text = slot_answer(goal, sim.asked, bare)
         turns.append(DemoTurn("assistant", text, True))

@@ -35,3 +35,45 @@ def test_cli_on_a_tiny_model(tmp_path, capsys):
     for key in ("large/photo", "tiny/photo", "tiny/tray"):
         for row in (out[key], out[key + "/control"]):
             assert row["objects"] >= 3 and 0.0 <= row["name"] <= 1.0 and 0.0 <= row["colour_name"] <= 1.0
+
+
+def test_detail_reading_asks_the_question_on_the_right_tray_zoom():
+    from rl.agent.read_probe import answer_right, detail_question, detail_reading
+    from rl.agent.world_tasks import WorldTaskConfig, world_tasks
+
+    cfg = WorldTaskConfig(seed=0)
+    tasks = list(world_tasks(cfg, "detail", "test", 12))
+    for t in tasks:
+        q = detail_question(t)
+        if t.meta["ask"] == "color":
+            assert q == f"What colour is the {t.meta['object']} in this photo?"
+            assert answer_right(t, f"{t.answer}") and not answer_right(t, "zebra-coloured")
+        else:
+            assert q.startswith("How many ") and q.endswith(" are in this photo?")
+            assert answer_right(t, t.answer) and not answer_right(t, str(int(t.answer) + 1))
+
+    class Echo:  # answers every question with the true answer of the task it came from
+        def __init__(self):
+            self.answers = iter(t.answer for t in tasks)
+
+        def prompt(self, images, text):
+            return text
+
+        def generate(self, rows, max_new_tokens, sampling):
+            return [type("Turn", (), {"text": next(self.answers)})() for _ in rows]
+
+    out = detail_reading(Echo(), cfg, 12, batch_size=5)
+    asks = [t.meta["ask"] for t in tasks]
+    for ask in ("color", "count"):
+        assert out[ask]["tasks"] == out[ask]["right"] == asks.count(ask)
+        assert 1 <= out[ask]["constant"] <= out[ask]["tasks"] or out[ask]["tasks"] == 0
+    assert out["tasks"] == 12
+
+
+def test_detail_cli_on_a_tiny_model(tmp_path, capsys):
+    adapter = tiny_notevlm()
+    adapter.model.save_pretrained(str(tmp_path / "m"))
+    adapter.processor.save_pretrained(tmp_path / "m")
+    assert main([str(tmp_path / "m"), "--notes", "4", "--detail", "--tray-spots", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tasks"] == 4 and out["color"]["tasks"] + out["count"]["tasks"] == 4
