@@ -158,6 +158,23 @@ def check_value(tp: Any, value: Any, key: str) -> Any:
     return value  # an annotation this loader does not know (e.g. a TypeVar): passed through
 
 
+def _with_factory_required(f: dataclasses.Field, value: dict[str, Any]) -> dict[str, Any]:
+    """A nested section's mapping with the required keys it lacks taken from the field's default instance
+    (``field(default_factory=lambda: StageSpec(config="x.yaml"))``): ``--set sft.overrides=[...]`` on a file
+    without an ``sft`` section then keeps the default ``sft.config``. Keys with a class default are left to
+    it, so nothing else changes."""
+    if f.default_factory is dataclasses.MISSING:
+        return value
+    default = f.default_factory()
+    if not dataclasses.is_dataclass(default):
+        return value
+    required = [
+        g.name for g in dataclasses.fields(default)
+        if g.init and g.default is dataclasses.MISSING and g.default_factory is dataclasses.MISSING
+    ]  # fmt: skip
+    return {**{k: getattr(default, k) for k in required if k not in value}, **value}
+
+
 def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise :class:`ConfigError`."""
     if not isinstance(data, dict):
@@ -178,6 +195,8 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
         raise ConfigError(f"{where or cls.__name__}: missing required key(s) {required}")
     kwargs = {}
     for name, value in data.items():
+        if isinstance(value, dict) and _is_dataclass_type(hints[name]):
+            value = _with_factory_required(fields[name], value)
         kwargs[name] = check_value(hints[name], value, f"{where}.{name}" if where else name)
     try:
         return cls(**kwargs)

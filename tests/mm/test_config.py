@@ -163,6 +163,25 @@ def test_missing_required_key_is_named():
         from_dict(Needs, {"n": 2})
 
 
+def test_a_partial_section_keeps_the_required_keys_of_its_default_instance():
+    @dataclass
+    class Needs:
+        config: str
+        n: int = 1
+        extra: list = field(default_factory=list)
+
+    @dataclass
+    class Holder:
+        sft: Needs = field(default_factory=lambda: Needs(config="sft.yaml", n=5))
+        bare: Needs | None = None
+
+    got = load_config(Holder, None, ["sft.extra=[a]"])
+    assert got.sft == Needs(config="sft.yaml", n=1, extra=["a"])  # n: the class default, as before
+    assert load_config(Holder, None, ["sft.config=x.yaml"]).sft.config == "x.yaml"
+    with pytest.raises(ConfigError, match=r"bare: missing required key\(s\) \['config'\]"):
+        load_config(Holder, None, ["bare.n=2"])  # no default instance to take it from
+
+
 # ---- override syntax ---------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "override, message",

@@ -99,3 +99,10 @@ def test_bad_note_model_configs_are_errors_before_anything_runs(tmp_path, overri
     with pytest.raises(error, match=message):
         run_note_model(_cfg(override), tmp_path / "nm", log=lambda s: None)
     assert not (tmp_path / "nm").exists()
+
+
+def test_a_config_without_a_note_model_section_takes_overrides_on_the_default_stages():
+    cfg = load_config(AgentRunConfig, TINY, ["note_model.sft.overrides=[train.steps=2]"])
+    assert cfg.note_model.sft.config == "configs/mm/sft.yaml"
+    assert cfg.note_model.sft.overrides == ["train.steps=2"]
+    assert cfg.note_model.pretrain.config == "configs/mm/pretrain.yaml" and cfg.note_model.tune is None
