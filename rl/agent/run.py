@@ -58,7 +58,10 @@ def check_training_config(cfg: AgentRunConfig, out: Path) -> None:
         atomic_write_text(path, json.dumps(mine, indent=1))
         return
     before = json.loads(path.read_text())
-    changed = sorted(k for k in TRAINING_SECTIONS if before.get(k) != json.loads(json.dumps(mine.get(k))))
+    # a section added to the config after the run started was at its default in that run
+    default = json.loads(json.dumps(to_dict(AgentRunConfig())))
+    now = json.loads(json.dumps(mine))
+    changed = sorted(k for k in TRAINING_SECTIONS if before.get(k, default[k]) != now[k])
     if changed:
         raise UserError(
             f"{out} was trained with other {', '.join(changed)} settings than this config; resuming would "

@@ -106,3 +106,17 @@ def test_a_config_without_a_note_model_section_takes_overrides_on_the_default_st
     assert cfg.note_model.sft.config == "configs/mm/sft.yaml"
     assert cfg.note_model.sft.overrides == ["train.steps=2"]
     assert cfg.note_model.pretrain.config == "configs/mm/pretrain.yaml" and cfg.note_model.tune is None
+
+
+def test_a_run_folder_from_before_the_stage_resumes_unless_the_stage_is_on(tmp_path):
+    from rl.agent.run import check_training_config
+
+    plain = load_config(AgentRunConfig, TINY, SMALL)
+    check_training_config(plain, tmp_path)
+    path = tmp_path / "training_config.json"
+    older = json.loads(path.read_text())
+    del older["note_model"]  # written before the config had the section
+    path.write_text(json.dumps(older))
+    check_training_config(plain, tmp_path)  # at its default then: resumes
+    with pytest.raises(UserError, match="other note_model settings"):
+        check_training_config(_cfg(), tmp_path)
