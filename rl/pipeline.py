@@ -179,35 +179,55 @@ def load_stage_config(cls: type, spec: StageSpec | WorldSpec, wiring: list[str],
         raise ConfigError(f"{what} ({spec.config}): {e}") from None
 
 
+def resolve_training(
+    specs: dict[str, StageSpec | None], data_dir: Path, out: Path, prefix: str = ""
+) -> dict[str, Any]:
+    """The typed configs of the note model's training chain, pretrain -> align -> sft (-> tune, when its spec
+    is given), each stage wired to read ``data_dir`` and start from the one before in ``out/<stage>``;
+    ``prefix`` names the specs in errors (``note_model.``). Errors before anything runs."""
+    from mm.train.pretrain import PretrainConfig
+    from mm.train.sft import TrainConfig
+
+    data = f"data.folder={data_dir}"
+    res: dict[str, Any] = {
+        "pretrain": load_stage_config(PretrainConfig, specs["pretrain"], [data], f"{prefix}pretrain")
+    }
+    starts = {
+        "align": [f"init.pretrain={out / 'pretrain'}", "init.model=null"],
+        "sft": ["init.pretrain=null", f"init.model={out / 'align' / 'model'}"],
+        "tune": ["init.pretrain=null", f"init.model={out / 'sft' / 'model'}"],
+    }
+    for name, init in starts.items():
+        spec = specs.get(name)
+        if spec is None:
+            continue
+        res[name] = load_stage_config(TrainConfig, spec, [data, *init], f"{prefix}{name}")
+        want = "align" if name == "align" else "sft"
+        if res[name].train.stage != want:
+            raise UserError(
+                f"{prefix}{name}.config {spec.config} has train.stage={res[name].train.stage!r}; the {name} "
+                f"stage needs a train.stage {want} config"
+            )
+    d, h = res["pretrain"].model.d_model, text_hidden_size(res["align"].model.text)
+    if d != h:
+        raise UserError(
+            f"{prefix}align model.text.hidden_size={h} must equal {prefix}pretrain model.d_model={d} (align "
+            "starts from the pretrained fusion); change one of the two configs"
+        )
+    return res
+
+
 def resolve(cfg: PipelineConfig, out: Path) -> dict[str, Any]:
     """Every stage's typed config with the pipeline's wiring applied; errors before anything runs."""
     import importlib
 
-    from mm.train.pretrain import PretrainConfig
-    from mm.train.sft import TrainConfig
     from mm.world.config import WorldConfig
 
     world_dir = out / "data" / "world"
     data = f"data.folder={world_dir}"
     res: dict[str, Any] = {"data": load_stage_config(WorldConfig, cfg.world, [], "world")}
-    res["pretrain"] = load_stage_config(PretrainConfig, cfg.pretrain, [data], "pretrain")
-    res["align"] = load_stage_config(
-        TrainConfig, cfg.align, [data, f"init.pretrain={out / 'pretrain'}", "init.model=null"], "align"
-    )
-    res["sft"] = load_stage_config(
-        TrainConfig, cfg.sft, [data, "init.pretrain=null", f"init.model={out / 'align' / 'model'}"], "sft"
-    )
-    for name, want in (("align", "align"), ("sft", "sft")):
-        if res[name].train.stage != want:
-            raise UserError(
-                f"{name}.config {getattr(cfg, name).config} has train.stage={res[name].train.stage!r}"
-            )
-    d, h = res["pretrain"].model.d_model, text_hidden_size(res["align"].model.text)
-    if d != h:
-        raise UserError(
-            f"align model.text.hidden_size={h} must equal pretrain model.d_model={d} (align starts from the "
-            "pretrained fusion); change one of the two configs"
-        )
+    specs = {"pretrain": cfg.pretrain, "align": cfg.align, "sft": cfg.sft}
+    res.update(resolve_training(specs, world_dir, out))
     sft_model = str(out / "sft" / "model")
     for name in cfg.post:
         module, cls_name = POST_STAGES[name]

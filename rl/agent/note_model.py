@@ -25,7 +25,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mm.errors import UserError
 from mm.train.metrics import atomic_write_text
 from rl.agent.config import AgentRunConfig
 
@@ -35,27 +34,11 @@ SUBSTAGES = ("data", "pretrain", "align", "sft", "tune")
 
 def note_configs(cfg: AgentRunConfig, root: Path) -> dict[str, Any]:
     """The typed config of every training sub-stage, wired to ``root`` (errors before anything runs)."""
-    from mm.train.pretrain import PretrainConfig
-    from mm.train.sft import TrainConfig
-    from rl.pipeline import load_stage_config
+    from rl.pipeline import resolve_training
 
-    nm, data = cfg.note_model, f"data.folder={root / 'data'}"
-    res = {"pretrain": load_stage_config(PretrainConfig, nm.pretrain, [data], "note_model.pretrain")}
-    starts = {"align": f"init.pretrain={root / 'pretrain'}", "sft": "align", "tune": "sft"}
-    for name, start in starts.items():
-        if getattr(nm, name) is None:
-            continue
-        init = [start, "init.model=null"] if name == "align" else [
-            "init.pretrain=null", f"init.model={root / start / 'model'}"
-        ]  # fmt: skip
-        res[name] = load_stage_config(TrainConfig, getattr(nm, name), [data, *init], f"note_model.{name}")
-        want = "align" if name == "align" else "sft"
-        if res[name].train.stage != want:
-            raise UserError(
-                f"note_model.{name}.config {getattr(nm, name).config} has train.stage="
-                f"{res[name].train.stage!r}; the {name} sub-stage needs a train.stage {want} config"
-            )
-    return res
+    nm = cfg.note_model
+    specs = {"pretrain": nm.pretrain, "align": nm.align, "sft": nm.sft, "tune": nm.tune}
+    return resolve_training(specs, root / "data", root, prefix="note_model.")
 
 
 def model_folder(cfg: AgentRunConfig, root: Path) -> Path:
