@@ -1,4 +1,4 @@
-"""The typed config of ``rl agent``: policy, world tasks, loop, cold start, baseline, GRPO, eval.
+"""The typed config of ``rl agent``: policy, world tasks, loop, cold start, baseline, GRPO, PPO, eval.
 
     cfg = load_config(AgentRunConfig, "configs/rl/agent_tiny.yaml", ["grpo.steps=4"])
 
@@ -18,6 +18,7 @@ from rl.agent.world_demos import CAPTION_ZOOMS, CHANGE_ZOOMS, DETAIL_ZOOMS, DIAL
 from rl.agent.world_tasks import SPLITS, WorldTaskConfig
 from rl.losses import AGG_MODES
 from rl.pipeline import StageSpec
+from rl.trainers.ppo_config import PPOSection
 
 
 @dataclass(kw_only=True)
@@ -234,6 +235,56 @@ class GRPOStageConfig:
 
 
 @dataclass(kw_only=True)
+class AgentPPOConfig(PPOSection):
+    """Multi-turn PPO with a critic (a value head on the policy's trunk), from the tool SFT model, beside GRPO
+    (``rl.agent.ppo``). Sampling (temperature, top_p) and the trajectory reward are the grpo section's, so
+    the two differ only in the advantage: GAE over the policy tokens against GRPO's group baseline."""
+
+    steps: int = 0
+    """Rollout steps (0 = no PPO stage: nothing trained or evaluated)."""
+    lam: float = 1.0
+    """GAE lambda; 1 (verl's default) = Monte-Carlo returns, the head (trained from scratch) a baseline
+    rather than a bootstrap."""
+    tasks_per_step: int = 4
+    """Tasks per step."""
+    samples_per_task: int = 4
+    """Trajectories sampled per task (GRPO's group size gives the same rollout budget; PPO needs no group)."""
+    lr: float = 1.0e-4
+    """AdamW learning rate of the policy (constant); the value head's is lr * critic_lr_scale."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip of each update (0 = off)."""
+    eps_low: float = 0.2
+    """Lower ratio clip."""
+    eps_high: float | None = 0.28
+    """Upper ratio clip (DAPO clip-higher); null = eps_low."""
+    agg: str = "token-mean"
+    """Token-loss aggregation of the policy loss (``rl.losses.aggregate_loss``)."""
+    checkpoint_every: int = 5
+    """Steps between resumable checkpoints (model, value head, optimizer, step)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (
+            self.steps < 0
+            or self.tasks_per_step < 1
+            or self.samples_per_task < 1
+            or self.checkpoint_every < 1
+        ):
+            raise ValueError(
+                "ppo needs steps >= 0, tasks_per_step >= 1, samples_per_task >= 1 and checkpoint_every >= 1; "
+                f"got {self.steps}, {self.tasks_per_step}, {self.samples_per_task}, {self.checkpoint_every}"
+            )
+        rows = self.tasks_per_step * self.samples_per_task
+        if rows % self.minibatches:
+            raise ValueError(
+                f"ppo.minibatches={self.minibatches} must divide the {rows} trajectories of a step "
+                "(tasks_per_step * samples_per_task)"
+            )
+        if self.agg not in AGG_MODES:
+            raise ValueError(f"ppo.agg must be one of {AGG_MODES}, got {self.agg!r}")
+
+
+@dataclass(kw_only=True)
 class EvalConfig:
     """Held-out eval on the test split of the world."""
 
@@ -315,6 +366,8 @@ class AgentRunConfig:
     """Both SFT stages."""
     grpo: GRPOStageConfig = field(default_factory=GRPOStageConfig)
     """The GRPO stage."""
+    ppo: AgentPPOConfig = field(default_factory=AgentPPOConfig)
+    """The PPO stage (off unless ppo.steps > 0)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """The held-out eval."""
     seed: int = 0

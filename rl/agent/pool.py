@@ -22,24 +22,32 @@ from rl.agent.report import compare_models, markdown, model_rows
 
 MODELS = ("notool_sft", "tool_sft", "tool_grpo")
 """The models every run evaluates (``rl.agent.run.MODELS``)."""
+OPTIONAL = ("tool_ppo",)
+"""Models a run evaluates when trained (``rl.agent.run.models_of``): pooled when every run has them."""
 
 
 def pooled_rows(runs: Sequence[Path]) -> dict[str, list[dict[str, Any]]]:
     """Every model's rows of ``runs``, concatenated in run order."""
     if not runs:
         raise UserError("give at least one rl agent run folder to pool")
-    pooled: dict[str, list[dict[str, Any]]] = {m: [] for m in MODELS}
+    models = pooled_models(runs)
+    pooled: dict[str, list[dict[str, Any]]] = {m: [] for m in models}
     for run in runs:
         missing = [m for m in MODELS if not (run / "eval" / f"{m}.jsonl").exists()]
         if missing:
             raise UserError(f"{run} has no eval rows for {missing}; run `rl agent` there to its eval stage")
-        for m, rows in model_rows(run, MODELS).items():
+        for m, rows in model_rows(run, models).items():
             pooled[m] += rows
     ids = [r["task_id"] for r in pooled["tool_grpo"]]
     twice = sorted({i for i in ids if ids.count(i) > 1})
     if twice:
         raise UserError(f"the runs evaluate some tasks twice ({twice[:3]}...); pool runs of different worlds")
     return pooled
+
+
+def pooled_models(runs: Sequence[Path]) -> list[str]:
+    """:data:`MODELS`, plus each :data:`OPTIONAL` model every run evaluated."""
+    return [*MODELS, *(m for m in OPTIONAL if all((r / "eval" / f"{m}.jsonl").exists() for r in runs))]
 
 
 def pool_report(runs: Sequence[Path], *, n_boot: int = 1000) -> dict[str, Any]:
@@ -62,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = pool_report(args.runs, n_boot=args.n_boot)
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / "report.json", json.dumps(report, indent=1))
-    atomic_write_text(args.out / "report.md", markdown(report, list(MODELS)))
+    atomic_write_text(args.out / "report.md", markdown(report, list(report["metrics"])))
     print(f"[agent pool] {args.out / 'report.md'}")
     return 0
 

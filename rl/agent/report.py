@@ -1,9 +1,10 @@
 """The ``rl agent`` report: metrics with intervals per model, the targets, transcripts and curves.
 
 Writes ``OUT/report.json`` (every metric of every model with its bootstrap 95% interval, the paired
-gains of the tool GRPO model over the no-tool SFT model, and each target with whether it held),
-``OUT/report.md`` (the same as tables), ``OUT/transcripts.md`` (a few held-out trajectories with their
-tool calls, observations and simulated-user turns) and ``OUT/sft.png`` / ``OUT/grpo.png`` (the curves).
+gains of the tool GRPO model over the no-tool SFT model, and each target with whether it held; with a PPO
+model also its gains over the no-tool SFT and the tool GRPO models), ``OUT/report.md`` (the same as
+tables), ``OUT/transcripts.md`` (a few held-out trajectories with their tool calls, observations and
+simulated-user turns) and ``OUT/sft.png`` / ``OUT/grpo.png`` / ``OUT/ppo.png`` (the curves).
 """
 
 from __future__ import annotations
@@ -67,14 +68,22 @@ def model_rows(out: Path, models: Sequence[str]) -> dict[str, list[dict[str, Any
     return {name: _read_rows(out / "eval" / f"{name}.jsonl") for name in models}
 
 
+GAINS = (("tool_grpo", "notool_sft"), ("tool_ppo", "notool_sft"), ("tool_ppo", "tool_grpo"))
+"""(model, baseline) pairs whose paired gains the report gives, where both models were evaluated."""
+
+
 def compare_models(rows: dict[str, list[dict[str, Any]]], n_boot: int) -> dict[str, Any]:
-    """Metrics per model, paired gains of the tool GRPO model over the no-tool SFT model, the targets."""
+    """Metrics per model, paired gains (:data:`GAINS`), the targets (on the GRPO gains over no-tool SFT)."""
     metrics = {name: summarise(r, n_boot=n_boot) for name, r in rows.items()}
     names = [n for n, _, _ in TARGETS] + ["accuracy/caption", "accuracy/dialogue"]
     names += [f"caption/{k}_false_per_caption" for k in ("attribute", "count")]
-    gains = paired_gains(rows["notool_sft"], rows["tool_grpo"], names, n_boot=n_boot)
-    targets = check_targets(metrics["tool_grpo"], gains)
-    return {"metrics": metrics, "gains_tool_grpo_over_notool_sft": gains, "targets": targets}
+    gains = {
+        f"gains_{model}_over_{base}": paired_gains(rows[base], rows[model], names, n_boot=n_boot)
+        for model, base in GAINS
+        if model in rows and base in rows
+    }
+    targets = check_targets(metrics["tool_grpo"], gains["gains_tool_grpo_over_notool_sft"])
+    return {"metrics": metrics, **gains, "targets": targets}
 
 
 def write_report(cfg: AgentRunConfig, out: Path, models: dict[str, tuple[str, bool]]) -> dict[str, Any]:
@@ -83,7 +92,7 @@ def write_report(cfg: AgentRunConfig, out: Path, models: dict[str, tuple[str, bo
     targets = compared["targets"]
     seconds = {
         s: json.loads((out / s / "result.json").read_text()).get("seconds")
-        for s in ("init", "perception", "sft_tool", "sft_notool", "grpo", "eval")
+        for s in ("init", "perception", "sft_tool", "sft_notool", "grpo", "ppo", "eval")
         if (out / s / "result.json").exists()
     }
     report = {
@@ -95,7 +104,11 @@ def write_report(cfg: AgentRunConfig, out: Path, models: dict[str, tuple[str, bo
     atomic_write_text(out / "report.md", markdown(report, list(models)))
     _transcripts(out, cfg)
     _curves(out)
-    return {"targets_held": sum(bool(t["held"]) for t in targets), "targets": len(targets)}
+    return {
+        "targets_held": sum(bool(t["held"]) for t in targets),
+        "targets": len(targets),
+        "models": list(models),
+    }
 
 
 def _reading_check(out: Path) -> dict[str, Any] | None:
@@ -112,13 +125,16 @@ def markdown(report: dict[str, Any], models: list[str]) -> str:
         "tasks per kind per seed; "
         "greedy decoding; bootstrap 95% intervals over tasks.",
         "",
-        "| metric | " + " | ".join(models) + " | tool_grpo - notool_sft |",
-        "|---|" + "---|" * (len(models) + 1),
     ]
-    gains = report["gains_tool_grpo_over_notool_sft"]
+    pairs = [(m, b) for m, b in GAINS if f"gains_{m}_over_{b}" in report]
+    lines += [
+        "| metric | " + " | ".join(models) + "".join(f" | {m} - {b}" for m, b in pairs) + " |",
+        "|---|" + "---|" * (len(models) + len(pairs)),
+    ]
     for name in SHOWN:
         cells = [_fmt(report["metrics"][m].get(name)) for m in models]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_fmt(gains.get(name))} |")
+        cells += [_fmt(report[f"gains_{m}_over_{b}"].get(name)) for m, b in pairs]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "## Targets", "", "| metric | judged on | test | value | held |", "|---|---|---|---|---|"]
     for t in report["targets"]:
         value = "-" if t["value"] is None else f"{t['value']:.3f}"
@@ -138,7 +154,7 @@ def markdown(report: dict[str, Any], models: list[str]) -> str:
 
 def _transcripts(out: Path, cfg: AgentRunConfig) -> None:
     parts = ["# Held-out transcripts", ""]
-    for name in ("tool_grpo", "notool_sft"):
+    for name in ("tool_grpo", "tool_ppo", "notool_sft"):
         path = out / "eval" / f"{name}.transcripts.md"
         if path.exists():
             parts += [f"## {name}", "", "```", path.read_text(), "```", ""]
@@ -157,3 +173,7 @@ def _curves(out: Path) -> None:
     if grpo:
         keys = ["reward_mean", "valid_call_rate", "mean_turns", "loss"]
         plot_metrics(grpo, keys, out / "grpo.png", title="multi-turn GRPO")
+    ppo = read_metrics(out / "ppo" / "metrics.jsonl")
+    if ppo:
+        keys = ["reward_mean", "valid_call_rate", "value_loss", "explained_variance"]
+        plot_metrics(ppo, keys, out / "ppo.png", title="multi-turn PPO with a critic")

@@ -15,8 +15,13 @@ evaluate more worlds after deleting ``OUT/eval`` and ``OUT/report``:
 3. ``sft_tool``: cold start on tool demonstrations, from ``perception`` -> ``sft_tool/model.pt``
 4. ``sft_notool``: the no-tool baseline, same size, start and SFT budget -> ``sft_notool/model.pt``
 5. ``grpo``: multi-turn GRPO from ``sft_tool`` -> ``grpo/model.pt``
-6. ``eval``: the three models on the held-out tasks -> ``eval/<model>.jsonl`` rows
-7. ``report``: ``report.md``, ``report.json``, ``transcripts.md``, ``*.png`` curves
+6. ``ppo``: with ``ppo.steps > 0``, multi-turn PPO with a critic from ``sft_tool`` (:mod:`rl.agent.ppo`)
+   -> ``ppo/model.pt``, ``ppo/value_head.pt``
+7. ``eval``: the models (three, four with PPO) on the held-out tasks -> ``eval/<model>.jsonl`` rows
+8. ``report``: ``report.md``, ``report.json``, ``transcripts.md``, ``*.png`` curves
+
+The ``ppo`` section may change on a re-run until its stage has trained, so PPO can be added to a finished
+run: the PPO stage runs, then the eval of the missing model and the report.
 """
 
 from __future__ import annotations
@@ -37,36 +42,72 @@ from rl.agent.config import AgentRunConfig
 from rl.agent.evaluate import eval_model
 from rl.agent.note_model import run_note_model, starting_from_it
 from rl.agent.perception_stage import run_perception
+from rl.agent.ppo import run_ppo
 from rl.agent.report import write_report
 from rl.agent.stages import build_backend, run_grpo, run_sft, save_weights
 
-STAGES = ("note_model", "init", "perception", "sft_tool", "sft_notool", "grpo", "eval", "report")
+STAGES = ("note_model", "init", "perception", "sft_tool", "sft_notool", "grpo", "ppo", "eval", "report")
 """The stages of ``rl agent``, in order."""
 MODELS = {"notool_sft": ("sft_notool", False), "tool_sft": ("sft_tool", True), "tool_grpo": ("grpo", True)}
-"""Evaluated model -> (the stage whose model.pt it is, whether it has tools)."""
+"""Evaluated model -> (the stage whose model.pt it is, whether it has tools); :func:`models_of` adds PPO's."""
 
 
-TRAINING_SECTIONS = ("policy", "note_model", "world", "data", "rollout", "perception", "sft", "grpo", "seed")
+TRAINING_SECTIONS = (
+    "policy", "note_model", "world", "data", "rollout", "perception", "sft", "grpo", "ppo", "seed"
+)  # fmt: skip
 """Config sections a resumed run must keep (the trained models depend on them)."""
+LATE_SECTIONS = {"ppo": "ppo"}
+"""Section -> the only stage that reads it: the section may change until that stage has trained."""
+
+
+def models_of(cfg: AgentRunConfig) -> dict[str, tuple[str, bool]]:
+    """The evaluated models of a run: :data:`MODELS`, and ``tool_ppo`` when ``ppo.steps > 0``."""
+    return MODELS | ({"tool_ppo": ("ppo", True)} if cfg.ppo.steps > 0 else {})
 
 
 def check_training_config(cfg: AgentRunConfig, out: Path) -> None:
-    """Record the training sections in ``OUT/training_config.json``, or refuse a resume that changed them."""
+    """Record the training sections in ``OUT/training_config.json``, or refuse a resume that changed them
+    (a :data:`LATE_SECTIONS` section whose stage has not trained is taken as it is now)."""
     mine = {k: v for k, v in to_dict(cfg).items() if k in TRAINING_SECTIONS}
     path = out / "training_config.json"
     if not path.exists():
         atomic_write_text(path, json.dumps(mine, indent=1))
         return
-    before = json.loads(path.read_text())
-    # a section added to the config after the run started was at its default in that run
+    # a section or key added to the config after the run started was at its default in that run
     default = json.loads(json.dumps(to_dict(AgentRunConfig())))
+    before = _filled(json.loads(path.read_text()), {k: default[k] for k in TRAINING_SECTIONS})
     now = json.loads(json.dumps(mine))
-    changed = sorted(k for k in TRAINING_SECTIONS if before.get(k, default[k]) != now[k])
+    changed = sorted(k for k in TRAINING_SECTIONS if _used(k, before[k]) != _used(k, now[k]))
+    late = [
+        k for k in changed if k in LATE_SECTIONS and not (out / LATE_SECTIONS[k] / "metrics.jsonl").exists()
+    ]
+    if late and len(late) == len(changed):
+        for section in late:  # its stage never trained: forget a "not run" marker, record the new settings
+            result_path(out, LATE_SECTIONS[section]).unlink(missing_ok=True)
+        atomic_write_text(path, json.dumps(before | {k: now[k] for k in late}, indent=1))
+        return
+    changed = [k for k in changed if k not in late]
     if changed:
         raise UserError(
             f"{out} was trained with other {', '.join(changed)} settings than this config; resuming would "
             "mix them. Use a new --out, or --no-resume to start over"
         )
+
+
+def _filled(recorded: Any, default: Any) -> Any:
+    """``recorded`` with every dict key it lacks taken from ``default``, recursively."""
+    if not isinstance(recorded, dict) or not isinstance(default, dict):
+        return recorded
+    return {k: _filled(recorded[k], v) if k in recorded else v for k, v in default.items()} | {
+        k: v for k, v in recorded.items() if k not in default
+    }
+
+
+def _used(section: str, value: Any) -> Any:
+    """The part of a recorded section the stages read: a note-model recipe that is not built is not."""
+    if section == "note_model" and isinstance(value, dict) and not value.get("build"):
+        return {"build": False}
+    return value
 
 
 def result_path(out: Path, stage: str) -> Path:
@@ -86,9 +127,10 @@ def run_agent(
     *,
     log: Callable[[str], None] = print,
     grpo_stop_after: int | None = None,
+    ppo_stop_after: int | None = None,
 ) -> dict[str, Any] | None:
-    """Run (or resume) every stage; returns the report's JSON, or None when ``grpo_stop_after`` stopped
-    the GRPO stage early (a simulated interruption, for tests)."""
+    """Run (or resume) every stage; returns the report's JSON, or None when ``grpo_stop_after`` (or
+    ``ppo_stop_after``) stopped the GRPO (PPO) stage early (a simulated interruption, for tests)."""
     out.mkdir(parents=True, exist_ok=True)
     check_training_config(cfg, out)
     if cfg.threads:
@@ -96,13 +138,13 @@ def run_agent(
     for stage in STAGES:
         if stage == "init" and cfg.note_model.build:  # every stage from here starts from the note model
             cfg = starting_from_it(cfg, out / "note_model")
-        if result_path(out, stage).exists():
+        if _done(out, stage, models_of(cfg)):
             log(f"[agent] {stage}: done before, skipped")
             continue
         t0 = time.perf_counter()
         stage_dir = out / stage
         stage_dir.mkdir(parents=True, exist_ok=True)
-        result = _run_stage(cfg, out, stage, stage_dir, grpo_stop_after)
+        result = _run_stage(cfg, out, stage, stage_dir, grpo_stop_after, ppo_stop_after)
         if result is None:
             log(f"[agent] {stage}: stopped before the end (re-run to resume)")
             return None
@@ -112,8 +154,26 @@ def run_agent(
     return json.loads((out / "report.json").read_text())
 
 
+def _done(out: Path, stage: str, models: dict[str, tuple[str, bool]]) -> bool:
+    """Whether ``stage`` finished before; eval and report only for the same models (adding PPO to a
+    finished run evaluates the new model and rewrites the report)."""
+    path = result_path(out, stage)
+    if not path.exists():
+        return False
+    if stage not in ("eval", "report"):
+        return True
+    result = json.loads(path.read_text())
+    done = result["rows"] if stage == "eval" else result.get("models", list(MODELS))
+    return sorted(done) == sorted(models)
+
+
 def _run_stage(
-    cfg: AgentRunConfig, out: Path, stage: str, stage_dir: Path, grpo_stop_after: int | None
+    cfg: AgentRunConfig,
+    out: Path,
+    stage: str,
+    stage_dir: Path,
+    grpo_stop_after: int | None,
+    ppo_stop_after: int | None,
 ) -> dict[str, Any] | None:
     init = out / "perception" / "model.pt"
     if stage == "note_model":
@@ -139,16 +199,26 @@ def _run_stage(
             shutil.copyfile(out / "sft_tool" / "model.pt", stage_dir / "model.pt")
             return {"stage": "grpo", "steps": 0}
         return run_grpo(cfg, stage_dir, out / "sft_tool" / "model.pt", stop_after=grpo_stop_after)
+    if stage == "ppo":
+        if cfg.ppo.steps == 0:
+            return {"stage": "ppo", "steps": 0}
+        return run_ppo(cfg, stage_dir, out / "sft_tool" / "model.pt", stop_after=ppo_stop_after)
     if stage == "eval":
         return _eval(cfg, out, stage_dir)
     if stage == "report":
-        return write_report(cfg, out, MODELS)
+        return write_report(cfg, out, models_of(cfg))
     raise ValueError(f"unknown stage {stage!r}; stages: {STAGES}")
 
 
 def _eval(cfg: AgentRunConfig, out: Path, stage_dir: Path) -> dict[str, Any]:
+    """Held-out rows of every model; a model whose rows are there from before (same eval settings: the
+    eval stage re-runs only when the models change) is not evaluated again."""
     counts = {}
-    for name, (stage, tools) in MODELS.items():
+    for name, (stage, tools) in models_of(cfg).items():
+        rows_path = stage_dir / f"{name}.jsonl"
+        if rows_path.exists():
+            counts[name] = len(rows_path.read_text().splitlines())
+            continue
         backend = build_backend(cfg, out / stage / "model.pt")
         rows, trajs = eval_model(backend, cfg, tools=tools)
         lines = "".join(json.dumps(r) + "\n" for r in rows)

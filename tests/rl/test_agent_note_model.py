@@ -120,3 +120,18 @@ def test_a_run_folder_from_before_the_stage_resumes_unless_the_stage_is_on(tmp_p
     check_training_config(plain, tmp_path)  # at its default then: resumes
     with pytest.raises(UserError, match="other note_model settings"):
         check_training_config(_cfg(), tmp_path)
+
+
+def test_a_key_from_before_it_existed_is_taken_at_its_default_and_an_unbuilt_recipe_is_not_compared(tmp_path):
+    from rl.agent.run import check_training_config
+
+    plain = load_config(AgentRunConfig, TINY, SMALL)
+    check_training_config(plain, tmp_path)
+    path = tmp_path / "training_config.json"
+    older = json.loads(path.read_text())
+    del older["grpo"]["turn_credit"], older["data"]["dialogue_zoom"]  # keys the config gained later
+    older["note_model"]["sft"]["overrides"] = ["train.steps=7"]  # a recipe that is not built is not read
+    path.write_text(json.dumps(older))
+    check_training_config(plain, tmp_path)
+    with pytest.raises(UserError, match="other grpo settings"):
+        check_training_config(load_config(AgentRunConfig, TINY, [*SMALL, "grpo.turn_credit=1.0"]), tmp_path)

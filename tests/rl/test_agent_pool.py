@@ -23,9 +23,10 @@ def _row(seed: int, i: int, kind: str, correct: float) -> dict:
 
 
 def _run(folder: Path, seed: int, right: dict[str, int]) -> None:
-    """A run folder with 4 detail and 4 dialogue rows per model; ``right[model]`` of each kind correct."""
+    """A run folder with 4 detail and 4 dialogue rows per model of ``right``; ``right[model]`` of each kind
+    correct."""
     (folder / "eval").mkdir(parents=True)
-    for m in MODELS:
+    for m in right:
         rows = [_row(seed, i, k, float(i < right[m])) for k in ("detail", "dialogue") for i in range(4)]
         (folder / "eval" / f"{m}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -63,3 +64,14 @@ def test_pool_cli_writes_the_report(tmp_path, capsys):
     text = (tmp_path / "pooled/report.md").read_text()
     assert "| accuracy/detail |" in text and "## Targets" in text
     assert json.loads((tmp_path / "pooled/report.json").read_text())["runs"] == [str(tmp_path / "a")]
+
+
+def test_ppo_rows_are_pooled_when_every_run_has_them(tmp_path):
+    _run(tmp_path / "a", 0, {"notool_sft": 1, "tool_sft": 2, "tool_grpo": 3, "tool_ppo": 4})
+    _run(tmp_path / "b", 1, {"notool_sft": 0, "tool_sft": 1, "tool_grpo": 2, "tool_ppo": 2})
+    report = pool_report([tmp_path / "a", tmp_path / "b"], n_boot=20)
+    assert report["metrics"]["tool_ppo"]["accuracy/detail"]["value"] == pytest.approx(6 / 8)
+    assert report["gains_tool_ppo_over_tool_grpo"]["accuracy/detail"]["value"] == pytest.approx(1 / 8)
+    _run(tmp_path / "c", 2, dict.fromkeys(MODELS, 1))  # a run without PPO: pooled without it
+    report = pool_report([tmp_path / "a", tmp_path / "c"], n_boot=20)
+    assert list(report["metrics"]) == list(MODELS) and "gains_tool_ppo_over_tool_grpo" not in report

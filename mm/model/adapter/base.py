@@ -199,6 +199,20 @@ class VLMAdapter(ABC):
         before it) under softmax(logits / temperature), 0 where the mask is 0. Gradients flow when the
         caller has them enabled (wrap in ``torch.no_grad()`` to evaluate).
         """
+        logps, mask, _ = self._response_pass(batch, temperature=temperature, states=False)
+        return logps, mask
+
+    def token_logps_states(
+        self, batch: dict[str, Any], *, temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`token_logps` plus, from the same forward, the state each response token is chosen in:
+        ``states`` (B, T, H), ``states[b, t]`` the LM's last hidden layer at position t - 1 (what a value
+        head reads, as TRL's and verl's critics), 0 where the mask is 0."""
+        return self._response_pass(batch, temperature=temperature, states=True)
+
+    def _response_pass(
+        self, batch: dict[str, Any], *, temperature: float, states: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         ids, resp = batch["input_ids"], batch["response_mask"]  # (B, T)
         start = first_response_column(resp)
         keep = ids.shape[1] - start + 1
@@ -206,13 +220,21 @@ class VLMAdapter(ABC):
         positions = self.position_ids(batch)
         if positions is not None:
             inputs["position_ids"] = positions
+        if states:
+            inputs["output_hidden_states"] = True
         out = self._model(**inputs, use_cache=False, logits_to_keep=keep)
         logits = out.logits[:, -keep:-1]  # (B, W, V): column start-1+w predicts ids[:, start+w]
         window = gather_logps(logits, ids[:, start:], temperature=temperature)  # (B, W)
         logps = torch.zeros(ids.shape, dtype=window.dtype, device=window.device)  # (B, T)
         logps[:, start:] = window
         mask = resp.to(torch.long)
-        return logps.masked_fill(mask == 0, 0.0), mask
+        hidden = None
+        if states:
+            last = out.hidden_states[-1]  # (B, T, H), after the final norm
+            hidden = torch.zeros_like(last)  # (B, T, H)
+            hidden[:, start:] = last[:, start - 1 : -1]  # position t-1 is the state token t is chosen in
+            hidden = hidden * mask[..., None].to(hidden.dtype)
+        return logps.masked_fill(mask == 0, 0.0), mask, hidden
 
     def answer_logps(
         self,

@@ -1,0 +1,233 @@
+"""Multi-turn PPO with a critic for ``rl agent``: GAE over the policy's own tokens, observations skipped.
+
+One step (Schulman et al. 2017, Algorithm 1, on whole trajectories as verl's multi-turn PPO):
+
+1. roll out ``samples_per_task`` trajectories for each of ``tasks_per_step`` tasks (the loop, tools and
+   simulated user of GRPO; the same sampling and trajectory reward);
+2. one forward over the concatenated ids gives the old values ``V(s_t) = head(h_{t-1})`` of every policy
+   token (:meth:`mm.model.adapter.base.VLMAdapter.token_logps_states`; the old log-probs are the ones
+   recorded while sampling);
+3. the trajectory reward sits on its last policy token (:func:`rl.trainers.ppo_math.token_rewards`); GAE
+   (:func:`rl.advantages.gae`) runs over the policy tokens only: an observation or user span between two
+   turns is skipped, so the last token of a turn bootstraps from the value of the first token of the next
+   turn, which has read the observation. Advantages are whitened over the batch's policy tokens;
+4. ``epochs`` passes in ``minibatches`` shuffled slices of trajectories, each minimising the clipped
+   policy loss (:func:`rl.losses.policy_loss`) plus ``vf_coef`` times the clipped value loss
+   (:func:`rl.losses.value_loss`), both on policy tokens only: prompts, observations and user messages get
+   exactly zero gradient from either term.
+
+The critic is a value head on the policy's trunk (``shared`` in ``rl ppo``), trained at ``lr *
+critic_lr_scale``. Saved as ``OUT/ppo/model.pt`` (the policy's state dict) and ``OUT/ppo/value_head.pt``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mm.train.metrics import MetricsLogger, read_metrics
+from rl.advantages import gae, masked_mean, masked_whiten
+from rl.agent.backend import AgentBackend
+from rl.agent.config import AgentPPOConfig, AgentRunConfig
+from rl.agent.loop import rollout, summary, trajectory_batch
+from rl.agent.stages import build_backend, loop_config, reward_fn, save_weights, step_seed, train_tasks
+from rl.agent.trajectory import Trajectory
+from rl.losses import policy_loss, value_loss
+from rl.trainers.ppo_math import explained_variance, minibatch_plan, token_rewards
+from rl.trainers.rm_model import hidden_size
+from rl.trainers.value_head import value_head
+
+
+@dataclass(frozen=True)
+class PPORollout:
+    """A scored rollout ready for its updates; every tensor (B, T), left padded as
+    :func:`rl.agent.loop.trajectory_batch`, 0 off policy tokens."""
+
+    trajs: list[Trajectory]
+    old_logps: torch.Tensor
+    """Log-probs recorded while sampling."""
+    old_values: torch.Tensor
+    """The critic's values at the rollout."""
+    advantages: torch.Tensor
+    """GAE advantages (whitened when asked)."""
+    returns: torch.Tensor
+    """Value targets: un-whitened advantages + old values."""
+    mask: torch.Tensor
+    """1 on policy tokens."""
+    metrics: dict[str, float]
+    """Rollout statistics (rewards, values, returns, explained variance)."""
+
+
+def values_of(
+    backend: AgentBackend, head: torch.nn.Module, batch: dict[str, Any], *, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(logps, mask, values)``, each (B, T), of a trajectory batch in one forward; values 0 off policy
+    tokens."""
+    logps, mask, states = backend.adapter.token_logps_states(batch, temperature=temperature)  # (B, T, H)
+    values = head(states.to(head.weight.dtype)).squeeze(-1)  # (B, T)
+    return logps, mask, values * mask.to(values.dtype)
+
+
+def prepare_rollout(
+    backend: AgentBackend,
+    head: torch.nn.Module,
+    trajs: Sequence[Trajectory],
+    rewards: torch.Tensor,
+    cfg: AgentPPOConfig,
+    *,
+    temperature: float = 1.0,
+) -> PPORollout:
+    """Old values, per-token rewards, GAE advantages and returns of sampled ``trajs``; ``rewards`` (B,)."""
+    if len(trajs) != rewards.shape[0]:
+        raise ValueError(
+            f"need one reward per trajectory: {len(trajs)} trajectories, {rewards.shape[0]} rewards"
+        )
+    batch, old = trajectory_batch(backend, trajs)  # (B, T) inputs, (B, T) sampling-time log-probs
+    with torch.no_grad():
+        _, mask, values = values_of(backend, head, batch, temperature=temperature)
+    values = values.float()
+    r = token_rewards(rewards.float().to(values.device), mask)  # (B, T): the reward on each last policy token
+    adv, returns = gae(r, values, mask, gamma=cfg.gamma, lam=cfg.lam)  # (B, T) each
+    if cfg.whiten_advantages:
+        adv = masked_whiten(adv, mask)
+    m = mask.to(adv.dtype)
+    metrics = {
+        "reward_mean": float(rewards.float().mean()),
+        "value_mean": float(masked_mean(values, mask)),
+        "return_mean": float(masked_mean(returns, mask)),
+        "explained_variance": explained_variance(values, returns, mask),
+    }
+    return PPORollout(
+        trajs=list(trajs), old_logps=old.to(values.device), old_values=values, advantages=adv * m,
+        returns=returns * m, mask=mask, metrics=metrics,
+    )  # fmt: skip
+
+
+def update_loss(
+    backend: AgentBackend,
+    head: torch.nn.Module,
+    roll: PPORollout,
+    rows: torch.Tensor,
+    cfg: AgentPPOConfig,
+    *,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss of one update on trajectories ``rows`` of ``roll``: clipped policy loss + ``vf_coef`` x
+    clipped value loss, and detached metrics."""
+    sub = [roll.trajs[int(i)] for i in rows]
+    batch, _ = trajectory_batch(backend, sub)  # (b, T'): left padded, so the last T' columns of the rollout
+    width = batch["input_ids"].shape[1]
+
+    def pick(t: torch.Tensor) -> torch.Tensor:
+        return t[rows.to(t.device)][:, -width:]  # (b, T')
+
+    logps, mask, values = values_of(backend, head, batch, temperature=temperature)
+    pg, metrics = policy_loss(
+        logps, pick(roll.old_logps), pick(roll.advantages), mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+        agg=cfg.agg,
+    )  # fmt: skip
+    vl, vclip = value_loss(
+        values.float(), pick(roll.old_values), pick(roll.returns), mask, clip_range=cfg.vf_clip
+    )
+    metrics.update(policy_loss=pg.detach(), value_loss=vl.detach(), value_clip_frac=vclip)
+    return pg + cfg.vf_coef * vl, metrics
+
+
+def ppo_optimizer(backend: AgentBackend, head: torch.nn.Module, cfg: AgentPPOConfig) -> torch.optim.Optimizer:
+    """AdamW over the policy (``lr``) and the value head (``lr * critic_lr_scale``)."""
+    policy = [p for p in backend.adapter.model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(
+        [
+            {"params": policy, "lr": cfg.lr},
+            {"params": list(head.parameters()), "lr": cfg.lr * cfg.critic_lr_scale},
+        ],
+        weight_decay=0.0,
+    )
+
+
+def ppo_step(
+    backend: AgentBackend,
+    head: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trajs: Sequence[Trajectory],
+    reward: Callable[[Trajectory], float],
+    cfg: AgentPPOConfig,
+    *,
+    seed: int,
+    temperature: float = 1.0,
+) -> dict[str, float]:
+    """Every update of one rollout (``epochs`` x ``minibatches``); returns the step's metrics (update
+    metrics averaged over its updates)."""
+    rewards = torch.tensor([reward(t) for t in trajs], dtype=torch.float32)  # (B,)
+    roll = prepare_rollout(backend, head, trajs, rewards, cfg, temperature=temperature)
+    plan = minibatch_plan(len(trajs), epochs=cfg.epochs, minibatches=cfg.minibatches, seed=seed)
+    sums: dict[str, float] = {}
+    params = [*backend.adapter.model.parameters(), *head.parameters()]
+    for rows in plan:
+        optimizer.zero_grad(set_to_none=True)
+        loss, metrics = update_loss(backend, head, roll, rows, cfg, temperature=temperature)
+        loss.backward()
+        limit = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.requires_grad], limit)
+        optimizer.step()
+        for k, v in {**metrics, "loss": loss.detach(), "grad_norm": norm}.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+    return {**roll.metrics, **{k: v / len(plan) for k, v in sums.items()}}
+
+
+def run_ppo(
+    cfg: AgentRunConfig, stage_dir: Path, init: Path, *, stop_after: int | None = None
+) -> dict[str, Any] | None:
+    """Multi-turn PPO from ``init``; resumes from ``stage_dir/checkpoint.pt``. ``stop_after``: stop once
+    that step's checkpoint is written (a simulated interruption) and return None."""
+    p = cfg.ppo
+    backend = build_backend(cfg, init)
+    torch.manual_seed(step_seed(cfg, "ppo-head", 0))
+    head = value_head(hidden_size(backend.adapter.model))
+    optimizer = ppo_optimizer(backend, head, p)
+    ckpt = stage_dir / "checkpoint.pt"
+    start = 0
+    if ckpt.exists():
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)
+        backend.adapter.model.load_state_dict(state["model"])
+        head.load_state_dict(state["head"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = int(state["step"])
+    log = MetricsLogger(stage_dir / "metrics.jsonl", resume_step=start if start else None)
+    tasks = train_tasks(cfg)
+    loop = loop_config(cfg, tools=True, sample=True)
+    reward = reward_fn(cfg)
+    backend.adapter.model.train()
+    for step in range(start + 1, p.steps + 1):
+        first = (step - 1) * p.tasks_per_step
+        chosen = [tasks[(first + i) % len(tasks)] for i in range(p.tasks_per_step)]
+        group = [t for t in chosen for _ in range(p.samples_per_task)]
+        torch.manual_seed(step_seed(cfg, "ppo", step))
+        trajs = rollout(backend, group, loop, users=cfg.rollout.simulator())
+        metrics = ppo_step(
+            backend, head, optimizer, trajs, reward, p, seed=step_seed(cfg, "ppo-plan", step),
+            temperature=cfg.grpo.temperature,
+        )  # fmt: skip
+        log.log({"step": step, **metrics, **summary(trajs)})
+        if step % p.checkpoint_every == 0 or step == p.steps:
+            _checkpoint(backend, head, optimizer, step, ckpt)
+            if stop_after is not None and step >= stop_after:
+                return None
+    save_weights(backend, stage_dir / "model.pt")
+    torch.save({k: v.float() for k, v in head.state_dict().items()}, stage_dir / "value_head.pt")
+    records = read_metrics(stage_dir / "metrics.jsonl")
+    return {"stage": "ppo", "steps": p.steps, "last": records[-1] if records else None}
+
+
+def _checkpoint(
+    backend: AgentBackend, head: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, path: Path
+) -> None:
+    tmp = path.with_suffix(".tmp")
+    state = {"model": backend.adapter.model.state_dict(), "head": head.state_dict(),
+             "optimizer": optimizer.state_dict(), "step": step}  # fmt: skip
+    torch.save(state, tmp)
+    tmp.replace(path)
