@@ -16,6 +16,11 @@ The agent's first zoom must name the tray's box; a note model trained on the age
 High ``tokens`` with low ``mean`` says the place is in which token holds the tray, not in any token's
 content: an LM with relative positions (RoPE) must then count from ``<im_start>`` to tell it.
 ``model.token_position_embeddings`` puts the place into the content.
+
+``--tray-probe N`` adds what the zoom on the tray shows the model: the same probes from the fusion tokens
+of the tray image (the detail demonstrations' zoom) of the first N notes, to the number of tiny objects on
+the tray, whether each of the three most frequent colours is there, and how many (0, 1, 2 or more) of each
+of the four most frequent categories (what a count question asks), each beside its chance.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import argparse
 import json
 import re
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -97,12 +103,57 @@ def probe(adapter: Any, data: Path, notes: int) -> dict[str, float]:
     }
 
 
+def tray_labels(
+    rows: Sequence[dict[str, Any]], *, colours: int = 3, categories: int = 4
+) -> dict[str, list[int]]:
+    """Per label, one class per row, from each row's tray objects (``objects[1]``): ``objects`` (how many,
+    from 0 for the fewest seen), ``colour:C`` (1 when an object is C), ``category:C`` (0, 1, 2 = two or
+    more); the most frequent ``colours`` colours and ``categories`` categories."""
+    trays = [r["objects"][1] for r in rows]
+    sizes = [len(t) for t in trays]
+    out = {"objects": [n - min(sizes) for n in sizes]}
+    colour_counts = Counter(o["color"] for t in trays for o in t).most_common(colours)
+    for c, _ in colour_counts:
+        out[f"colour:{c}"] = [int(any(o["color"] == c for o in t)) for t in trays]
+    for c, _ in Counter(o["category"] for t in trays for o in t).most_common(categories):
+        out[f"category:{c}"] = [min(sum(o["category"] == c for o in t), 2) for t in trays]
+    return out
+
+
+def tray_probe(adapter: Any, data: Path, notes: int) -> dict[str, dict[str, float]]:
+    """Linear probes from the tray image's fusion tokens (laid out, and their mean) to :func:`tray_labels`."""
+    rows = [json.loads(line) for line in (data / "notes.jsonl").read_text().splitlines()][:notes]
+    model = adapter.model.eval()
+    laid, mean = [], []
+    for s in range(0, len(rows), 32):
+        chunk = rows[s : s + 32]
+        batch = adapter.processor([[str(data / r["images"][1])] for r in chunk], ["x"] * len(chunk))
+        with torch.no_grad():
+            tokens, _ = model.model.get_image_features(
+                batch["pixel_values"], batch.get("image_mask")
+            )  # (B, 1, K, D)
+        laid.append(tokens.flatten(1).float())  # (B, K * D)
+        mean.append(tokens.mean(dim=(1, 2)).float())  # (B, D)
+    x, xm = torch.cat(laid), torch.cat(mean)
+    out = {}
+    for name, labels in tray_labels(rows).items():
+        y = torch.tensor(labels)  # (N,)
+        k = int(y.max()) + 1
+        out[name] = {
+            "tokens": linear_probe(x, y, classes=k),
+            "mean": linear_probe(xm, y, classes=k),
+            "chance": float((y == y.mode().values).float().mean()),
+        }
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="a NoteVLM folder")
     ap.add_argument("--data", required=True, type=Path, help="a folder written by rl.agent.world_export")
     ap.add_argument("--notes", type=int, default=96, help="test notes to caption")
     ap.add_argument("--probe", type=int, default=900, help="notes for the linear probe (0: skip it)")
+    ap.add_argument("--tray-probe", type=int, default=0, help="notes for the tray probes (0: skip them)")
     args = ap.parse_args(argv)
     from mm.model.adapter.load import load_adapter
 
@@ -111,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out: dict[str, Any] = {"model": args.model, "caption": caption_hits(adapter, args.data, args.notes)}
     if args.probe:
         out["probe"] = probe(adapter, args.data, args.probe)
+    if args.tray_probe:
+        out["tray_probe"] = tray_probe(adapter, args.data, args.tray_probe)
     print(json.dumps(out, indent=1))
     return 0
 
