@@ -78,27 +78,35 @@ def caption_hits(adapter: Any, data: Path, notes: int) -> dict[str, Any]:
     return {"notes": len(rows), "box_right": hits, "share": hits / len(rows) if rows else float("nan")}
 
 
-def probe(adapter: Any, data: Path, notes: int) -> dict[str, float]:
-    rows = _rows(data)[:notes]
-    labels = [tray_box(r["image_captions"][0]) for r in rows]
-    boxes = sorted(set(labels))
-    y = torch.tensor([boxes.index(b) for b in labels])  # (N,)
+def image_tokens(
+    adapter: Any, data: Path, rows: Sequence[dict[str, Any]], image: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fusion tokens of image ``image`` of each row: laid out in order (N, K * D) and their mean (N, D)."""
     model = adapter.model.eval()
     laid, mean = [], []
     for s in range(0, len(rows), 32):
         chunk = rows[s : s + 32]
-        batch = adapter.processor([[str(data / r["images"][0])] for r in chunk], ["x"] * len(chunk))
+        batch = adapter.processor([[str(data / r["images"][image])] for r in chunk], ["x"] * len(chunk))
         with torch.no_grad():
             tokens, _ = model.model.get_image_features(
                 batch["pixel_values"], batch.get("image_mask")
             )  # (B, 1, K, D)
         laid.append(tokens.flatten(1).float())  # (B, K * D)
         mean.append(tokens.mean(dim=(1, 2)).float())  # (B, D)
+    return torch.cat(laid), torch.cat(mean)
+
+
+def probe(adapter: Any, data: Path, notes: int) -> dict[str, float]:
+    rows = _rows(data)[:notes]
+    labels = [tray_box(r["image_captions"][0]) for r in rows]
+    boxes = sorted(set(labels))
+    y = torch.tensor([boxes.index(b) for b in labels])  # (N,)
+    laid, mean = image_tokens(adapter, data, rows, 0)
     n = len(boxes)
     return {
         "boxes": n,
-        "tokens": linear_probe(torch.cat(laid), y, classes=n),
-        "mean": linear_probe(torch.cat(mean), y, classes=n),
+        "tokens": linear_probe(laid, y, classes=n),
+        "mean": linear_probe(mean, y, classes=n),
         "chance": float((y == y.mode().values).float().mean()),
     }
 
@@ -123,18 +131,7 @@ def tray_labels(
 def tray_probe(adapter: Any, data: Path, notes: int) -> dict[str, dict[str, float]]:
     """Linear probes from the tray image's fusion tokens (laid out, and their mean) to :func:`tray_labels`."""
     rows = [json.loads(line) for line in (data / "notes.jsonl").read_text().splitlines()][:notes]
-    model = adapter.model.eval()
-    laid, mean = [], []
-    for s in range(0, len(rows), 32):
-        chunk = rows[s : s + 32]
-        batch = adapter.processor([[str(data / r["images"][1])] for r in chunk], ["x"] * len(chunk))
-        with torch.no_grad():
-            tokens, _ = model.model.get_image_features(
-                batch["pixel_values"], batch.get("image_mask")
-            )  # (B, 1, K, D)
-        laid.append(tokens.flatten(1).float())  # (B, K * D)
-        mean.append(tokens.mean(dim=(1, 2)).float())  # (B, D)
-    x, xm = torch.cat(laid), torch.cat(mean)
+    x, xm = image_tokens(adapter, data, rows, 1)
     out = {}
     for name, labels in tray_labels(rows).items():
         y = torch.tensor(labels)  # (N,)

@@ -33,8 +33,18 @@ from mm.train.metrics import MetricsLogger, read_metrics
 from rl.advantages import gae, masked_mean, masked_whiten
 from rl.agent.backend import AgentBackend
 from rl.agent.config import AgentPPOConfig, AgentRunConfig
-from rl.agent.loop import rollout, summary, trajectory_batch
-from rl.agent.stages import build_backend, loop_config, reward_fn, save_weights, step_seed, train_tasks
+from rl.agent.loop import summary, trajectory_batch
+from rl.agent.stages import (
+    build_backend,
+    load_checkpoint,
+    loop_config,
+    reward_fn,
+    save_checkpoint,
+    save_weights,
+    step_rollout,
+    step_seed,
+    train_tasks,
+)
 from rl.agent.trajectory import Trajectory
 from rl.losses import policy_loss, value_loss
 from rl.trainers.ppo_math import explained_variance, minibatch_plan, token_rewards
@@ -190,44 +200,28 @@ def run_ppo(
     head = value_head(hidden_size(backend.adapter.model))
     optimizer = ppo_optimizer(backend, head, p)
     ckpt = stage_dir / "checkpoint.pt"
-    start = 0
-    if ckpt.exists():
-        state = torch.load(ckpt, map_location="cpu", weights_only=True)
-        backend.adapter.model.load_state_dict(state["model"])
-        head.load_state_dict(state["head"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = int(state["step"])
+    modules = {"model": backend.adapter.model, "head": head}
+    start = load_checkpoint(ckpt, optimizer, modules)
     log = MetricsLogger(stage_dir / "metrics.jsonl", resume_step=start if start else None)
     tasks = train_tasks(cfg)
     loop = loop_config(cfg, tools=True, sample=True)
     reward = reward_fn(cfg)
     backend.adapter.model.train()
     for step in range(start + 1, p.steps + 1):
-        first = (step - 1) * p.tasks_per_step
-        chosen = [tasks[(first + i) % len(tasks)] for i in range(p.tasks_per_step)]
-        group = [t for t in chosen for _ in range(p.samples_per_task)]
-        torch.manual_seed(step_seed(cfg, "ppo", step))
-        trajs = rollout(backend, group, loop, users=cfg.rollout.simulator())
+        trajs = step_rollout(
+            cfg, backend, tasks, loop, stage="ppo", step=step, tasks_per_step=p.tasks_per_step,
+            per_task=p.samples_per_task,
+        )  # fmt: skip
         metrics = ppo_step(
             backend, head, optimizer, trajs, reward, p, seed=step_seed(cfg, "ppo-plan", step),
             temperature=cfg.grpo.temperature,
         )  # fmt: skip
         log.log({"step": step, **metrics, **summary(trajs)})
         if step % p.checkpoint_every == 0 or step == p.steps:
-            _checkpoint(backend, head, optimizer, step, ckpt)
+            save_checkpoint(ckpt, step, optimizer, modules)
             if stop_after is not None and step >= stop_after:
                 return None
     save_weights(backend, stage_dir / "model.pt")
     torch.save({k: v.float() for k, v in head.state_dict().items()}, stage_dir / "value_head.pt")
     records = read_metrics(stage_dir / "metrics.jsonl")
     return {"stage": "ppo", "steps": p.steps, "last": records[-1] if records else None}
-
-
-def _checkpoint(
-    backend: AgentBackend, head: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, path: Path
-) -> None:
-    tmp = path.with_suffix(".tmp")
-    state = {"model": backend.adapter.model.state_dict(), "head": head.state_dict(),
-             "optimizer": optimizer.state_dict(), "step": step}  # fmt: skip
-    torch.save(state, tmp)
-    tmp.replace(path)

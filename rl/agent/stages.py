@@ -203,6 +203,26 @@ def reward_fn(cfg: AgentRunConfig) -> Callable[[Trajectory], float]:
     return reward
 
 
+def step_rollout(
+    cfg: AgentRunConfig,
+    backend: AgentBackend,
+    tasks: Sequence[AgentTask],
+    loop: LoopConfig,
+    *,
+    stage: str,
+    step: int,
+    tasks_per_step: int,
+    per_task: int,
+) -> list[Trajectory]:
+    """The sampled trajectories of one RL step: the next ``tasks_per_step`` train tasks in order (cycling),
+    each ``per_task`` times in a row, torch seeded from ``(seed, stage, step)``; dialogues with the user
+    simulator."""
+    first = (step - 1) * tasks_per_step
+    chosen = [tasks[(first + i) % len(tasks)] for i in range(tasks_per_step)]
+    torch.manual_seed(step_seed(cfg, stage, step))
+    return rollout(backend, [t for t in chosen for _ in range(per_task)], loop, users=cfg.rollout.simulator())
+
+
 def run_grpo(
     cfg: AgentRunConfig, stage_dir: Path, init: Path, *, stop_after: int | None = None
 ) -> dict[str, Any] | None:
@@ -212,12 +232,7 @@ def run_grpo(
     backend = build_backend(cfg, init)
     optimizer = optimizer_for(backend, g.lr)
     ckpt = stage_dir / "checkpoint.pt"
-    start = 0
-    if ckpt.exists():
-        state = torch.load(ckpt, map_location="cpu", weights_only=True)
-        backend.adapter.model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = int(state["step"])
+    start = load_checkpoint(ckpt, optimizer, {"model": backend.adapter.model})
     log = MetricsLogger(stage_dir / "metrics.jsonl", resume_step=start if start else None)
     tasks = train_tasks(cfg)
     algo = AgentGRPOConfig(
@@ -228,11 +243,10 @@ def run_grpo(
     reward = reward_fn(cfg)
     backend.adapter.model.train()
     for step in range(start + 1, g.steps + 1):
-        first = (step - 1) * g.tasks_per_step
-        chosen = [tasks[(first + i) % len(tasks)] for i in range(g.tasks_per_step)]
-        group = [t for t in chosen for _ in range(g.group_size)]
-        torch.manual_seed(step_seed(cfg, "grpo", step))
-        trajs = rollout(backend, group, loop, users=cfg.rollout.simulator())
+        trajs = step_rollout(
+            cfg, backend, tasks, loop, stage="grpo", step=step, tasks_per_step=g.tasks_per_step,
+            per_task=g.group_size,
+        )  # fmt: skip
         rewards = torch.tensor([reward(t) for t in trajs], dtype=torch.float32)  # (B,)
         optimizer.zero_grad(set_to_none=True)
         loss, metrics = grpo_loss(backend, trajs, rewards, algo, temperature=g.temperature)
@@ -243,7 +257,7 @@ def run_grpo(
         record |= {k: float(v) for k, v in metrics.items()} | summary(trajs)
         log.log(record)
         if step % g.checkpoint_every == 0 or step == g.steps:
-            _checkpoint(backend, optimizer, step, ckpt)
+            save_checkpoint(ckpt, step, optimizer, {"model": backend.adapter.model})
             if stop_after is not None and step >= stop_after:
                 return None
     save_weights(backend, stage_dir / "model.pt")
@@ -251,9 +265,22 @@ def run_grpo(
     return {"stage": "grpo", "steps": g.steps, "last": records[-1] if records else None}
 
 
-def _checkpoint(backend: AgentBackend, optimizer: torch.optim.Optimizer, step: int, path: Path) -> None:
+def save_checkpoint(
+    path: Path, step: int, optimizer: torch.optim.Optimizer, modules: dict[str, torch.nn.Module]
+) -> None:
+    """``modules``' state dicts, the optimizer's and ``step`` in one file, written atomically."""
     tmp = path.with_suffix(".tmp")
-    torch.save(
-        {"model": backend.adapter.model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp
-    )
+    state = {name: m.state_dict() for name, m in modules.items()}
+    torch.save(state | {"optimizer": optimizer.state_dict(), "step": step}, tmp)
     tmp.replace(path)
+
+
+def load_checkpoint(path: Path, optimizer: torch.optim.Optimizer, modules: dict[str, torch.nn.Module]) -> int:
+    """Load a :func:`save_checkpoint` file into ``modules`` and ``optimizer``; its step (0: no file)."""
+    if not path.exists():
+        return 0
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    for name, m in modules.items():
+        m.load_state_dict(state[name])
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["step"])
