@@ -144,7 +144,7 @@ def run_agent(
         t0 = time.perf_counter()
         stage_dir = out / stage
         stage_dir.mkdir(parents=True, exist_ok=True)
-        result = _run_stage(cfg, out, stage, stage_dir, grpo_stop_after, ppo_stop_after)
+        result = _run_stage(cfg, out, stage, stage_dir, grpo_stop_after, ppo_stop_after=ppo_stop_after)
         if result is None:
             log(f"[agent] {stage}: stopped before the end (re-run to resume)")
             return None
@@ -172,8 +172,8 @@ def _run_stage(
     out: Path,
     stage: str,
     stage_dir: Path,
-    grpo_stop_after: int | None,
-    ppo_stop_after: int | None,
+    grpo_stop_after: int | None = None,
+    ppo_stop_after: int | None = None,
 ) -> dict[str, Any] | None:
     init = out / "perception" / "model.pt"
     if stage == "note_model":
