@@ -17,10 +17,12 @@ High ``tokens`` with low ``mean`` says the place is in which token holds the tra
 content: an LM with relative positions (RoPE) must then count from ``<im_start>`` to tell it.
 ``model.token_position_embeddings`` puts the place into the content.
 
-``--tray-probe N`` adds what the zoom on the tray shows the model: the same probes from the fusion tokens
-of the tray image (the detail demonstrations' zoom) of the first N notes, to the number of tiny objects on
-the tray, whether each of the three most frequent colours is there, and how many (0, 1, 2 or more) of each
-of the four most frequent categories (what a count question asks), each beside its chance.
+``--tray-probe N`` adds what the zoom on the tray shows the model, from the fusion tokens of the tray
+image (the detail demonstrations' zoom) of the first N notes: the category and the colour of the tiny
+object a token holds (one shared linear probe over every token whose cell one object alone tags, as the
+per-token tags of pretraining do), beside a control that reads them from the mean of the same image's
+empty tokens (what the background and the note's theme alone tell) and the most frequent class's share;
+and the number of tiny objects on the tray from the mean of the image's tokens.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import argparse
 import json
 import re
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -111,36 +112,61 @@ def probe(adapter: Any, data: Path, notes: int) -> dict[str, float]:
     }
 
 
-def tray_labels(
-    rows: Sequence[dict[str, Any]], *, colours: int = 3, categories: int = 4
-) -> dict[str, list[int]]:
-    """Per label, one class per row, from each row's tray objects (``objects[1]``): ``objects`` (how many,
-    from 0 for the fewest seen), ``colour:C`` (1 when an object is C), ``category:C`` (0, 1, 2 = two or
-    more); the most frequent ``colours`` colours and ``categories`` categories."""
-    trays = [r["objects"][1] for r in rows]
-    sizes = [len(t) for t in trays]
-    out = {"objects": [n - min(sizes) for n in sizes]}
-    colour_counts = Counter(o["color"] for t in trays for o in t).most_common(colours)
-    for c, _ in colour_counts:
-        out[f"colour:{c}"] = [int(any(o["color"] == c for o in t)) for t in trays]
-    for c, _ in Counter(o["category"] for t in trays for o in t).most_common(categories):
-        out[f"category:{c}"] = [min(sum(o["category"] == c for o in t), 2) for t in trays]
-    return out
+def token_labels(
+    rows: Sequence[dict[str, Any]], grid: int, size: int
+) -> tuple[list[tuple[int, int, str, str]], list[list[int]]]:
+    """The tray image's tokens as a probe reads them, on a ``grid`` x ``grid`` token layout of a ``size``-px
+    image (the mlp fusion keeps the patch grid): ``(row, token, category, colour)`` of every token whose cell
+    one tray object alone tags (``mm.train.pretrain.data.cell_objects``, as the per-token tags of
+    pretraining), and per row the tokens no object tags (its background)."""
+    from mm.train.pretrain.data import cell_objects
+
+    held, empty = [], []
+    for i, r in enumerate(rows):
+        cells: dict[int, list[dict[str, Any]]] = {}
+        for o in r["objects"][1]:
+            for c in cell_objects(o["bbox"], (grid, grid), (size, size)):
+                cells.setdefault(c, []).append(o)
+        held += [
+            (i, k, objs[0]["category"], objs[0]["color"])
+            for k, objs in sorted(cells.items())
+            if len(objs) == 1
+        ]
+        empty.append([k for k in range(grid * grid) if k not in cells])
+    return held, empty
 
 
 def tray_probe(adapter: Any, data: Path, notes: int) -> dict[str, dict[str, float]]:
-    """Linear probes from the tray image's fusion tokens (laid out, and their mean) to :func:`tray_labels`."""
+    """Linear probes on the tray image's fusion tokens (module docstring): the category and the colour of
+    the object a token holds, from that token and (control) from the mean of its image's empty tokens; the
+    number of objects on the tray from the mean of all the tokens."""
     rows = [json.loads(line) for line in (data / "notes.jsonl").read_text().splitlines()][:notes]
-    x, xm = image_tokens(adapter, data, rows, 1)
+    laid, mean = image_tokens(adapter, data, rows, 1)  # (N, K * D), (N, D)
+    tokens = laid.view(len(rows), -1, mean.shape[1])  # (N, K, D)
+    grid = int(round(tokens.shape[1] ** 0.5))
+    size = int(adapter.model.config.vision_config["image_size"])
+    held, empty = token_labels(rows, grid, size)
+    held = [h for h in held if empty[h[0]]]  # the control needs a background token in the same image
+    own = torch.stack([tokens[i, k] for i, k, _, _ in held])  # (M, D)
+    background = torch.stack([tokens[i, empty[i]].mean(0) for i, _, _, _ in held])  # (M, D)
     out = {}
-    for name, labels in tray_labels(rows).items():
-        y = torch.tensor(labels)  # (N,)
-        k = int(y.max()) + 1
+    for j, name in ((2, "category"), (3, "colour")):
+        values = sorted({h[j] for h in held})
+        y = torch.tensor([values.index(h[j]) for h in held])  # (M,)
         out[name] = {
-            "tokens": linear_probe(x, y, classes=k),
-            "mean": linear_probe(xm, y, classes=k),
+            "token": linear_probe(own, y, classes=len(values)),
+            "background": linear_probe(background, y, classes=len(values)),
             "chance": float((y == y.mode().values).float().mean()),
+            "tokens": len(held),
         }
+    sizes = [len(r["objects"][1]) for r in rows]
+    y = torch.tensor([n - min(sizes) for n in sizes])  # (N,)
+    chance = float((y == y.mode().values).float().mean())
+    out["objects"] = {
+        "mean": linear_probe(mean, y, classes=int(y.max()) + 1),
+        "chance": chance,
+        "images": len(rows),
+    }
     return out
 
 

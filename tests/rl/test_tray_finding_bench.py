@@ -33,20 +33,29 @@ def test_box_hits_count_exact_boxes_only(tf):
         tf.box_hits(ref, got[:2])
 
 
-def test_tray_labels_golden(tf):
-    def obj(category, color):
-        return {"category": category, "color": color}
+def test_token_labels_golden(tf):
+    def obj(category, color, bbox):
+        return {"category": category, "color": color, "bbox": bbox}
 
     rows = [
-        {"objects": [[obj("car", "red")], [obj("cup", "red"), obj("cup", "blue"), obj("cup", "red")]]},
-        {"objects": [[], [obj("fork", "blue"), obj("cup", "green"), obj("fork", "red"), obj("pan", "red")]]},
-        {"objects": [[], [obj("pan", "green"), obj("fork", "green"), obj("spoon", "white")]]},
+        {"objects": [[], [obj("cup", "red", [1, 1, 6, 6]), obj("pan", "blue", [9, 1, 15, 6])]]},
+        # two objects in one cell: that token is left out; one object covering two cells' centres tags both
+        {
+            "objects": [
+                [],
+                [
+                    obj("cup", "red", [1, 1, 3, 3]),
+                    obj("fork", "green", [5, 5, 7, 7]),
+                    obj("pan", "white", [1, 9, 14, 14]),
+                ],
+            ]
+        },  # fmt: skip
     ]
-    got = tf.tray_labels(rows, colours=2, categories=2)
-    assert got == {
-        "objects": [0, 1, 0],
-        "colour:red": [1, 1, 0],  # red 4 times, green 3, blue 2, white 1
-        "colour:green": [0, 1, 1],
-        "category:cup": [2, 1, 0],  # cup 4 times, fork 3: two or more is class 2
-        "category:fork": [0, 2, 1],
-    }
+    held, empty = tf.token_labels(rows, grid=2, size=16)  # 8-px cells, centres at 4 and 12
+    assert held == [
+        (0, 0, "cup", "red"),
+        (0, 1, "pan", "blue"),
+        (1, 2, "pan", "white"),
+        (1, 3, "pan", "white"),
+    ]
+    assert empty == [[2, 3], [1]]
