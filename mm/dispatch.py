@@ -5,7 +5,8 @@ module is imported, so ``--help`` and light commands never pay for torch start-u
 :class:`~mm.errors.UserError`, :class:`~mm.config.ConfigError` or disk error (any ``OSError``: a
 missing input, ``--out`` under a regular file, an unwritable folder, a full disk) becomes one line on
 stderr and exit code 2. Before the command runs, a given ``--out`` is checked without creating
-anything: its nearest existing ancestor must be a writable folder.
+anything: its nearest existing ancestor must be a writable folder. SIGTERM unwinds the command as Ctrl-C
+does (:mod:`mm.signals`): staged outputs are removed and worker pools stopped, exit code 143.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 
 from mm.config import ConfigError
 from mm.errors import UserError, check_out_path, describe_os_error
+from mm.signals import sigterm_unwinds
 
 
 def build_parser(
@@ -40,7 +42,8 @@ def dispatch(
     try:
         if isinstance(getattr(args, "out", None), str):
             check_out_path(args.out)
-        return int(importlib.import_module(commands[args.command][0]).run(args) or 0)
+        with sigterm_unwinds():
+            return int(importlib.import_module(commands[args.command][0]).run(args) or 0)
     except (UserError, ConfigError) as e:
         message = str(e)
     except OSError as e:

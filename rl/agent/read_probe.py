@@ -1,6 +1,7 @@
 """Does a captioning model read the agent world's photos? A check of a ``policy.init`` candidate.
 
     python -m rl.agent.read_probe runs/sft/model --seed 0 --notes 96
+    python -m rl.agent.read_probe runs/sft/model --detail --tray-spots 3 --set detail.tiny_radius_min=6
 
 The model captions ("Describe the photo.", greedy) each test caption task's photo as a whole and its
 tray as a zoom crop returns it; a caption *mentions* an object when it holds the object's name, and its
@@ -23,7 +24,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from mm.world.detail import DetailConfig
+from mm.config import ConfigError, load_config
 from rl.agent.answers import colors_in, numbers_in
 from rl.agent.backend import AgentBackend, Sampling
 from rl.agent.world_demos import loop_observation, tray_box, zoom_call
@@ -144,8 +145,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--detail", action="store_true", help="ask test detail tasks' questions on the right tray zoom"
     )
+    parser.add_argument(
+        "--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+        help="world settings, as rl agent's world: section (detail.tiny_radius_min=6)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    cfg = WorldTaskConfig(seed=args.seed, detail=DetailConfig(tray_spots=args.tray_spots))
+    sets = [f"seed={args.seed}", f"detail.tray_spots={args.tray_spots}", *args.overrides]
+    try:
+        cfg = load_config(WorldTaskConfig, None, sets)
+    except ConfigError as err:
+        parser.error(str(err))
     backend = backend_for(load_adapter(args.model))
     result = detail_reading(backend, cfg, args.notes) if args.detail else read_probe(backend, cfg, args.notes)
     print(json.dumps(result, indent=1))

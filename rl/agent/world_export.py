@@ -36,6 +36,7 @@ from PIL import Image
 
 from mm.data.format import Note, ObjectAnnotation, staged_folder, write_notes
 from mm.errors import UserError
+from mm.signals import sigterm_unwinds
 from mm.world.detail import DetailScene, padded_box
 from mm.world.generate import start_method
 from mm.world.render import object_box
@@ -192,9 +193,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(AgentRunConfig, args.config, list(args.overrides))
-        n = export_world(
-            cfg.world, args.notes, args.out, size=args.size, overwrite=args.overwrite, workers=args.workers
-        )
+        with sigterm_unwinds():
+            n = export_world(
+                cfg.world, args.notes, args.out, size=args.size, overwrite=args.overwrite,
+                workers=args.workers,
+            )  # fmt: skip
     except (UserError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

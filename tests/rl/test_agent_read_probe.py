@@ -77,3 +77,20 @@ def test_detail_cli_on_a_tiny_model(tmp_path, capsys):
     assert main([str(tmp_path / "m"), "--notes", "4", "--detail", "--tray-spots", "3"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tasks"] == 4 and out["color"]["tasks"] + out["count"]["tasks"] == 4
+
+
+def test_cli_world_settings_reach_the_tasks_and_bad_keys_are_refused(tmp_path, capsys, monkeypatch):
+    import rl.agent.read_probe as rp
+
+    adapter = tiny_notevlm()
+    adapter.model.save_pretrained(str(tmp_path / "m"))
+    adapter.processor.save_pretrained(tmp_path / "m")
+    seen = {}
+    monkeypatch.setattr(rp, "detail_reading", lambda backend, cfg, n: seen.setdefault("cfg", cfg) and {})
+    sets = ["detail.tiny_radius_min=6", "detail.tiny_radius_max=9"]
+    assert main([str(tmp_path / "m"), "--seed", "2", "--detail", "--tray-spots", "3", "--set", *sets]) == 0
+    cfg, detail = seen["cfg"], seen["cfg"].detail
+    assert (cfg.seed, detail.tray_spots, detail.tiny_radius_min, detail.tiny_radius_max) == (2, 3, 6, 9)
+    with pytest.raises(SystemExit) as info:
+        main([str(tmp_path / "m"), "--set", "detail.bogus=1"])
+    assert info.value.code == 2 and "unknown key 'detail.bogus'" in capsys.readouterr().err
