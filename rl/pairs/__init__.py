@@ -28,16 +28,30 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "rl.pairs.record": ("PAIR_KINDS", "PreferencePair", "caption_pair"),
     "rl.pairs.files": ("read_pairs", "write_pairs"),
     "rl.pairs.importers": (
-        "PAIR_FORMATS", "FilePair", "RecordError", "detect_format", "native_pair", "open_images",
-        "read_pair_file", "rlaif_v_pair", "rlhf_v_pair",
+        "PAIR_FORMATS",
+        "FilePair",
+        "RecordError",
+        "detect_format",
+        "native_pair",
+        "open_images",
+        "read_pair_file",
+        "rlaif_v_pair",
+        "rlhf_v_pair",
     ),  # fmt: skip
     "rl.pairs.injection": ("ALSO_TEMPLATES", "choose_injected", "inject_object", "injection_pairs"),
     "rl.pairs.onpolicy": (
-        "labeler_scorer", "onpolicy_pairs", "rank_pair", "sample_responses", "scene_scorer",
+        "labeler_scorer",
+        "onpolicy_pairs",
+        "rank_pair",
+        "sample_responses",
+        "scene_scorer",
     ),  # fmt: skip
     "rl.pairs.correction": ("correction_pairs", "greedy_captions", "strip_objects"),
     "rl.pairs.colour_fix": (
-        "colour_correction_pairs", "labeler_colour_judge", "scene_colour_judge", "self_colour_judge",
+        "colour_correction_pairs",
+        "labeler_colour_judge",
+        "scene_colour_judge",
+        "self_colour_judge",
         "strip_colours",
     ),  # fmt: skip
     "rl.pairs.questions": ("question_pairs",),

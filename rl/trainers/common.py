@@ -239,5 +239,3 @@ def note_pixels(images_u8: torch.Tensor, processor: Any) -> torch.Tensor:
     mean = torch.tensor(processor.image_mean).view(1, 3, 1, 1)
     std = torch.tensor(processor.image_std).view(1, 3, 1, 1)
     return (images_u8.float().div(255.0) - mean) / std
-
-

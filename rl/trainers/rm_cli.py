@@ -25,13 +25,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help="YAML for rl.trainers.rm_config.RMConfig (optional)")
     parser.add_argument("--model", default=None, metavar="DIR", help="model folder under the value head")
     parser.add_argument("--pairs", default=None, metavar="PAIRS.jsonl", help="preference pairs file")
-    parser.add_argument("--image-folder", default=None, metavar="IMGS",
-                        help="folder the image paths are relative to (default: the pairs file's folder)")
-    parser.add_argument("--pairs-format", default=None, choices=["auto", "native", "rlaif-v", "rlhf-v"],
-                        help="record layout of --pairs (default auto)")
+    parser.add_argument(
+        "--image-folder",
+        default=None,
+        metavar="IMGS",
+        help="folder the image paths are relative to (default: the pairs file's folder)",
+    )
+    parser.add_argument(
+        "--pairs-format",
+        default=None,
+        choices=["auto", "native", "rlaif-v", "rlhf-v"],
+        help="record layout of --pairs (default auto)",
+    )
     parser.add_argument("--out", default="runs/rm", help="output folder (default runs/rm)")
-    parser.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
-                        metavar="KEY=VALUE", help="override config keys, e.g. --set train.steps=50")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override config keys, e.g. --set train.steps=50",
+    )
     parser.add_argument("--no-resume", action="store_true", help="ignore and delete existing checkpoints")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
