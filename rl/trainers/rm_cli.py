@@ -26,27 +26,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, metavar="DIR", help="model folder under the value head")
     parser.add_argument("--pairs", default=None, metavar="PAIRS.jsonl", help="preference pairs file")
     parser.add_argument(
-        "--image-folder",
-        default=None,
-        metavar="IMGS",
+        "--image-folder", default=None, metavar="IMGS",
         help="folder the image paths are relative to (default: the pairs file's folder)",
-    )
+    )  # fmt: skip
     parser.add_argument(
-        "--pairs-format",
-        default=None,
-        choices=["auto", "native", "rlaif-v", "rlhf-v"],
+        "--pairs-format", default=None, choices=["auto", "native", "rlaif-v", "rlhf-v"],
         help="record layout of --pairs (default auto)",
-    )
+    )  # fmt: skip
     parser.add_argument("--out", default="runs/rm", help="output folder (default runs/rm)")
     parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="extend",
-        nargs="+",
-        default=[],
-        metavar="KEY=VALUE",
+        "--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
         help="override config keys, e.g. --set train.steps=50",
-    )
+    )  # fmt: skip
     parser.add_argument("--no-resume", action="store_true", help="ignore and delete existing checkpoints")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
