@@ -179,6 +179,20 @@ def load_stage_config(cls: type, spec: StageSpec | WorldSpec, wiring: list[str],
         raise ConfigError(f"{what} ({spec.config}): {e}") from None
 
 
+def load_train_stage(spec: StageSpec, wiring: list[str], name: str, want: str = "sft") -> Any:
+    """The typed config (mm.train.sft.TrainConfig) of the ``mm train`` stage ``spec`` with the ``wiring``
+    overrides applied last; its ``train.stage`` must be ``want``. ``name`` names it in errors."""
+    from mm.train.sft import TrainConfig
+
+    conf = load_stage_config(TrainConfig, spec, wiring, name)
+    if conf.train.stage != want:
+        raise UserError(
+            f"{name}.config {spec.config} has train.stage={conf.train.stage!r}; the {name.split('.')[-1]} "
+            f"stage needs a train.stage {want} config"
+        )
+    return conf
+
+
 def resolve_training(
     specs: dict[str, StageSpec | None], data_dir: Path, out: Path, prefix: str = ""
 ) -> dict[str, Any]:
@@ -186,7 +200,6 @@ def resolve_training(
     is given), each stage wired to read ``data_dir`` and start from the one before in ``out/<stage>``;
     ``prefix`` names the specs in errors (``note_model.``). Errors before anything runs."""
     from mm.train.pretrain import PretrainConfig
-    from mm.train.sft import TrainConfig
 
     data = f"data.folder={data_dir}"
     res: dict[str, Any] = {
@@ -199,15 +212,9 @@ def resolve_training(
     }
     for name, init in starts.items():
         spec = specs.get(name)
-        if spec is None:
-            continue
-        res[name] = load_stage_config(TrainConfig, spec, [data, *init], f"{prefix}{name}")
-        want = "align" if name == "align" else "sft"
-        if res[name].train.stage != want:
-            raise UserError(
-                f"{prefix}{name}.config {spec.config} has train.stage={res[name].train.stage!r}; the {name} "
-                f"stage needs a train.stage {want} config"
-            )
+        if spec is not None:
+            want = "align" if name == "align" else "sft"
+            res[name] = load_train_stage(spec, [data, *init], f"{prefix}{name}", want)
     d, h = res["pretrain"].model.d_model, text_hidden_size(res["align"].model.text)
     if d != h:
         raise UserError(

@@ -339,6 +339,10 @@ class NoteModelConfig:
     tune: StageSpec | None = None
     """A second SFT from the first (e.g. with the tower trainable), or null: the policy starts from the first
     SFT's model."""
+    phases: list[StageSpec] = field(default_factory=list)
+    """More SFT phases after ``tune`` (or ``sft``), each from the model before it, in ``phase1``, ``phase2``
+    ...; the policy starts from the last. E.g. count questions alone, then the whole mix again
+    (``configs/rl/agent_world.yaml``)."""
 
     def __post_init__(self) -> None:
         if self.notes < 1 or self.workers < 1:

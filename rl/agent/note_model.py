@@ -9,8 +9,9 @@ stopped pretraining or SFT resumes from its own checkpoints):
 1. ``data``: :func:`rl.agent.world_export.export_world` of ``note_model.notes`` notes of ``world`` (so the
    held-out split the agent is evaluated on stays unseen);
 2. ``pretrain``: InfoNCE (``mm pretrain``'s library call) on that folder;
-3. ``align``, ``sft``, ``tune``: ``mm train`` stages, each from the one before (without a ``tune``
-   config the policy starts from ``sft``).
+3. ``align``, ``sft``, ``tune``, then ``phase1``, ``phase2`` ... (``note_model.phases``): ``mm train``
+   stages, each from the one before; the policy starts from the last (``sft`` without a ``tune`` config or
+   phases).
 
 The stage configs are the ``note_model`` StageSpecs (a YAML of the ``mm`` CLI plus overrides); the wiring
 keys (data folder, ``init`` paths) are forced here, as ``rl pipeline`` does.
@@ -29,21 +30,35 @@ from mm.train.metrics import atomic_write_text
 from rl.agent.config import AgentRunConfig
 
 SUBSTAGES = ("data", "pretrain", "align", "sft", "tune")
-"""The note model's sub-stages, in order."""
+"""The note model's fixed sub-stages, in order; ``note_model.phases`` adds ``phase1``, ``phase2`` ..."""
+
+
+def substages(cfg: AgentRunConfig) -> tuple[str, ...]:
+    """Every sub-stage of ``cfg``'s note model, in the order they run."""
+    return (*SUBSTAGES, *(f"phase{i}" for i in range(1, len(cfg.note_model.phases) + 1)))
 
 
 def note_configs(cfg: AgentRunConfig, root: Path) -> dict[str, Any]:
     """The typed config of every training sub-stage, wired to ``root`` (errors before anything runs)."""
-    from rl.pipeline import resolve_training
+    from rl.pipeline import load_train_stage, resolve_training
 
     nm = cfg.note_model
     specs = {"pretrain": nm.pretrain, "align": nm.align, "sft": nm.sft, "tune": nm.tune}
-    return resolve_training(specs, root / "data", root, prefix="note_model.")
+    confs = resolve_training(specs, root / "data", root, prefix="note_model.")
+    before = root / ("sft" if nm.tune is None else "tune") / "model"
+    for i, spec in enumerate(nm.phases, 1):
+        wiring = [f"data.folder={root / 'data'}", "init.pretrain=null", f"init.model={before}"]
+        confs[f"phase{i}"] = load_train_stage(spec, wiring, f"note_model.phases[{i - 1}]")
+        before = root / f"phase{i}" / "model"
+    return confs
 
 
 def model_folder(cfg: AgentRunConfig, root: Path) -> Path:
-    """The folder of the note model the policy starts from: ``tune``'s, or ``sft``'s without a tune stage."""
-    return root / ("sft" if cfg.note_model.tune is None else "tune") / "model"
+    """The folder of the note model the policy starts from: the last phase's, else ``tune``'s, else
+    ``sft``'s."""
+    nm = cfg.note_model
+    last = f"phase{len(nm.phases)}" if nm.phases else "sft" if nm.tune is None else "tune"
+    return root / last / "model"
 
 
 def starting_from_it(cfg: AgentRunConfig, root: Path) -> AgentRunConfig:
@@ -61,7 +76,7 @@ def run_note_model(
 
     confs = note_configs(cfg, root)
     results: dict[str, Any] = {}
-    for name in SUBSTAGES:
+    for name in substages(cfg):
         out, done = root / name, root / name / "done.json"
         if done.exists():
             results[name] = json.loads(done.read_text())

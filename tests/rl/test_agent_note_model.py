@@ -34,23 +34,28 @@ def _cfg(*overrides: str) -> AgentRunConfig:
 
 
 def test_note_model_stage_builds_the_policy_start_and_resumes(tmp_path):
-    from rl.agent.note_model import SUBSTAGES, note_configs, run_note_model, starting_from_it
+    from rl.agent.note_model import note_configs, run_note_model, starting_from_it, substages
     from rl.agent.stages import build_backend
 
     cfg = _cfg(
         f"note_model.tune.config={MM / 'sft.yaml'}",
         f"note_model.tune.overrides=[{TRAIN},eval.notes=1,eval.questions=0,train.train_vision=true]",
+        f"note_model.phases=[{{config: {MM / 'sft.yaml'}, overrides: [{TRAIN}, eval.notes=1, "
+        "eval.questions=0, 'tasks.kinds=[count_answer]']}]",
     )
     root = tmp_path / "note_model"
     result = run_note_model(cfg, root, log=lambda s: None)
-    assert result["model"] == str(root / "tune/model") and result["data"]["photo_notes"] >= 3
-    for name in SUBSTAGES:
+    assert substages(cfg) == ("data", "pretrain", "align", "sft", "tune", "phase1")
+    assert result["model"] == str(root / "phase1/model") and result["data"]["photo_notes"] >= 3
+    for name in substages(cfg):
         assert json.loads((root / name / "done.json").read_text()) == result[name]
     confs = note_configs(cfg, root)  # the wiring: each stage starts from the one before
     assert confs["align"].init.pretrain == str(root / "pretrain") and confs["align"].init.model is None
     assert confs["tune"].init.model == str(root / "sft/model")
-    assert confs["tune"].data.folder == str(root / "data")
+    assert confs["phase1"].init.model == str(root / "tune/model") and confs["phase1"].init.pretrain is None
+    assert confs["tune"].data.folder == confs["phase1"].data.folder == str(root / "data")
     assert confs["sft"].tasks.kinds == ["caption", "image_caption", "count_answer"]
+    assert confs["phase1"].tasks.kinds == ["count_answer"]
     # the policy starts from the tuned note model, weight for weight
     from rl.agent.policy_init import load_policy
 
@@ -62,7 +67,7 @@ def test_note_model_stage_builds_the_policy_start_and_resumes(tmp_path):
     # a re-run skips every finished sub-stage
     said: list[str] = []
     assert run_note_model(cfg, root, log=said.append) == json.loads(json.dumps(result))
-    assert said == [f"[agent] note_model/{n}: done before, skipped" for n in SUBSTAGES]
+    assert said == [f"[agent] note_model/{n}: done before, skipped" for n in substages(cfg)]
 
 
 def test_rl_agent_runs_from_the_note_model_it_builds(tmp_path):
@@ -91,6 +96,12 @@ def test_rl_agent_runs_from_the_note_model_it_builds(tmp_path):
         ("note_model.notes=0", ValueError, "note_model.notes"),
         ("note_model.align.config=configs/mm/sft.yaml", UserError, "train.stage align"),
         ("note_model.sft.config=no/such.yaml", UserError, "note_model.sft.config='no/such.yaml' does not"),
+        (
+            f"note_model.phases=[{{config: {MM / 'align.yaml'}}}]",
+            UserError,
+            r"phases\[0\].config .* train.stage sft",
+        ),
+        ("note_model.phases=[{config: x.yaml, steps: 3}]", ValueError, "unknown key"),
     ],
 )
 def test_bad_note_model_configs_are_errors_before_anything_runs(tmp_path, override, error, message):
