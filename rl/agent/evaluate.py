@@ -8,7 +8,9 @@ Metrics (each a ratio of per-task sums, so :func:`mm.eval.bootstrap.ratio_interv
 ``caption/count_hallucination`` (false claims / judged claims of that kind; undefined when no claim of
 the kind is made, so ``caption/<kind>_claims_per_caption`` and ``_false_per_caption`` are given too),
 ``valid_call_rate``
-(valid / all tool calls), ``goal_reached`` (dialogues whose simulated user ended satisfied).
+(valid / all tool calls), ``goal_reached`` (dialogues whose simulated user ended satisfied),
+``zoom_on_target/<kind>`` (tasks whose first tool call zooms where the answer is,
+:func:`rl.agent.scoring.zoom_on_target`; detail and caption tasks).
 :func:`paired_gains` gives the paired interval of a metric's change between two models on the same tasks.
 """
 
@@ -69,6 +71,9 @@ def metric_units(rows: Sequence[dict[str, Any]]) -> dict[str, tuple[np.ndarray, 
         of = lambda r, k=kind: r["kind"] == k  # noqa: E731
         out[f"accuracy/{kind}"] = (col("correct", of), np.array([float(of(r)) for r in rows]))
         out[f"score/{kind}"] = (col("score", of), np.array([float(of(r)) for r in rows]))
+        aimed = lambda r, k=kind: r["kind"] == k and "zoom_on_target" in r  # noqa: E731
+        aim = (col("zoom_on_target", aimed), np.array([float(aimed(r)) for r in rows]))
+        out[f"zoom_on_target/{kind}"] = aim
     captions = np.array([float(r["kind"] == "caption") for r in rows])
     for k in HALLUCINATION_KINDS:
         out[f"caption/{k}_hallucination"] = (col(f"{k}_hallucinated"), col(f"{k}_judged"))

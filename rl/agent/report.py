@@ -31,7 +31,8 @@ SHOWN = ("accuracy/detail", "accuracy/change", "accuracy/caption", "accuracy/dia
          "score/change", "score/caption", "score/dialogue", "caption/attribute_hallucination",
          "caption/count_hallucination", "caption/attribute_claims_per_caption",
          "caption/attribute_false_per_caption", "caption/count_claims_per_caption",
-         "caption/count_false_per_caption", "valid_call_rate", "calls_per_task", "goal_reached")  # fmt: skip
+         "caption/count_false_per_caption", "valid_call_rate", "calls_per_task", "goal_reached",
+         "zoom_on_target/detail", "zoom_on_target/caption")  # fmt: skip
 """Metrics in the report's table, in order."""
 
 
@@ -76,7 +77,7 @@ def compare_models(rows: dict[str, list[dict[str, Any]]], n_boot: int) -> dict[s
     """Metrics per model, paired gains (:data:`GAINS`), the targets (on the GRPO gains over no-tool SFT)."""
     metrics = {name: summarise(r, n_boot=n_boot) for name, r in rows.items()}
     names = [n for n, _, _ in TARGETS] + ["accuracy/caption", "accuracy/dialogue"]
-    names += [f"caption/{k}_false_per_caption" for k in ("attribute", "count")]
+    names += [f"caption/{k}_false_per_caption" for k in ("attribute", "count")] + ["zoom_on_target/detail"]
     gains = {
         f"gains_{model}_over_{base}": paired_gains(rows[base], rows[model], names, n_boot=n_boot)
         for model, base in GAINS

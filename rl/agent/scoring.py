@@ -6,6 +6,8 @@
   the share of a caption's judged attribute and count claims that are false, plus for dialogues
   ``turn_reward_weight`` times the simulated user's mean turn score, minus ``invalid_call_penalty`` per
   invalid tool call, minus ``truncation_penalty`` when the trajectory ended without an answer.
+- :func:`zoom_on_target`: whether a task's first tool call zooms where the answer is, which tells finding
+  the place apart from reading it (a wrong answer after a zoom elsewhere missed the place).
 - :func:`eval_row`: one JSON row per trajectory with what the report's metrics sum over.
 """
 
@@ -14,12 +16,16 @@ from __future__ import annotations
 from typing import Any
 
 from rl.agent.answers import caption_units, score_answer
+from rl.agent.parse import ToolCall
+from rl.agent.tools import box_pixels
 from rl.agent.trajectory import Trajectory
 
 CORRECT = 1.0 - 1e-9
 """A task counts as answered correctly when its score is 1 (every part right)."""
 HALLUCINATION_KINDS = ("attribute", "count")
 """Claim kinds whose false share is the caption's hallucination term."""
+ZOOM_COVERAGE = 0.5
+"""A zoom is on target when its crop holds at least this share of the answer's box."""
 
 
 def final_text(traj: Trajectory) -> str:
@@ -52,6 +58,24 @@ def trajectory_reward(
     return reward - invalid_call_penalty * traj.n_invalid_calls
 
 
+def zoom_on_target(traj: Trajectory) -> float | None:
+    """For a task whose ``meta`` names the asked photo (``image``, 1-based) and the answer's box in its
+    source pixels (``box``: world detail and caption tasks): 1.0 when the trajectory's first valid tool
+    call is a ``zoom`` of that photo whose crop holds at least :data:`ZOOM_COVERAGE` of the box's area,
+    else 0.0 (no call, another tool first, another photo, a crop elsewhere). None for other tasks."""
+    meta = traj.task.meta
+    if "image" not in meta or "box" not in meta:
+        return None
+    call = next((c.call for c in traj.calls if c.valid), None)
+    if not isinstance(call, ToolCall) or call.name != "zoom" or call.args.get("image") != meta["image"]:
+        return 0.0
+    H, W = traj.task.sources[meta["image"] - 1].shape[:2]
+    x0, y0, x1, y1 = box_pixels(call.args["box"], W, H)
+    a0, b0, a1, b1 = meta["box"]
+    inter = max(0, min(x1, a1) - max(x0, a0)) * max(0, min(y1, b1) - max(y0, b0))
+    return float(inter >= ZOOM_COVERAGE * (a1 - a0) * (b1 - b0))
+
+
 def eval_row(traj: Trajectory, seed: int) -> dict[str, Any]:
     """What the report sums over for one held-out trajectory."""
     text = final_text(traj)
@@ -75,4 +99,7 @@ def eval_row(traj: Trajectory, seed: int) -> dict[str, Any]:
             row[f"{k}_hallucinated"] = units[k]["hallucinated"]
     if traj.satisfied is not None or traj.task.kind == "dialogue":
         row["goal_reached"] = float(bool(traj.satisfied))
+    aim = zoom_on_target(traj)
+    if aim is not None:
+        row["zoom_on_target"] = aim
     return row

@@ -11,7 +11,8 @@ import pytest
 
 from mm.config import ConfigError, load_config
 from rl.agent.config import AgentRunConfig
-from rl.agent.scoring import eval_row, trajectory_reward
+from rl.agent.evaluate import summarise
+from rl.agent.scoring import eval_row, trajectory_reward, zoom_on_target
 from rl.agent.stages import build_backend, demo_trajectories
 from rl.agent.world_tasks import WorldTaskConfig, world_task
 
@@ -175,6 +176,47 @@ def test_trajectory_reward_of_demonstrations_and_penalties():
     # F1 = 2 * (2/4) * (2/10) / (2/4 + 2/10) = 2/7, minus 0.5 x 2/2
     trajs[2].answer = "The photo shows a medium green crab. On the tray are three tiny umbrellas."
     assert trajectory_reward(trajs[2], **kw) == pytest.approx(2 / 7 - 0.5)
+
+
+def test_zoom_on_target_judges_the_first_zoom_against_the_answer_box():
+    import copy
+    from dataclasses import replace
+
+    from rl.agent.parse import ParseError, ToolCall
+    from rl.agent.trajectory import CallRecord
+
+    cfg = _cfg("rollout.max_new_tokens=160", "rollout.max_tokens=512")
+    backend = build_backend(cfg)
+    world = WorldTaskConfig(seed=0)
+    detail, change = (world_task(world, kind, 1) for kind in ("detail", "change"))
+    traj, other = demo_trajectories(backend, cfg, [detail, change], tools=True)
+    assert zoom_on_target(traj) == 1.0 and eval_row(traj, 0)["zoom_on_target"] == 1.0  # the tray demo
+    assert zoom_on_target(other) is None and "zoom_on_target" not in eval_row(other, 0)  # no asked box
+    metrics = summarise([eval_row(traj, 0), eval_row(other, 0)], n_boot=20)
+    assert metrics["zoom_on_target/detail"]["value"] == 1.0 and "zoom_on_target/change" not in metrics
+
+    def first(image, box, *, task_box=(100, 100, 140, 140), calls=()):
+        t = copy.copy(traj)
+        t.task = replace(detail, meta=dict(detail.meta, box=list(task_box)))
+        t.calls = [*calls, CallRecord(1, ToolCall("zoom", {"image": image, "box": box}), "zoom")]
+        return zoom_on_target(t)
+
+    S = detail.sources[detail.meta["image"] - 1].shape[1]
+    k = detail.meta["image"]
+    # target [100, 140) x [100, 140): a crop of [100, 120) x [100, 140) holds exactly half of it, one column
+    # less holds 19/40
+    assert first(k, [100 / S, 100 / S, 120 / S, 140 / S]) == 1.0
+    assert first(k, [100 / S, 100 / S, 119 / S, 140 / S]) == 0.0
+    assert first(k, [0.0, 0.0, 1.0, 1.0]) == 1.0
+    assert first(k + 1, [0.0, 0.0, 1.0, 1.0]) == 0.0  # another photo
+    assert first(k, [0.0, 0.0, 99 / S, 99 / S]) == 0.0
+    bad = CallRecord(0, ParseError("malformed_json", "x"), "error: x")
+    assert first(k, [0.0, 0.0, 1.0, 1.0], calls=[bad]) == 1.0  # the first *valid* call counts
+    compare = CallRecord(0, ToolCall("compare", {"images": [1, 2]}), "compare")
+    assert first(k, [0.0, 0.0, 1.0, 1.0], calls=[compare]) == 0.0
+    t = copy.copy(traj)
+    t.calls = []
+    assert zoom_on_target(t) == 0.0
 
 
 def test_policy_init_takes_a_model_folder(tmp_path):
