@@ -213,6 +213,10 @@ class GRPOStageConfig:
     """Caption tasks: reward minus this times the share of judged attribute/count claims that are false."""
     turn_reward_weight: float = 0.0
     """Dialogues: reward plus this times the mean turn-level score the simulated user gave (0 = off)."""
+    zoom_reward_weight: float = 0.0
+    """Tasks that name where their answer is (world detail and caption tasks): reward plus this when the
+    first tool call zooms there (``rl.agent.scoring.zoom_on_target``), a shaping term for finding the place
+    apart from reading it (0 = off)."""
     turn_credit: float = 0.0
     """Dialogues: turn-level credit. Each turn's tokens get the trajectory's advantage plus this times the
     turn's own (the user's score of the reply that closes it, centred on the group's judged turns:
@@ -228,8 +232,11 @@ class GRPOStageConfig:
             )
         if self.scale not in ADVANTAGE_SCALES:
             raise ValueError(f"grpo.scale must be one of {ADVANTAGE_SCALES}, got {self.scale!r}")
-        if self.turn_credit < 0:
-            raise ValueError(f"grpo.turn_credit must be >= 0, got {self.turn_credit}")
+        if self.turn_credit < 0 or self.zoom_reward_weight < 0:
+            raise ValueError(
+                f"grpo.turn_credit and grpo.zoom_reward_weight must be >= 0, got {self.turn_credit}, "
+                f"{self.zoom_reward_weight}"
+            )
         if self.agg not in AGG_MODES:
             raise ValueError(f"grpo.agg must be one of {AGG_MODES}, got {self.agg!r}")
 

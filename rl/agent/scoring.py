@@ -4,7 +4,8 @@
   it was truncated without one).
 - :func:`trajectory_reward`: ``score_answer`` (``rl.agent.answers``), minus ``hallucination_weight`` times
   the share of a caption's judged attribute and count claims that are false, plus for dialogues
-  ``turn_reward_weight`` times the simulated user's mean turn score, minus ``invalid_call_penalty`` per
+  ``turn_reward_weight`` times the simulated user's mean turn score, plus ``zoom_reward_weight`` when the
+  first tool call zooms where the answer is (:func:`zoom_on_target`), minus ``invalid_call_penalty`` per
   invalid tool call, minus ``truncation_penalty`` when the trajectory ended without an answer.
 - :func:`zoom_on_target`: whether a task's first tool call zooms where the answer is, which tells finding
   the place apart from reading it (a wrong answer after a zoom elsewhere missed the place).
@@ -42,6 +43,7 @@ def trajectory_reward(
     hallucination_weight: float,
     turn_reward_weight: float,
     truncation_penalty: float = 0.0,
+    zoom_reward_weight: float = 0.0,
 ) -> float:
     """The scalar GRPO reward of one trajectory (module docstring)."""
     text = final_text(traj)
@@ -53,6 +55,8 @@ def trajectory_reward(
         reward -= hallucination_weight * (wrong / judged if judged else 0.0)
     if traj.user_turns and turn_reward_weight:
         reward += turn_reward_weight * sum(u.score for u in traj.user_turns) / len(traj.user_turns)
+    if zoom_reward_weight:
+        reward += zoom_reward_weight * (zoom_on_target(traj) or 0.0)
     if traj.answer is None:
         reward -= truncation_penalty
     return reward - invalid_call_penalty * traj.n_invalid_calls

@@ -164,6 +164,9 @@ def test_trajectory_reward_of_demonstrations_and_penalties():
     trajs = demo_trajectories(backend, cfg, tasks, tools=True)
     kw = {"invalid_call_penalty": 0.25, "hallucination_weight": 0.5, "turn_reward_weight": 0.0}
     assert [trajectory_reward(t, **kw) for t in trajs] == pytest.approx([1.0, 1.0, 1.0])
+    # the detail demo zooms on its tray: +0.5 with the zoom term; a change task names no place
+    assert trajectory_reward(trajs[0], **kw, zoom_reward_weight=0.5) == pytest.approx(1.5)
+    assert trajectory_reward(trajs[1], **kw, zoom_reward_weight=0.5) == pytest.approx(1.0)
     from rl.agent.parse import ParseError
     from rl.agent.trajectory import CallRecord
 

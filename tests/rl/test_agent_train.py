@@ -9,6 +9,7 @@ import torch
 
 from rl.advantages import group_advantages
 from rl.agent.backend import NoteVLMBackend, Sampling
+from rl.agent.config import GRPOStageConfig
 from rl.agent.demos import demo_turns, scripted_policy, tool_text
 from rl.agent.loop import LoopConfig, rollout, trajectory_batch
 from rl.agent.task import AgentTask
@@ -277,3 +278,5 @@ def test_turn_credit_adds_turn_advantages_to_the_trajectory_advantage():
     assert not torch.allclose(ours, grads(plain))
     with pytest.raises(ValueError, match="turn_credit"):
         AgentGRPOConfig(turn_credit=-1.0)
+    with pytest.raises(ValueError, match="zoom_reward_weight must be >= 0"):
+        GRPOStageConfig(zoom_reward_weight=-0.5)
