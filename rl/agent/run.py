@@ -21,7 +21,9 @@ evaluate more worlds after deleting ``OUT/eval`` and ``OUT/report``:
 8. ``report``: ``report.md``, ``report.json``, ``transcripts.md``, ``*.png`` curves
 
 The ``ppo`` section may change on a re-run until its stage has trained, so PPO can be added to a finished
-run: the PPO stage runs, then the eval of the missing model and the report.
+run: the PPO stage runs, then the eval of the missing model and the report. Likewise the ``grpo`` section
+until GRPO or PPO (which takes GRPO's reward) has trained: a copy of a run's folder up to ``sft_notool``
+re-tunes post-training on the same SFT models.
 """
 
 from __future__ import annotations
@@ -56,8 +58,9 @@ TRAINING_SECTIONS = (
     "policy", "note_model", "world", "data", "rollout", "perception", "sft", "grpo", "ppo", "seed"
 )  # fmt: skip
 """Config sections a resumed run must keep (the trained models depend on them)."""
-LATE_SECTIONS = {"ppo": "ppo"}
-"""Section -> the only stage that reads it: the section may change until that stage has trained."""
+LATE_SECTIONS = {"ppo": ("ppo",), "grpo": ("grpo", "ppo")}
+"""Section -> the stages that read it (PPO takes GRPO's reward and sampling): the section may change until
+one of them has trained, so post-training can be re-tuned on the run's SFT models."""
 
 
 def models_of(cfg: AgentRunConfig) -> dict[str, tuple[str, bool]]:
@@ -67,7 +70,7 @@ def models_of(cfg: AgentRunConfig) -> dict[str, tuple[str, bool]]:
 
 def check_training_config(cfg: AgentRunConfig, out: Path) -> None:
     """Record the training sections in ``OUT/training_config.json``, or refuse a resume that changed them
-    (a :data:`LATE_SECTIONS` section whose stage has not trained is taken as it is now)."""
+    (a :data:`LATE_SECTIONS` section none of whose stages has trained is taken as it is now)."""
     mine = {k: v for k, v in to_dict(cfg).items() if k in TRAINING_SECTIONS}
     path = out / "training_config.json"
     if not path.exists():
@@ -79,11 +82,13 @@ def check_training_config(cfg: AgentRunConfig, out: Path) -> None:
     now = json.loads(json.dumps(mine))
     changed = sorted(k for k in TRAINING_SECTIONS if _used(k, before[k]) != _used(k, now[k]))
     late = [
-        k for k in changed if k in LATE_SECTIONS and not (out / LATE_SECTIONS[k] / "metrics.jsonl").exists()
-    ]
+        k for k in changed
+        if k in LATE_SECTIONS and not any((out / s / "metrics.jsonl").exists() for s in LATE_SECTIONS[k])
+    ]  # fmt: skip
     if late and len(late) == len(changed):
-        for section in late:  # its stage never trained: forget a "not run" marker, record the new settings
-            result_path(out, LATE_SECTIONS[section]).unlink(missing_ok=True)
+        for section in late:  # its stages never trained: forget "not run" markers, record the new settings
+            for stage in LATE_SECTIONS[section]:
+                result_path(out, stage).unlink(missing_ok=True)
         atomic_write_text(path, json.dumps(before | {k: now[k] for k in late}, indent=1))
         return
     changed = [k for k in changed if k not in late]

@@ -144,5 +144,24 @@ def test_a_key_from_before_it_existed_is_taken_at_its_default_and_an_unbuilt_rec
     older["note_model"]["sft"]["overrides"] = ["train.steps=7"]  # a recipe that is not built is not read
     path.write_text(json.dumps(older))
     check_training_config(plain, tmp_path)
+    (tmp_path / "grpo").mkdir()
+    (tmp_path / "grpo" / "metrics.jsonl").write_text("{}\n")  # GRPO has trained: its section is kept
     with pytest.raises(UserError, match="other grpo settings"):
         check_training_config(load_config(AgentRunConfig, TINY, [*SMALL, "grpo.turn_credit=1.0"]), tmp_path)
+
+
+def test_grpo_settings_may_change_until_grpo_or_ppo_has_trained(tmp_path):
+    from rl.agent.run import check_training_config
+
+    check_training_config(load_config(AgentRunConfig, TINY, SMALL), tmp_path)
+    tuned = load_config(AgentRunConfig, TINY, [*SMALL, "grpo.zoom_reward_weight=0.5"])
+    check_training_config(tuned, tmp_path)  # nothing post-trained yet: taken as it is now
+    assert json.loads((tmp_path / "training_config.json").read_text())["grpo"]["zoom_reward_weight"] == 0.5
+    with pytest.raises(UserError, match="other policy settings"):  # an SFT-side section is still kept
+        check_training_config(load_config(AgentRunConfig, TINY, [*SMALL, "policy.seed=3"]), tmp_path)
+    for stage in ("grpo", "ppo"):  # PPO takes GRPO's reward: either one trained keeps the section
+        (tmp_path / stage).mkdir()
+        (tmp_path / stage / "metrics.jsonl").write_text("{}\n")
+        with pytest.raises(UserError, match="other grpo settings"):
+            check_training_config(load_config(AgentRunConfig, TINY, SMALL), tmp_path)
+        (tmp_path / stage / "metrics.jsonl").unlink()
