@@ -30,11 +30,12 @@ class PolicyConfig:
     overrides: list[str] = field(default_factory=lambda: ["max_images=8", "max_length=1024"])
     """``key=value`` overrides of the spec (each zoom adds an image: leave room for the note's and the
     zooms'). With ``init``, a loaded NoteVLM takes only ``max_images`` and ``max_length``, each raised to at
-    least that value (``rl.agent.policy_init``); other families take none."""
+    least that value, and ``image_index_embeddings=true`` (fresh slot embeddings, seeded by ``seed``;
+    ``rl.agent.policy_init``); other families take none."""
     init: str | None = None
     """A model folder (NoteVLM or a transformers family the agent backend supports) instead of the spec."""
     seed: int = 0
-    """Seed of the random init."""
+    """Seed of the random init (and of fresh index rows added to a loaded model)."""
 
 
 @dataclass(kw_only=True)

@@ -50,7 +50,7 @@ def step_seed(cfg: AgentRunConfig, stage: str, step: int) -> int:
 def build_backend(cfg: AgentRunConfig, weights: Path | None = None) -> AgentBackend:
     """The policy of ``cfg.policy`` behind its agent backend, with ``weights`` (a state_dict) loaded."""
     if cfg.policy.init is not None:
-        adapter = load_policy(cfg.policy.init, list(cfg.policy.overrides))
+        adapter = load_policy(cfg.policy.init, list(cfg.policy.overrides), seed=cfg.policy.seed)
     else:
         from mm.model.adapter.notevlm import NoteVLMAdapter
         from mm.model.factory import build_notevlm, load_notevlm_spec

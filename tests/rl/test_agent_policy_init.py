@@ -74,9 +74,41 @@ def test_limits_are_raised_never_lowered():
 
 def test_weights_sized_by_max_images_are_refused():
     loaded = note_model(index_embeddings=True)
-    with pytest.raises(UserError, match=r"would change its weights \(model\.image_index"):
+    with pytest.raises(UserError, match=r"would change its weights \(model\.image_index.*add image_index"):
         widen_notevlm(loaded, max_images=8)
     assert widen_notevlm(loaded, max_length=512).processor.max_length == 512  # no weight sized by length
+
+
+def test_index_embeddings_added_to_a_loaded_model_are_fresh_rows_and_keep_every_weight():
+    loaded = note_model()
+    rng = torch.get_rng_state()
+    wide = widen_notevlm(loaded, max_images=8, image_index_embeddings=True, seed=3)
+    assert torch.equal(torch.get_rng_state(), rng)  # drawn apart from the global stream
+    mine, theirs = loaded.model.state_dict(), wide.model.state_dict()
+    assert set(theirs) - set(mine) == {"model.image_index.weight"}
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    rows = theirs["model.image_index.weight"]
+    assert rows.shape == (8, loaded.base_model.config.text_config.hidden_size)
+    assert 0.01 < float(rows.std()) < 0.03  # N(0, 0.02^2)
+    again = widen_notevlm(loaded, max_images=8, image_index_embeddings=True, seed=3)
+    other = widen_notevlm(loaded, max_images=8, image_index_embeddings=True, seed=4)
+    assert torch.equal(again.model.state_dict()["model.image_index.weight"], rows)
+    assert not torch.equal(other.model.state_dict()["model.image_index.weight"], rows)
+    # the rows are all that changed: with them at zero the model is the loaded one
+    assert not torch.allclose(_logits(loaded, 3), _logits(wide, 3), atol=1e-6)
+    with torch.no_grad():
+        wide.model.model.image_index.weight.zero_()
+    assert torch.allclose(_logits(loaded, 3), _logits(wide, 3), atol=1e-6)
+
+
+def test_index_rows_for_new_slots_are_fresh_and_the_trained_ones_kept():
+    loaded = note_model(index_embeddings=True)
+    wide = widen_notevlm(loaded, max_images=8, image_index_embeddings=True, seed=0)
+    own, rows = loaded.model.model.image_index.weight, wide.model.model.image_index.weight
+    assert rows.shape[0] == 8 and torch.equal(rows[:4], own)
+    assert not torch.equal(rows[4:], torch.zeros_like(rows[4:]))
+    same = widen_notevlm(loaded, max_length=512, image_index_embeddings=True)  # no new slot: all kept
+    assert torch.equal(same.model.model.image_index.weight, own)
 
 
 @pytest.mark.parametrize(
@@ -86,6 +118,7 @@ def test_weights_sized_by_max_images_are_refused():
         (["max_images"], "does not apply to a loaded model"),
         (["max_images=eight"], "must be an integer"),
         (["max_length=0"], "must be >= 1"),
+        (["image_index_embeddings=yes"], "must be true or false"),
     ],
 )
 def test_bad_overrides_are_errors(overrides, message):
@@ -96,6 +129,7 @@ def test_bad_overrides_are_errors(overrides, message):
 def test_parse_limits():
     assert parse_limits([" max_images = 8", "max_length=1024"]) == {"max_images": 8, "max_length": 1024}
     assert parse_limits([]) == {}
+    assert parse_limits(["image_index_embeddings=True"]) == {"image_index_embeddings": True}
 
 
 def test_tokenizer_must_round_trip_the_agent_format():
@@ -116,6 +150,10 @@ def test_build_backend_from_a_note_model_folder(tmp_path):
     backend = build_backend(cfg)
     assert backend.max_images == 8 and backend.adapter.processor.max_length == 1024
     assert load_policy(str(folder), []).base_model.config.max_images == 4
+    index = ["policy.overrides=[max_images=8,max_length=1024,image_index_embeddings=true]", "policy.seed=3"]
+    indexed = build_backend(load_config(AgentRunConfig, TINY, [f"policy.init={folder}", *index]))
+    want = widen_notevlm(loaded, max_images=8, image_index_embeddings=True, seed=3).model.model.image_index
+    assert torch.equal(indexed.adapter.model.model.image_index.weight, want.weight)  # seeded by policy.seed
     cfg = load_config(AgentRunConfig, TINY, [f"policy.init={folder}", "policy.overrides=[]"])
     with pytest.raises(UserError, match=r"rollout.max_length=1024 does not fit the policy's 256 positions"):
         build_backend(cfg)
