@@ -95,6 +95,7 @@ def eval_row(traj: Trajectory, seed: int) -> dict[str, Any]:
         "valid_calls": traj.n_valid_calls,
         "turns": len(traj.turns),
         "truncation": traj.truncation,
+        "photos": len(traj.task.sources),
     }
     if traj.task.kind == "caption":
         units = caption_units(traj.task, text)
