@@ -93,6 +93,10 @@ class NoteVLMSpec:
     tokenizer: str | None = None
     """Tokenizer folder; None = the project's shipped tokenizer (mm.data.tokenizer.load_tokenizer), or
     text.pretrained's."""
+    image_index_embeddings: bool = False
+    """A learned embedding of each image slot added to that image's fusion tokens (NoteVLMConfig)."""
+    token_position_embeddings: bool = False
+    """A learned embedding of each token place added to every image's K fusion tokens (NoteVLMConfig)."""
 
     def __post_init__(self) -> None:
         if self.text.pretrained is not None and self.tokenizer is not None:
@@ -141,6 +145,8 @@ def notevlm_config(spec: NoteVLMSpec, tokenizer: Any) -> Any:
         text_config=text_config,
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
         max_images=spec.max_images,
+        image_index_embeddings=spec.image_index_embeddings,
+        token_position_embeddings=spec.token_position_embeddings,
         tie_word_embeddings=bool(text_config.get("tie_word_embeddings", False)),
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,

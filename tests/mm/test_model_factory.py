@@ -57,3 +57,14 @@ def test_spec_errors_are_clear():
         load_notevlm_spec(CONFIGS / "notevlm_tiny.yaml", ["max_length=40"])
     with pytest.raises(ConfigError, match="family"):
         load_notevlm_spec(CONFIGS / "notevlm_tiny.yaml", ["text.family=gpt2"])
+
+
+def test_spec_takes_index_and_position_embeddings():
+    base = [*SHRINK, "fusion.kind=mlp", "fusion.budget=4"]
+    plain, _ = build_notevlm(load_notevlm_spec(CONFIGS / "notevlm_tiny.yaml", base))
+    assert plain.model.image_index is None and plain.model.token_position is None
+    on = ["image_index_embeddings=true", "token_position_embeddings=true", "max_images=6"]
+    model, _ = build_notevlm(load_notevlm_spec(CONFIGS / "notevlm_tiny.yaml", [*base, *on]))
+    assert model.config.image_index_embeddings and model.config.token_position_embeddings
+    assert model.model.image_index.weight.shape == (6, 32)
+    assert model.model.token_position is not None
