@@ -140,12 +140,14 @@ def run_agent(
     check_training_config(cfg, out)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    evaluated = False  # rows written by this run: the report is rewritten from them
     for stage in STAGES:
         if stage == "init" and cfg.note_model.build:  # every stage from here starts from the note model
             cfg = starting_from_it(cfg, out / "note_model")
-        if _done(out, stage, models_of(cfg)):
+        if _done(out, stage, models_of(cfg)) and not (stage == "report" and evaluated):
             log(f"[agent] {stage}: done before, skipped")
             continue
+        evaluated = evaluated or stage == "eval"
         t0 = time.perf_counter()
         stage_dir = out / stage
         stage_dir.mkdir(parents=True, exist_ok=True)
@@ -161,7 +163,8 @@ def run_agent(
 
 def _done(out: Path, stage: str, models: dict[str, tuple[str, bool]]) -> bool:
     """Whether ``stage`` finished before; eval and report only for the same models (adding PPO to a
-    finished run evaluates the new model and rewrites the report)."""
+    finished run evaluates the new model and rewrites the report). A run whose eval ran again (its
+    ``eval/*.jsonl`` deleted to be redone) also rewrites the report (:func:`run_agent`)."""
     path = result_path(out, stage)
     if not path.exists():
         return False

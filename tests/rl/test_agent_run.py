@@ -57,6 +57,20 @@ def test_cli_runs_end_to_end(tmp_path, capsys):
     assert main(["agent", "--config", str(TINY), "--out", str(out), "--set", *SMALL]) == 0
     assert "done before, skipped" in capsys.readouterr().out
     assert (out / "report.json").read_text() == before
+    # rows deleted to be redone: the eval runs again and the report is rewritten from the new rows
+    rows_before = (out / "eval/tool_grpo.jsonl").read_text()
+    for path in (out / "eval").glob("*.jsonl"):
+        path.unlink()
+    (out / "eval/result.json").unlink()
+    (out / "report.md").write_text("stale")
+    assert main(["agent", "--config", str(TINY), "--out", str(out), "--set", *SMALL]) == 0
+    log = capsys.readouterr().out
+    assert "grpo: done before, skipped" in log and "eval: done in" in log and "report: done in" in log
+    assert (out / "eval/tool_grpo.jsonl").read_text() == rows_before
+    again = json.loads((out / "report.json").read_text())
+    assert again.pop("stage_seconds")["eval"] > 0 and "| accuracy/change |" in (out / "report.md").read_text()
+    assert again == {k: v for k, v in json.loads(before).items() if k != "stage_seconds"}
+    before = (out / "report.json").read_text()
     # a resume with other training settings is refused; --no-resume starts over
     assert main(["agent", "--config", str(TINY), "--out", str(out), "--set", *SMALL, "sft.lr=0.5"]) == 2
     assert "other sft settings" in capsys.readouterr().err
