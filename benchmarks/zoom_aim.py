@@ -11,7 +11,8 @@ photos the note has (``photos``). Per model, over the given runs together:
 - detail accuracy when the first zoom is on target and when it is not: reading against guessing.
 
 Rows written before those fields existed have neither: delete the run's ``eval/*.jsonl`` and run the same
-``rl agent`` command again (every trained stage is skipped; the eval and the report are redone).
+``rl agent`` command again (every trained stage is skipped; the eval and the report are redone, and the
+greedy rows come out the same apart from the added fields).
 """
 
 from __future__ import annotations

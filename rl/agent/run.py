@@ -163,14 +163,16 @@ def run_agent(
 
 def _done(out: Path, stage: str, models: dict[str, tuple[str, bool]]) -> bool:
     """Whether ``stage`` finished before; eval and report only for the same models (adding PPO to a
-    finished run evaluates the new model and rewrites the report). A run whose eval ran again (its
-    ``eval/*.jsonl`` deleted to be redone) also rewrites the report (:func:`run_agent`)."""
+    finished run evaluates the new model and rewrites the report). Deleting a model's ``eval/<model>.jsonl``
+    evaluates that model again, and a run whose eval ran rewrites the report (:func:`run_agent`)."""
     path = result_path(out, stage)
     if not path.exists():
         return False
     if stage not in ("eval", "report"):
         return True
     result = json.loads(path.read_text())
+    if stage == "eval" and not all((out / "eval" / f"{m}.jsonl").exists() for m in models):
+        return False  # rows deleted to be redone
     done = result["rows"] if stage == "eval" else result.get("models", list(MODELS))
     return sorted(done) == sorted(models)
 

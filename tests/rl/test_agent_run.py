@@ -61,7 +61,6 @@ def test_cli_runs_end_to_end(tmp_path, capsys):
     rows_before = (out / "eval/tool_grpo.jsonl").read_text()
     for path in (out / "eval").glob("*.jsonl"):
         path.unlink()
-    (out / "eval/result.json").unlink()
     (out / "report.md").write_text("stale")
     assert main(["agent", "--config", str(TINY), "--out", str(out), "--set", *SMALL]) == 0
     log = capsys.readouterr().out
