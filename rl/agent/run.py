@@ -28,6 +28,7 @@ re-tunes post-training on the same SFT models.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
@@ -140,14 +141,12 @@ def run_agent(
     check_training_config(cfg, out)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    evaluated = False  # rows written by this run: the report is rewritten from them
     for stage in STAGES:
         if stage == "init" and cfg.note_model.build:  # every stage from here starts from the note model
             cfg = starting_from_it(cfg, out / "note_model")
-        if _done(out, stage, models_of(cfg)) and not (stage == "report" and evaluated):
+        if _done(out, stage, models_of(cfg)):
             log(f"[agent] {stage}: done before, skipped")
             continue
-        evaluated = evaluated or stage == "eval"
         t0 = time.perf_counter()
         stage_dir = out / stage
         stage_dir.mkdir(parents=True, exist_ok=True)
@@ -164,7 +163,7 @@ def run_agent(
 def _done(out: Path, stage: str, models: dict[str, tuple[str, bool]]) -> bool:
     """Whether ``stage`` finished before; eval and report only for the same models (adding PPO to a
     finished run evaluates the new model and rewrites the report). Deleting a model's ``eval/<model>.jsonl``
-    evaluates that model again, and a run whose eval ran rewrites the report (:func:`run_agent`)."""
+    evaluates that model again, and a report written from another eval than the last is written again."""
     path = result_path(out, stage)
     if not path.exists():
         return False
@@ -173,8 +172,16 @@ def _done(out: Path, stage: str, models: dict[str, tuple[str, bool]]) -> bool:
     result = json.loads(path.read_text())
     if stage == "eval" and not all((out / "eval" / f"{m}.jsonl").exists() for m in models):
         return False  # rows deleted to be redone
+    if stage == "report" and result.get("eval", _eval_stamp(out)) != _eval_stamp(out):
+        return False  # the eval ran again since
     done = result["rows"] if stage == "eval" else result.get("models", list(MODELS))
     return sorted(done) == sorted(models)
+
+
+def _eval_stamp(out: Path) -> str:
+    """Which eval a report is written from: a digest of ``eval/result.json`` (its seconds differ per eval)."""
+    path = result_path(out, "eval")
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else ""
 
 
 def _run_stage(
@@ -216,7 +223,7 @@ def _run_stage(
     if stage == "eval":
         return _eval(cfg, out, stage_dir)
     if stage == "report":
-        return write_report(cfg, out, models_of(cfg))
+        return {**write_report(cfg, out, models_of(cfg)), "eval": _eval_stamp(out)}
     raise ValueError(f"unknown stage {stage!r}; stages: {STAGES}")
 
 
