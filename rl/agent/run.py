@@ -32,6 +32,7 @@ import hashlib
 import json
 import shutil
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -179,7 +180,7 @@ def _done(out: Path, stage: str, models: dict[str, tuple[str, bool]]) -> bool:
 
 
 def _eval_stamp(out: Path) -> str:
-    """Which eval a report is written from: a digest of ``eval/result.json`` (its seconds differ per eval)."""
+    """Which eval a report is written from: a digest of ``eval/result.json`` (with its fresh id per eval)."""
     path = result_path(out, "eval")
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else ""
 
@@ -243,7 +244,9 @@ def _eval(cfg: AgentRunConfig, out: Path, stage_dir: Path) -> dict[str, Any]:
         shown = _shown(trajs, cfg.eval.transcripts)
         atomic_write_text(stage_dir / f"{name}.transcripts.md", "\n\n".join(t.transcript() for t in shown))
         counts[name] = len(rows)
-    return {"rows": counts, "seeds": list(cfg.eval.seeds)}
+    # a fresh id per eval: two evals with equal rows and equal rounded seconds would otherwise write equal
+    # result.json files, and a report written from the first would pass for one written from the second
+    return {"rows": counts, "seeds": list(cfg.eval.seeds), "id": uuid.uuid4().hex}
 
 
 def _shown(trajs: list, per_kind: int) -> list:

@@ -76,6 +76,26 @@ def test_cli_runs_end_to_end(tmp_path, capsys):
     assert (out / "report.json").read_text() == before and "lr: 0.5" not in (out / "config.yaml").read_text()
 
 
+def test_an_eval_with_equal_rows_and_seconds_still_marks_the_report_stale(tmp_path):
+    """Two evals of the same models give equal rows, and on a fast machine equal rounded seconds; the
+    report written from the first must still count as stale after the second."""
+    from rl.agent.run import _done, _eval, _eval_stamp, models_of, write_result
+
+    cfg = _cfg()
+    models = models_of(cfg)
+    (tmp_path / "eval").mkdir()
+    for name in models:  # rows there from before: _eval reads them and evaluates nothing
+        (tmp_path / "eval" / f"{name}.jsonl").write_text('{"kind": "detail"}\n')
+    first = {**_eval(cfg, tmp_path, tmp_path / "eval"), "seconds": 0.4}
+    write_result(tmp_path, "eval", first)
+    write_result(tmp_path, "report", {"models": list(models), "eval": _eval_stamp(tmp_path)})
+    assert _done(tmp_path, "report", models)
+    second = {**_eval(cfg, tmp_path, tmp_path / "eval"), "seconds": 0.4}
+    assert {k: v for k, v in second.items() if k != "id"} == {k: v for k, v in first.items() if k != "id"}
+    write_result(tmp_path, "eval", second)
+    assert not _done(tmp_path, "report", models)
+
+
 def test_grpo_stopped_after_step_k_and_resumed_equals_uninterrupted(tmp_path):
     from rl.agent.run import run_agent
 
