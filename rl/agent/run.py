@@ -4,8 +4,9 @@
 
 Stages, in order (a stage whose result.json exists is skipped on a re-run, so an interrupted run
 continues where it stopped; GRPO also resumes from its last checkpoint inside the stage). A re-run must
-keep the training sections of the config (``OUT/training_config.json``); ``eval`` may change, e.g. to
-evaluate more worlds after deleting ``OUT/eval`` and ``OUT/report``:
+keep the training sections of the config (``OUT/training_config.json``); ``eval`` may change: other eval
+settings (more worlds, more tasks, other notes) evaluate every model again and rewrite the report, and
+another ``eval.n_boot`` rewrites the report alone:
 
 0. ``note_model``: with ``note_model.build``, a note model trained on the world's photos, which then is
    ``policy.init`` for every later stage (:mod:`rl.agent.note_model`) -> ``note_model/<sub-stage>/``
@@ -145,7 +146,7 @@ def run_agent(
     for stage in STAGES:
         if stage == "init" and cfg.note_model.build:  # every stage from here starts from the note model
             cfg = starting_from_it(cfg, out / "note_model")
-        if _done(out, stage, models_of(cfg)):
+        if _done(out, stage, cfg):
             log(f"[agent] {stage}: done before, skipped")
             continue
         t0 = time.perf_counter()
@@ -161,22 +162,47 @@ def run_agent(
     return json.loads((out / "report.json").read_text())
 
 
-def _done(out: Path, stage: str, models: dict[str, tuple[str, bool]]) -> bool:
+def _done(out: Path, stage: str, cfg: AgentRunConfig) -> bool:
     """Whether ``stage`` finished before; eval and report only for the same models (adding PPO to a
-    finished run evaluates the new model and rewrites the report). Deleting a model's ``eval/<model>.jsonl``
-    evaluates that model again, and a report written from another eval than the last is written again."""
+    finished run evaluates the new model and rewrites the report) and the same eval settings (other
+    ``eval`` settings evaluate every model again). Deleting a model's ``eval/<model>.jsonl`` evaluates that
+    model again, and a report written from another eval than the last is written again."""
     path = result_path(out, stage)
     if not path.exists():
         return False
     if stage not in ("eval", "report"):
         return True
+    models = models_of(cfg)
     result = json.loads(path.read_text())
-    if stage == "eval" and not all((out / "eval" / f"{m}.jsonl").exists() for m in models):
-        return False  # rows deleted to be redone
-    if stage == "report" and result.get("eval", _eval_stamp(out)) != _eval_stamp(out):
-        return False  # the eval ran again since
+    if stage == "eval":
+        if not all((out / "eval" / f"{m}.jsonl").exists() for m in models):
+            return False  # rows deleted to be redone
+        if not _rows_match(out, cfg, result):
+            return False  # other eval settings
+    if stage == "report":
+        if result.get("eval", _eval_stamp(out)) != _eval_stamp(out):
+            return False  # the eval ran again since
+        if result.get("n_boot", cfg.eval.n_boot) != cfg.eval.n_boot:
+            return False
     done = result["rows"] if stage == "eval" else result.get("models", list(MODELS))
     return sorted(done) == sorted(models)
+
+
+def row_settings(cfg: AgentRunConfig) -> dict[str, Any]:
+    """The eval settings a model's rows (and transcripts) depend on: all but ``n_boot`` (the report's)."""
+    return {k: v for k, v in to_dict(cfg.eval).items() if k != "n_boot"}
+
+
+def _rows_match(out: Path, cfg: AgentRunConfig, result: dict[str, Any]) -> bool:
+    """Whether the eval rows there were made with ``cfg``'s eval settings: ``eval/settings.json``; a run
+    from before that record is judged by its seeds and row counts (a changed ``start`` or ``split`` goes
+    unseen there: delete ``eval/`` to redo it)."""
+    path = out / "eval" / "settings.json"
+    if path.exists():
+        return json.loads(path.read_text()) == json.loads(json.dumps(row_settings(cfg)))
+    per_model = len(cfg.eval.seeds) * cfg.eval.tasks_per_kind * len(cfg.data.kinds)
+    counts_ok = all(n == per_model for n in result["rows"].values())
+    return result.get("seeds") == list(cfg.eval.seeds) and counts_ok
 
 
 def _eval_stamp(out: Path) -> str:
@@ -224,13 +250,19 @@ def _run_stage(
     if stage == "eval":
         return _eval(cfg, out, stage_dir)
     if stage == "report":
-        return {**write_report(cfg, out, models_of(cfg)), "eval": _eval_stamp(out)}
+        return {**write_report(cfg, out, models_of(cfg)), "eval": _eval_stamp(out), "n_boot": cfg.eval.n_boot}
     raise ValueError(f"unknown stage {stage!r}; stages: {STAGES}")
 
 
 def _eval(cfg: AgentRunConfig, out: Path, stage_dir: Path) -> dict[str, Any]:
-    """Held-out rows of every model; a model whose rows are there from before (same eval settings: the
-    eval stage re-runs only when the models change) is not evaluated again."""
+    """Held-out rows of every model; a model whose rows are there from before, made with the same eval
+    settings (``eval/settings.json``), is not evaluated again."""
+    settings_path = stage_dir / "settings.json"
+    settings = json.loads(json.dumps(row_settings(cfg)))
+    if settings_path.exists() and json.loads(settings_path.read_text()) != settings:
+        for path in [*stage_dir.glob("*.jsonl"), *stage_dir.glob("*.transcripts.md")]:
+            path.unlink()  # rows of other eval settings: every model is evaluated again
+    atomic_write_text(settings_path, json.dumps(settings, indent=1))
     counts = {}
     for name, (stage, tools) in models_of(cfg).items():
         rows_path = stage_dir / f"{name}.jsonl"

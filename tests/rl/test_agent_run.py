@@ -89,11 +89,61 @@ def test_an_eval_with_equal_rows_and_seconds_still_marks_the_report_stale(tmp_pa
     first = {**_eval(cfg, tmp_path, tmp_path / "eval"), "seconds": 0.4}
     write_result(tmp_path, "eval", first)
     write_result(tmp_path, "report", {"models": list(models), "eval": _eval_stamp(tmp_path)})
-    assert _done(tmp_path, "report", models)
+    assert _done(tmp_path, "report", cfg)
     second = {**_eval(cfg, tmp_path, tmp_path / "eval"), "seconds": 0.4}
     assert {k: v for k, v in second.items() if k != "id"} == {k: v for k, v in first.items() if k != "id"}
     write_result(tmp_path, "eval", second)
-    assert not _done(tmp_path, "report", models)
+    assert not _done(tmp_path, "report", cfg)
+
+
+def test_other_eval_settings_redo_the_eval_and_another_n_boot_the_report(tmp_path, monkeypatch):
+    """Rows made with other eval settings are never reused: a finished eval counts as not done, and the
+    eval drops every model's old rows before it runs; ``n_boot`` touches only the report."""
+    from rl.agent.run import _done, _eval, _eval_stamp, models_of, write_result
+
+    cfg = _cfg()
+    models = models_of(cfg)
+    (tmp_path / "eval").mkdir()
+    for name in models:
+        (tmp_path / "eval" / f"{name}.jsonl").write_text('{"kind": "detail"}\n')
+    write_result(tmp_path, "eval", _eval(cfg, tmp_path, tmp_path / "eval"))
+    write_result(tmp_path, "report", {"models": list(models), "eval": _eval_stamp(tmp_path), "n_boot": 20})
+    assert _done(tmp_path, "eval", cfg) and _done(tmp_path, "report", cfg)
+    for changed in ("eval.start=100", "eval.tasks_per_kind=5", "eval.seeds=[0,1]", "eval.split=train"):
+        assert not _done(tmp_path, "eval", _cfg(changed)), changed
+    more_boot = _cfg("eval.n_boot=50")
+    assert _done(tmp_path, "eval", more_boot) and not _done(tmp_path, "report", more_boot)
+    # the eval under other settings removes the stale rows first, then evaluates every model (stubbed here:
+    # which model folders it would load)
+    import rl.agent.run as run
+
+    evaluated = []
+
+    def eval_model(model_path, cfg, tools):
+        evaluated.append(model_path.parent.name)
+        return [], []
+
+    monkeypatch.setattr(run, "build_backend", lambda cfg, path=None: path)
+    monkeypatch.setattr(run, "eval_model", eval_model)
+    _eval(_cfg("eval.start=100"), tmp_path, tmp_path / "eval")
+    assert sorted(evaluated) == sorted(stage for stage, _ in models.values())
+    assert all((tmp_path / "eval" / f"{name}.jsonl").read_text() == "" for name in models)
+    settings = json.loads((tmp_path / "eval" / "settings.json").read_text())
+    assert settings["start"] == 100 and "n_boot" not in settings
+
+
+def test_a_run_from_before_the_settings_record_is_judged_by_its_seeds_and_row_counts(tmp_path):
+    from rl.agent.run import _done, models_of, write_result
+
+    cfg = _cfg("eval.tasks_per_kind=2")
+    models = models_of(cfg)
+    (tmp_path / "eval").mkdir()
+    for name in models:
+        (tmp_path / "eval" / f"{name}.jsonl").write_text("")
+    write_result(tmp_path, "eval", {"rows": {m: 2 * len(cfg.data.kinds) for m in models}, "seeds": [0]})
+    assert _done(tmp_path, "eval", cfg)
+    assert not _done(tmp_path, "eval", _cfg("eval.tasks_per_kind=3"))
+    assert not _done(tmp_path, "eval", _cfg("eval.tasks_per_kind=2", "eval.seeds=[1]"))
 
 
 def test_grpo_stopped_after_step_k_and_resumed_equals_uninterrupted(tmp_path):
