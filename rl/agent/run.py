@@ -177,7 +177,7 @@ def _done(out: Path, stage: str, cfg: AgentRunConfig) -> bool:
     if stage == "eval":
         if not all((out / "eval" / f"{m}.jsonl").exists() for m in models):
             return False  # rows deleted to be redone
-        if not _rows_match(out, cfg, result):
+        if not _rows_match(out, cfg):
             return False  # other eval settings
     if stage == "report":
         if result.get("eval", _eval_stamp(out)) != _eval_stamp(out):
@@ -193,13 +193,16 @@ def row_settings(cfg: AgentRunConfig) -> dict[str, Any]:
     return {k: v for k, v in to_dict(cfg.eval).items() if k != "n_boot"}
 
 
-def _rows_match(out: Path, cfg: AgentRunConfig, result: dict[str, Any]) -> bool:
+def _rows_match(out: Path, cfg: AgentRunConfig) -> bool:
     """Whether the eval rows there were made with ``cfg``'s eval settings: ``eval/settings.json``; a run
-    from before that record is judged by its seeds and row counts (a changed ``start`` or ``split`` goes
-    unseen there: delete ``eval/`` to redo it)."""
+    from before that record is judged by its finished eval's seeds and row counts (a changed ``start`` or
+    ``split`` goes unseen there: delete ``eval/`` to redo it)."""
     path = out / "eval" / "settings.json"
     if path.exists():
         return json.loads(path.read_text()) == json.loads(json.dumps(row_settings(cfg)))
+    if not result_path(out, "eval").exists():
+        return True
+    result = json.loads(result_path(out, "eval").read_text())
     per_model = len(cfg.eval.seeds) * cfg.eval.tasks_per_kind * len(cfg.data.kinds)
     counts_ok = all(n == per_model for n in result["rows"].values())
     return result.get("seeds") == list(cfg.eval.seeds) and counts_ok
@@ -257,12 +260,10 @@ def _run_stage(
 def _eval(cfg: AgentRunConfig, out: Path, stage_dir: Path) -> dict[str, Any]:
     """Held-out rows of every model; a model whose rows are there from before, made with the same eval
     settings (``eval/settings.json``), is not evaluated again."""
-    settings_path = stage_dir / "settings.json"
-    settings = json.loads(json.dumps(row_settings(cfg)))
-    if settings_path.exists() and json.loads(settings_path.read_text()) != settings:
+    if not _rows_match(out, cfg):
         for path in [*stage_dir.glob("*.jsonl"), *stage_dir.glob("*.transcripts.md")]:
             path.unlink()  # rows of other eval settings: every model is evaluated again
-    atomic_write_text(settings_path, json.dumps(settings, indent=1))
+    atomic_write_text(stage_dir / "settings.json", json.dumps(row_settings(cfg), indent=1))
     counts = {}
     for name, (stage, tools) in models_of(cfg).items():
         rows_path = stage_dir / f"{name}.jsonl"

@@ -132,7 +132,7 @@ def test_other_eval_settings_redo_the_eval_and_another_n_boot_the_report(tmp_pat
     assert settings["start"] == 100 and "n_boot" not in settings
 
 
-def test_a_run_from_before_the_settings_record_is_judged_by_its_seeds_and_row_counts(tmp_path):
+def test_a_run_from_before_the_settings_record_is_judged_by_its_seeds_and_row_counts(tmp_path, monkeypatch):
     from rl.agent.run import _done, models_of, write_result
 
     cfg = _cfg("eval.tasks_per_kind=2")
@@ -144,6 +144,12 @@ def test_a_run_from_before_the_settings_record_is_judged_by_its_seeds_and_row_co
     assert _done(tmp_path, "eval", cfg)
     assert not _done(tmp_path, "eval", _cfg("eval.tasks_per_kind=3"))
     assert not _done(tmp_path, "eval", _cfg("eval.tasks_per_kind=2", "eval.seeds=[1]"))
+    # and its rows are not reused by an eval with more tasks
+    import rl.agent.run as run
+
+    monkeypatch.setattr(run, "build_backend", lambda cfg, path=None: path)
+    monkeypatch.setattr(run, "eval_model", lambda backend, cfg, tools: ([{"kind": "detail"}], []))
+    assert set(run._eval(_cfg("eval.tasks_per_kind=3"), tmp_path, tmp_path / "eval")["rows"].values()) == {1}
 
 
 def test_grpo_stopped_after_step_k_and_resumed_equals_uninterrupted(tmp_path):
