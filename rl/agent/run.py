@@ -180,7 +180,7 @@ def _done(out: Path, stage: str, cfg: AgentRunConfig) -> bool:
         if not _rows_match(out, cfg):
             return False  # other eval settings
     if stage == "report":
-        if result.get("eval", _eval_stamp(out)) != _eval_stamp(out):
+        if not _from_last_eval(out, result):
             return False  # the eval ran again since
         if result.get("n_boot", cfg.eval.n_boot) != cfg.eval.n_boot:
             return False
@@ -206,6 +206,15 @@ def _rows_match(out: Path, cfg: AgentRunConfig) -> bool:
     per_model = len(cfg.eval.seeds) * cfg.eval.tasks_per_kind * len(cfg.data.kinds)
     counts_ok = all(n == per_model for n in result["rows"].values())
     return result.get("seeds") == list(cfg.eval.seeds) and counts_ok
+
+
+def _from_last_eval(out: Path, report: dict[str, Any]) -> bool:
+    """Whether the report was written from the eval there now: its recorded stamp, or for a report from
+    before the stamp, written after the eval's result."""
+    if "eval" in report:
+        return report["eval"] == _eval_stamp(out)
+    evaluated = result_path(out, "eval")
+    return not evaluated.exists() or result_path(out, "report").stat().st_mtime >= evaluated.stat().st_mtime
 
 
 def _eval_stamp(out: Path) -> str:

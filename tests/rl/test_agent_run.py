@@ -133,7 +133,7 @@ def test_other_eval_settings_redo_the_eval_and_another_n_boot_the_report(tmp_pat
 
 
 def test_a_run_from_before_the_settings_record_is_judged_by_its_seeds_and_row_counts(tmp_path, monkeypatch):
-    from rl.agent.run import _done, models_of, write_result
+    from rl.agent.run import _done, models_of, result_path, write_result
 
     cfg = _cfg("eval.tasks_per_kind=2")
     models = models_of(cfg)
@@ -144,6 +144,14 @@ def test_a_run_from_before_the_settings_record_is_judged_by_its_seeds_and_row_co
     assert _done(tmp_path, "eval", cfg)
     assert not _done(tmp_path, "eval", _cfg("eval.tasks_per_kind=3"))
     assert not _done(tmp_path, "eval", _cfg("eval.tasks_per_kind=2", "eval.seeds=[1]"))
+    # a report of that time (no eval stamp) is stale once the eval's result is newer
+    import os
+
+    write_result(tmp_path, "report", {"models": list(models)})
+    assert _done(tmp_path, "report", cfg)
+    later = result_path(tmp_path, "report").stat().st_mtime + 5
+    os.utime(result_path(tmp_path, "eval"), (later, later))
+    assert not _done(tmp_path, "report", cfg)
     # and its rows are not reused by an eval with more tasks
     import rl.agent.run as run
 
