@@ -51,7 +51,9 @@ class DataConfig:
     "There are 2 in all."), not the object's name, which a small policy tends to misname."""
     detail_zoom: str = "tray"
     """Where detail demonstrations zoom: "tray" (the tray the tiny objects lie on, findable in the
-    downsampled view) or "target" (the asked objects' box, a few pixels in the view)."""
+    downsampled view), "target" (the asked objects' box, a few pixels in the view) or "photo_tray" (in a
+    note of several photos, the whole asked photo first, so it is the last image the policy saw before it
+    aims at the tray; then the tray)."""
     caption_zoom: str = "objects"
     """Where caption demonstrations zoom: "objects" (the tiny objects' padded box, to the pixel) or "tray"
     (the whole tray, as detail and dialogue demonstrations take it)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from rl.agent.answers import caption_units, score_answer
 from rl.agent.parse import ToolCall
-from rl.agent.tools import box_pixels
+from rl.agent.tools import WHOLE, box_pixels
 from rl.agent.trajectory import Trajectory
 
 CORRECT = 1.0 - 1e-9
@@ -62,15 +62,21 @@ def trajectory_reward(
     return reward - invalid_call_penalty * traj.n_invalid_calls
 
 
+def _whole_photo(call: Any) -> bool:
+    return isinstance(call, ToolCall) and call.name == "zoom" and list(call.args["box"]) == WHOLE
+
+
 def zoom_on_target(traj: Trajectory) -> float | None:
     """For a task whose ``meta`` names the asked photo (``image``, 1-based) and the answer's box in its
     source pixels (``box``: world detail and caption tasks): 1.0 when the trajectory's first valid tool
-    call is a ``zoom`` of that photo whose crop holds at least :data:`ZOOM_COVERAGE` of the box's area,
-    else 0.0 (no call, another tool first, another photo, a crop elsewhere). None for other tasks."""
+    call that aims (a zoom on a whole photo only looks at it again, and is passed over) is a ``zoom`` of
+    that photo whose crop holds at least :data:`ZOOM_COVERAGE` of the box's area, else 0.0 (no call,
+    another tool first, another photo, a crop elsewhere). None for other tasks."""
     meta = traj.task.meta
     if "image" not in meta or "box" not in meta:
         return None
-    call = next((c.call for c in traj.calls if c.valid), None)
+    aims = (c.call for c in traj.calls if c.valid and not _whole_photo(c.call))
+    call = next(aims, None)
     if not isinstance(call, ToolCall) or call.name != "zoom" or call.args.get("image") != meta["image"]:
         return 0.0
     H, W = traj.task.sources[meta["image"] - 1].shape[:2]

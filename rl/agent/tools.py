@@ -173,6 +173,10 @@ def box_pixels(box: list[float], width: int, height: int) -> tuple[int, int, int
     return x0, y0, max(min(x1, width), x0 + 1), max(min(y1, height), y0 + 1)
 
 
+WHOLE = [0.0, 0.0, 1.0, 1.0]
+"""The normalised box of a whole image: a zoom on it shows that photo again, alone."""
+
+
 def zoom(task: AgentTask, image: int, box: list[float]) -> Observation:
     """Crop ``box`` of note image ``image`` from its full-resolution source."""
     src = task.sources[image - 1]  # (H, W, 3)

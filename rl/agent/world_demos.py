@@ -23,9 +23,10 @@ the loop (``rl.agent.demos.scripted_policy``), and :func:`answer_turns` the same
 no-tool baseline's demonstrations). ``rl.agent.demos.demo_turns`` is the generic script for user tasks
 whose ``meta["box"]`` is already normalised; world tasks use this module.
 
-Scripts: ``detail`` zooms on ``meta["box"]`` in the asked photo (or on its tray: ``detail_zoom``), then
-answers; ``change`` calls ``compare`` on photos 1 and 2, zooms on the changed region in each photo where
-the object is (or lets ``compare`` show it: ``change_zoom``), then states the change; ``caption`` zooms
+Scripts: ``detail`` zooms on ``meta["box"]`` in the asked photo (or on its tray, or on the whole photo and
+then its tray: ``detail_zoom``), then answers; ``change`` calls ``compare`` on photos 1 and 2, zooms on
+the changed region in each photo where the object is (or lets ``compare`` show it: ``change_zoom``), then
+states the change; ``caption`` zooms
 on the tray, then gives the reference caption; ``dialogue`` plays against
 :class:`rl.agent.simulator.UserSimulator`: zooms on the tray of each photo that holds the goal's
 objects (or of every photo: ``dialogue_zoom``), then answers each slot the user asks (and only that
@@ -49,7 +50,7 @@ from mm.world.detail import padded_box
 from rl.agent.parse import ParseError, parse_call
 from rl.agent.simulator import SimulatorConfig, UserSimulator
 from rl.agent.task import AgentTask
-from rl.agent.tools import TOOLS
+from rl.agent.tools import TOOLS, WHOLE
 from rl.agent.world_tasks import TRAY_PAD
 
 RunTool = Callable[[dict, AgentTask], tuple[str, "np.ndarray | None"]]
@@ -122,9 +123,11 @@ def zoom_call(task: AgentTask, image: int, box: list[int]) -> dict[str, Any]:
     return {"name": "zoom", "image": image, "box": normalised_box(box, W, H)}
 
 
-DETAIL_ZOOMS = ("target", "tray")
+DETAIL_ZOOMS = ("target", "tray", "photo_tray")
 """Where a detail demonstration zooms: the asked objects' box, or the whole tray they lie on (larger in
-the downsampled view, so a small policy can find it)."""
+the downsampled view, so a small policy can find it), or, in a note of several photos, first the whole
+asked photo (:data:`WHOLE`: the photo alone again, as the last image before the policy's next turn) and
+then its tray."""
 
 
 def tray_box(task: AgentTask, tray: list[int]) -> list[int]:
@@ -138,6 +141,8 @@ def detail_demo(
     m = task.meta
     turns = [DemoTurn("user", task.question, False)]
     box = m["box"] if zoom == "target" else tray_box(task, m["tray"])
+    if zoom == "photo_tray" and len(task.sources) > 1:
+        _use(turns, {"name": "zoom", "image": m["image"], "box": WHOLE}, task, run_tool)
     _use(turns, zoom_call(task, m["image"], box), task, run_tool)
     turns.append(DemoTurn("assistant", detail_answer(m["ask"], task.answer, m["object"], bare), True))
     return turns
