@@ -307,13 +307,17 @@ def test_zoom_on_target_judges_the_first_zoom_against_the_answer_box():
     # less holds 19/40
     assert first(k, [100 / S, 100 / S, 120 / S, 140 / S]) == 1.0
     assert first(k, [100 / S, 100 / S, 119 / S, 140 / S]) == 0.0
-    assert first(k, [0.0, 0.0, 1.0, 1.0]) == 1.0
-    assert first(k + 1, [0.0, 0.0, 1.0, 1.0]) == 0.0  # another photo
+    assert first(k, [0.0, 0.0, 0.9, 0.9]) == 1.0
+    assert first(k + 1, [0.0, 0.0, 0.9, 0.9]) == 0.0  # another photo
     assert first(k, [0.0, 0.0, 99 / S, 99 / S]) == 0.0
     bad = CallRecord(0, ParseError("malformed_json", "x"), "error: x")
-    assert first(k, [0.0, 0.0, 1.0, 1.0], calls=[bad]) == 1.0  # the first *valid* call counts
+    assert first(k, [0.0, 0.0, 0.9, 0.9], calls=[bad]) == 1.0  # the first *valid* call counts
     compare = CallRecord(0, ToolCall("compare", {"images": [1, 2]}), "compare")
-    assert first(k, [0.0, 0.0, 1.0, 1.0], calls=[compare]) == 0.0
+    assert first(k, [0.0, 0.0, 0.9, 0.9], calls=[compare]) == 0.0
+    # a zoom on a whole photo looks at it again and aims at nothing: passed over, alone it is no aim
+    look = CallRecord(0, ToolCall("zoom", {"image": k + 1, "box": [0.0, 0.0, 1.0, 1.0]}), "zoom")
+    assert first(k, [100 / S, 100 / S, 120 / S, 140 / S], calls=[look]) == 1.0
+    assert first(k, [0.0, 0.0, 1.0, 1.0]) == 0.0
     t = copy.copy(traj)
     t.calls = []
     assert zoom_on_target(t) == 0.0

@@ -120,6 +120,25 @@ def test_detail_demo_can_zoom_on_the_tray():
         demonstration(task, detail_zoom="nowhere")
 
 
+def test_detail_demo_can_look_at_the_asked_photo_before_the_tray():
+    """photo_tray: in a note of several photos a zoom on the whole asked photo, then the tray zoom; in a
+    one-photo note the tray zoom alone; the answer as before."""
+    tasks = [world_task(CFG, "detail", i) for i in range(12)]
+    several = next(t for t in tasks if len(t.sources) > 1)
+    one = next(t for t in tasks if len(t.sources) == 1)
+    for task in (several, one):
+        tray = demonstration(task, detail_zoom="tray")
+        turns = demonstration(task, detail_zoom="photo_tray")
+        calls = [t.call for t in turns if t.role == "assistant" and t.call]
+        looks = calls[:-1]
+        assert looks == ([{"name": "zoom", "image": task.meta["image"], "box": [0.0, 0.0, 1.0, 1.0]}]
+                         if task is several else [])  # fmt: skip
+        assert calls[-1] == next(t.call for t in tray if t.role == "assistant" and t.call)
+        assert policy_turns(turns)[-1] == policy_turns(tray)[-1]
+    look = [t for t in demonstration(several, detail_zoom="photo_tray") if t.role == "tool"][0]
+    assert np.array_equal(look.image, several.sources[several.meta["image"] - 1])  # the photo, alone
+
+
 def test_caption_demo_zooms_on_the_objects_or_the_tray():
     task = world_task(CFG, "caption", 0)
 
