@@ -76,6 +76,13 @@ def test_cli_runs_end_to_end(tmp_path, capsys):
     assert (out / "report.json").read_text() == before and "lr: 0.5" not in (out / "config.yaml").read_text()
 
 
+def _rows_there(out: Path, models, text: str) -> None:
+    """Eval rows of every model, there from before."""
+    (out / "eval").mkdir()
+    for name in models:
+        (out / "eval" / f"{name}.jsonl").write_text(text)
+
+
 def test_an_eval_with_equal_rows_and_seconds_still_marks_the_report_stale(tmp_path):
     """Two evals of the same models give equal rows, and on a fast machine equal rounded seconds; the
     report written from the first must still count as stale after the second."""
@@ -83,9 +90,7 @@ def test_an_eval_with_equal_rows_and_seconds_still_marks_the_report_stale(tmp_pa
 
     cfg = _cfg()
     models = models_of(cfg)
-    (tmp_path / "eval").mkdir()
-    for name in models:  # rows there from before: _eval reads them and evaluates nothing
-        (tmp_path / "eval" / f"{name}.jsonl").write_text('{"kind": "detail"}\n')
+    _rows_there(tmp_path, models, '{"kind": "detail"}\n')  # _eval reads them and evaluates nothing
     first = {**_eval(cfg, tmp_path, tmp_path / "eval"), "seconds": 0.4}
     write_result(tmp_path, "eval", first)
     write_result(tmp_path, "report", {"models": list(models), "eval": _eval_stamp(tmp_path)})
@@ -103,9 +108,7 @@ def test_other_eval_settings_redo_the_eval_and_another_n_boot_the_report(tmp_pat
 
     cfg = _cfg()
     models = models_of(cfg)
-    (tmp_path / "eval").mkdir()
-    for name in models:
-        (tmp_path / "eval" / f"{name}.jsonl").write_text('{"kind": "detail"}\n')
+    _rows_there(tmp_path, models, '{"kind": "detail"}\n')
     write_result(tmp_path, "eval", _eval(cfg, tmp_path, tmp_path / "eval"))
     write_result(tmp_path, "report", {"models": list(models), "eval": _eval_stamp(tmp_path), "n_boot": 20})
     assert _done(tmp_path, "eval", cfg) and _done(tmp_path, "report", cfg)
@@ -137,9 +140,7 @@ def test_a_run_from_before_the_settings_record_is_judged_by_its_seeds_and_row_co
 
     cfg = _cfg("eval.tasks_per_kind=2")
     models = models_of(cfg)
-    (tmp_path / "eval").mkdir()
-    for name in models:
-        (tmp_path / "eval" / f"{name}.jsonl").write_text("")
+    _rows_there(tmp_path, models, "")
     write_result(tmp_path, "eval", {"rows": {m: 2 * len(cfg.data.kinds) for m in models}, "seeds": [0]})
     assert _done(tmp_path, "eval", cfg)
     assert not _done(tmp_path, "eval", _cfg("eval.tasks_per_kind=3"))
