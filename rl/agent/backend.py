@@ -14,8 +14,11 @@ Families that take an image in the middle of a sequence (a zoom after the first 
 - ``llava`` (fixed tokens per image, ``pixel_values`` (n_images, 3, H, W) over the batch) and
   ``qwen2_vl`` / ``qwen2_5_vl`` (``pixel_values`` rows per image from ``image_grid_thw``; M-RoPE
   positions computed by the model from the ids and grids, so a mid-sequence image is placed right).
-- Not supported: families whose image inputs are padded per sample (Idefics3 / SmolVLM tiles with
-  ``pixel_attention_mask``, LLaVA-NeXT ``image_sizes``): :func:`backend_for` says so.
+- ``idefics3`` (tiles: each image is a few sub-image tiles plus a global view, ``pixel_values``
+  (B, N_tiles, 3, H, W) padded per row with all-zero tiles, which the model drops, and
+  ``pixel_attention_mask`` (B, N_tiles, H, W)).
+- Not supported: LLaVA-NeXT (``image_sizes`` per sample, any-resolution patches): :func:`backend_for`
+  says so.
 
 Observations are plain text around the image, ``<obs>`` ... ``</obs>``, continuing the assistant turn
 (no chat-template role switch), so every family reads them the same way; a simulated user's next message
@@ -137,6 +140,14 @@ class AgentBackend(ABC):
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    @property
+    def placeholder_ids(self) -> list[int]:
+        """Ids the policy is never let to generate: the placeholders the model fills with image features
+        (a sampled one would be an image token with no image; a random or young policy does sample them)."""
+        config = self.adapter.base_model.config
+        ids = {getattr(config, k, None) for k in ("image_token_id", "image_token_index", "video_token_id")}
+        return sorted(int(i) for i in ids if i is not None)
+
     def text_ids(self, text: str) -> list[int]:
         """Token ids of a text on its own (no special tokens)."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -214,6 +225,7 @@ class AgentBackend(ABC):
                 pad_token_id=self.adapter.pad_token_id,
                 eos_token_id=self.eos_token_ids,
                 stopping_criteria=StoppingCriteriaList([ToolStop(self.decode, P)]),
+                suppress_tokens=self.placeholder_ids or None,
                 output_logits=True,
                 return_dict_in_generate=True,
                 **(extra if sampling.do_sample else {}),
@@ -329,6 +341,71 @@ class FlatImageBackend(AgentBackend):
         return {k: torch.cat([im[k] for im in flat]) for k in flat[0]}
 
 
+TILED_IMAGE_MARKERS = {"idefics3": "<image>"}
+"""Families whose images are tiles padded per row (``pixel_attention_mask``), and the processor's marker."""
+
+
+class TiledImageBackend(AgentBackend):
+    """Idefics3-style families: an image is a run of tiles; rows are padded with all-zero tiles.
+
+    A segment keeps one entry per image: its tiles ``pixel_values`` (n_tiles, 3, H, W) and
+    ``pixel_attention_mask`` (n_tiles, H, W). A batch stacks each row's tiles in order and pads rows to
+    the most tiles (and tile sides) in the batch with zeros, as the processor pads a batch; the model
+    drops all-zero tiles and fills its image tokens with the rest, in order.
+    """
+
+    def __init__(self, adapter: VLMAdapter) -> None:
+        super().__init__(adapter)
+        self.marker = TILED_IMAGE_MARKERS[adapter.family]
+
+    def _tiles(self, image: Any) -> int:
+        """How many tiles the processor makes of one image (sub-images + the global view)."""
+        out = self.adapter.processor.image_processor([[image]], return_tensors="pt")
+        return int(out["pixel_values"].shape[1])
+
+    def _segment(self, out: dict[str, Any], images: Sequence[Any]) -> Segment:
+        pixels, mask = out["pixel_values"][0], out["pixel_attention_mask"][0]  # (N, 3, H, W), (N, H, W)
+        sizes = [self._tiles(im) for im in images]
+        if sum(sizes) > pixels.shape[0]:
+            raise UserError(
+                f"{self.adapter.family}: {len(images)} images make {sum(sizes)} tiles one by one but "
+                f"{pixels.shape[0]} together; the processor's tiling is not per image"
+            )
+        per_image = [
+            {"pixel_values": p, "pixel_attention_mask": m}
+            for p, m in zip(torch.split(pixels[: sum(sizes)], sizes), torch.split(mask[: sum(sizes)], sizes))
+        ]
+        return Segment(out["input_ids"][0].tolist(), per_image)
+
+    def prompt(self, images: Sequence[np.ndarray], text: str) -> Segment:
+        pil = [_pil(im) for im in images]
+        out = self.adapter.build_prompts([Sample(images=pil, text=text)])
+        return self._segment({k: v.cpu() for k, v in out.items()}, pil)
+
+    def image_segment(self, image: np.ndarray) -> Segment:
+        pil = _pil(image)
+        out = self.adapter.processor(
+            text=[self.marker], images=[[pil]], return_tensors="pt", add_special_tokens=False
+        )
+        return self._segment(dict(out), [pil])
+
+    def collate_images(self, rows: Sequence[Sequence[Any]]) -> dict[str, torch.Tensor]:
+        flat = [im["pixel_values"] for images in rows for im in images]  # (k, 3, h, w) each
+        N = max(sum(im["pixel_values"].shape[0] for im in images) for images in rows)
+        B, H, W = len(rows), max(p.shape[-2] for p in flat), max(p.shape[-1] for p in flat)
+        pixels = torch.zeros(B, N, 3, H, W, dtype=flat[0].dtype)  # (B, N, 3, H, W); zero tiles are padding
+        mask = torch.zeros(B, N, H, W, dtype=torch.long)  # (B, N, H, W)
+        for b, images in enumerate(rows):
+            n = 0
+            for im in images:
+                p, m = im["pixel_values"], im["pixel_attention_mask"]  # (k, 3, h, w), (k, h, w)
+                k, h, w = p.shape[0], p.shape[-2], p.shape[-1]
+                pixels[b, n : n + k, :, :h, :w] = p
+                mask[b, n : n + k, :h, :w] = m
+                n += k
+        return {"pixel_values": pixels, "pixel_attention_mask": mask}
+
+
 def _pil(image: Any) -> Any:
     return Image.fromarray(image) if isinstance(image, np.ndarray) else image
 
@@ -339,8 +416,10 @@ def backend_for(adapter: VLMAdapter) -> AgentBackend:
         return NoteVLMBackend(adapter)
     if adapter.family in IMAGE_MARKERS:
         return FlatImageBackend(adapter)
+    if adapter.family in TILED_IMAGE_MARKERS:
+        return TiledImageBackend(adapter)
+    done = ", ".join(["notevlm", *IMAGE_MARKERS, *TILED_IMAGE_MARKERS])
     raise UserError(
         f"the agent loop does not support family {adapter.family!r}: it needs images spliced into the middle "
-        f"of a sequence, done for notevlm, {', '.join(IMAGE_MARKERS)}; per-sample padded image inputs "
-        "(Idefics3 tiles, LLaVA-NeXT image_sizes) are not handled"
+        f"of a sequence, done for {done}; per-sample image sizes (LLaVA-NeXT image_sizes) are not handled"
     )

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mm.model.adapter import load_adapter
-from rl.agent.backend import FlatImageBackend, NoteVLMBackend, Sampling, backend_for
+from rl.agent.backend import FlatImageBackend, NoteVLMBackend, Sampling, TiledImageBackend, backend_for
 from rl.agent.loop import LoopConfig, rollout, trajectory_batch
 from rl.agent.task import AgentTask
 from rl.losses import policy_loss
@@ -77,10 +77,54 @@ def test_hf_family_trajectory_logps_equal_one_forward(family, tmp_path):
     _assert_one_forward_parity(adapter, backend, trajs)
 
 
-def test_unsupported_family_is_named(tmp_path):
+def test_idefics3_tiles_trajectory_logps_equal_one_forward(tmp_path):
+    """Idefics3: every image is a run of tiles (2 x 2 sub-images + a global view of 16 px here); a batch
+    pads rows with all-zero tiles, which the model drops."""
     adapter = load_adapter(build_family("idefics3", tmp_path / "idefics3"))
-    with pytest.raises(Exception, match="does not support family 'idefics3'"):
-        backend_for(adapter)
+    assert isinstance(backend_for(adapter), TiledImageBackend)
+    backend, trajs = _forced_rollout(adapter, TiledImageBackend)
+    per_image = [im["pixel_values"].shape[0] for t in trajs for im in t.images]
+    assert len(per_image) == 7 and all(n >= 1 for n in per_image)
+    batch, _ = trajectory_batch(backend, trajs)
+    pixels = batch["pixel_values"]  # (3, N, 3, 16, 16)
+    real = pixels.flatten(2).abs().sum(-1) > 0  # (3, N)
+    assert real.sum(1).tolist() == [sum(im["pixel_values"].shape[0] for im in t.images) for t in trajs]
+    assert pixels.shape[1] == max(real.sum(1).tolist())  # padded to the row with the most tiles
+    _assert_one_forward_parity(adapter, backend, trajs)
+
+
+def test_unsupported_family_is_named(notevlm):
+    class Other:
+        family = "llava_next"
+
+    with pytest.raises(Exception, match="does not support family 'llava_next'.*idefics3"):
+        backend_for(Other())
+
+
+@pytest.mark.parametrize("family", ["llava", "idefics3"])
+def test_image_placeholders_are_never_generated(family, tmp_path):
+    """A policy that prefers the image placeholder above every other token still never emits it: one
+    would be an image token with no image, and the next forward fails or misplaces the features. (A
+    NoteVLM suppresses it in its own generation config; a transformers family's config does not.)"""
+    adapter = load_adapter(build_family(family, tmp_path / family))
+    backend = backend_for(adapter)
+    image_token = adapter.base_model.config.image_token_id
+    assert image_token in backend.placeholder_ids
+    assert image_token not in (adapter.base_model.generation_config.suppress_tokens or [])
+
+    def prefer_placeholder(module, args, out):
+        out = out.clone()
+        out[..., image_token] += 1e4
+        return out
+
+    prompt = backend.prompt(note_images(1, seed=1), "what colour")
+    handle = adapter.model.lm_head.register_forward_hook(prefer_placeholder)
+    try:
+        for sampling in (Sampling(), Sampling(do_sample=True, temperature=1.0)):
+            (turn,) = backend.generate([prompt], max_new_tokens=8, sampling=sampling)
+            assert turn.ids and image_token not in turn.ids
+    finally:
+        handle.remove()
 
 
 def test_notevlm_with_own_visibility_is_refused():

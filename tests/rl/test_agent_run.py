@@ -76,6 +76,26 @@ def test_cli_runs_end_to_end(tmp_path, capsys):
     assert (out / "report.json").read_text() == before and "lr: 0.5" not in (out / "config.yaml").read_text()
 
 
+@pytest.mark.parametrize("family", ["qwen2_vl", "idefics3"])
+def test_cli_runs_a_transformers_family_end_to_end(family, tmp_path, capsys):
+    """``policy.init`` a saved transformers model: every stage, the report and a resume, as for NoteVLM
+    (Qwen2-VL: image rows flat over the batch with M-RoPE; Idefics3: tiles padded per row)."""
+    from rl.cli import main
+    from tests.mm.adapter_helpers import build_family
+
+    folder = build_family(family, tmp_path / family)
+    out = tmp_path / "run"
+    args = ["agent", "--config", str(TINY), "--out", str(out), "--set", *SMALL, f"policy.init={folder}"]
+    args += ["policy.overrides=[]", "rollout.max_new_tokens=16", "rollout.max_tokens=32"]
+    assert main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["metrics"]) == {"notool_sft", "tool_sft", "tool_grpo"}
+    assert json.loads((out / "init/result.json").read_text())["family"] == family
+    rows = [json.loads(x) for x in (out / "eval/tool_grpo.jsonl").read_text().splitlines()]
+    assert sorted({r["kind"] for r in rows}) == ["caption", "change", "detail", "dialogue"]
+    assert main(args) == 0 and "grpo: done before, skipped" in capsys.readouterr().out
+
+
 def _rows_there(out: Path, models, text: str) -> None:
     """Eval rows of every model, there from before."""
     (out / "eval").mkdir()
