@@ -268,16 +268,18 @@ def _run_stage(
 
 def _eval(cfg: AgentRunConfig, out: Path, stage_dir: Path) -> dict[str, Any]:
     """Held-out rows of every model; a model whose rows are there from before, made with the same eval
-    settings (``eval/settings.json``), is not evaluated again."""
+    settings (``eval/settings.json``) and as many as those settings make, is not evaluated again (rows
+    of another count were cut short, or copied from another eval)."""
     if not _rows_match(out, cfg):
         for path in [*stage_dir.glob("*.jsonl"), *stage_dir.glob("*.transcripts.md")]:
             path.unlink()  # rows of other eval settings: every model is evaluated again
     atomic_write_text(stage_dir / "settings.json", json.dumps(row_settings(cfg), indent=1))
     counts = {}
+    expected = len(cfg.eval.seeds) * cfg.eval.tasks_per_kind * len(cfg.data.kinds)
     for name, (stage, tools) in models_of(cfg).items():
         rows_path = stage_dir / f"{name}.jsonl"
-        if rows_path.exists():
-            counts[name] = len(rows_path.read_text().splitlines())
+        if rows_path.exists() and len(rows_path.read_text().splitlines()) == expected:
+            counts[name] = expected
             continue
         backend = build_backend(cfg, out / stage / "model.pt")
         rows, trajs = eval_model(backend, cfg, tools=tools)

@@ -98,9 +98,13 @@ def test_cli_runs_a_transformers_family_end_to_end(family, tmp_path, capsys):
 
 def _rows_there(out: Path, models, text: str) -> None:
     """Eval rows of every model, there from before."""
-    (out / "eval").mkdir()
+    (out / "eval").mkdir(exist_ok=True)
     for name in models:
         (out / "eval" / f"{name}.jsonl").write_text(text)
+
+
+FOUR = '{"kind": "detail"}\n' * 4
+"""The rows of one model under ``_cfg()``: one task of each of the four kinds, one seed."""
 
 
 def test_an_eval_with_equal_rows_and_seconds_still_marks_the_report_stale(tmp_path):
@@ -110,7 +114,7 @@ def test_an_eval_with_equal_rows_and_seconds_still_marks_the_report_stale(tmp_pa
 
     cfg = _cfg()
     models = models_of(cfg)
-    _rows_there(tmp_path, models, '{"kind": "detail"}\n')  # _eval reads them and evaluates nothing
+    _rows_there(tmp_path, models, FOUR)  # _eval reads them and evaluates nothing
     first = {**_eval(cfg, tmp_path, tmp_path / "eval"), "seconds": 0.4}
     write_result(tmp_path, "eval", first)
     write_result(tmp_path, "report", {"models": list(models), "eval": _eval_stamp(tmp_path)})
@@ -128,7 +132,7 @@ def test_other_eval_settings_redo_the_eval_and_another_n_boot_the_report(tmp_pat
 
     cfg = _cfg()
     models = models_of(cfg)
-    _rows_there(tmp_path, models, '{"kind": "detail"}\n')
+    _rows_there(tmp_path, models, FOUR)
     write_result(tmp_path, "eval", _eval(cfg, tmp_path, tmp_path / "eval"))
     write_result(tmp_path, "report", {"models": list(models), "eval": _eval_stamp(tmp_path), "n_boot": 20})
     assert _done(tmp_path, "eval", cfg) and _done(tmp_path, "report", cfg)
@@ -179,6 +183,30 @@ def test_a_run_from_before_the_settings_record_is_judged_by_its_seeds_and_row_co
     monkeypatch.setattr(run, "build_backend", lambda cfg, path=None: path)
     monkeypatch.setattr(run, "eval_model", lambda backend, cfg, tools: ([{"kind": "detail"}], []))
     assert set(run._eval(_cfg("eval.tasks_per_kind=3"), tmp_path, tmp_path / "eval")["rows"].values()) == {1}
+
+
+def test_rows_of_another_count_are_evaluated_again(tmp_path, monkeypatch):
+    """Rows there with the same settings but not as many as they make (an eval cut short, rows copied
+    from another eval) are redone; a model with the full count is kept."""
+    import rl.agent.run as run
+
+    cfg = _cfg()
+    stages = run.models_of(cfg)  # model name -> (stage, tools)
+    models = list(stages)
+    _rows_there(tmp_path, models, FOUR)
+    (tmp_path / "eval" / f"{models[0]}.jsonl").write_text(FOUR[: len(FOUR) // 2])  # 2 rows of 4
+    (tmp_path / "eval" / "settings.json").write_text(json.dumps(run.row_settings(cfg)))
+    evaluated = []
+
+    def eval_model(model_path, cfg, tools):
+        evaluated.append(model_path.parent.name)
+        return [{"kind": "detail"}] * 4, []
+
+    monkeypatch.setattr(run, "build_backend", lambda cfg, path=None: path)
+    monkeypatch.setattr(run, "eval_model", eval_model)
+    result = run._eval(cfg, tmp_path, tmp_path / "eval")
+    assert evaluated == [stages[models[0]][0]]
+    assert result["rows"] == {m: 4 for m in models}
 
 
 def test_grpo_stopped_after_step_k_and_resumed_equals_uninterrupted(tmp_path):
