@@ -171,6 +171,10 @@ class SFTConfig:
     """Global gradient-norm clip (0 = off)."""
     log_every: int = 10
     """Steps between metric records."""
+    call_weight: float = 1.0
+    """How many times each token of a turn that calls a tool counts in the token mean (the photo and the
+    box are a few tokens beside long answers); 1 = a plain token mean. No-tool demonstrations make no
+    calls, so it changes only the tool SFT."""
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 1 or self.log_every < 1:
@@ -178,6 +182,8 @@ class SFTConfig:
                 f"sft.steps, sft.batch_size and sft.log_every must be >= 1, got "
                 f"{self.steps}, {self.batch_size}, {self.log_every}"
             )
+        if self.call_weight <= 0:
+            raise ValueError(f"sft.call_weight must be > 0, got {self.call_weight}")
 
 
 @dataclass(kw_only=True)

@@ -143,11 +143,12 @@ def sft_step(
     *,
     seed: int,
     grad_clip: float,
+    call_weight: float = 1.0,
 ) -> tuple[float, float]:
     """One supervised step on the policy turns of ``trajs``, torch seeded with ``seed``: (loss, grad norm)."""
     torch.manual_seed(seed)
     optimizer.zero_grad(set_to_none=True)
-    loss = sft_loss(backend, trajs)
+    loss = sft_loss(backend, trajs, call_weight=call_weight)
     loss.backward()
     norm = clip_grads(backend, grad_clip)
     optimizer.step()
@@ -182,7 +183,9 @@ def run_sft(cfg: AgentRunConfig, stage_dir: Path, init: Path, *, tools: bool, st
             order += torch.randperm(len(demos), generator=gen).tolist()
         batch, order = [demos[i] for i in order[: s.batch_size]], order[s.batch_size :]
         seed = step_seed(cfg, stage, step)
-        loss, norm = sft_step(backend, optimizer, batch, seed=seed, grad_clip=s.grad_clip)
+        loss, norm = sft_step(
+            backend, optimizer, batch, seed=seed, grad_clip=s.grad_clip, call_weight=s.call_weight
+        )
         if step % s.log_every == 0 or step == s.steps:
             log.log({"step": step, "loss": loss, "grad_norm": norm})
     save_weights(backend, stage_dir / "model.pt")

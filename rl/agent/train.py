@@ -3,7 +3,8 @@
 Both losses are taken only on policy tokens (``response_mask``); prompts and observations (tool text,
 zoom images) are context, never targets, so their logits get exactly zero gradient.
 
-- :func:`sft_loss`: token-mean negative log-likelihood of the demonstrations' policy turns.
+- :func:`sft_loss`: token-mean negative log-likelihood of the demonstrations' policy turns, the turns that
+  call a tool optionally weighted up (:func:`call_token_weights`).
 - :func:`grpo_loss`: GRPO (Shao et al. 2024, eq. 3) with one outcome reward per trajectory and a group
   of trajectories per task, through ``rl.losses.policy_loss``. Deviations from single-turn GRPO: the
   "completion" is every policy turn of the trajectory (several separated spans, one advantage for
@@ -68,12 +69,31 @@ def answer_reward(traj: Trajectory, *, invalid_call_penalty: float = 0.1) -> flo
     return float(correct) - invalid_call_penalty * traj.n_invalid_calls
 
 
-def sft_loss(backend: AgentBackend, trajs: Sequence[Trajectory]) -> torch.Tensor:
+def call_token_weights(trajs: Sequence[Trajectory], call_weight: float) -> torch.Tensor:
+    """(B, T), left padded like the batch: ``call_weight`` on every token of a policy turn that made a tool
+    call (valid or not), 1 elsewhere (the loss mask decides which tokens count at all)."""
+    T = max(len(t.ids) for t in trajs)
+    out = torch.ones(len(trajs), T)  # (B, T)
+    for b, traj in enumerate(trajs):
+        spans = [(s, e) for kind, s, e in traj.spans if kind == "policy"]
+        pad = T - len(traj.ids)
+        for turn in {c.turn - 1 for c in traj.calls}:  # CallRecord.turn counts policy turns from 1
+            start, end = spans[turn]
+            out[b, pad + start : pad + end] = call_weight
+    return out
+
+
+def sft_loss(backend: AgentBackend, trajs: Sequence[Trajectory], *, call_weight: float = 1.0) -> torch.Tensor:
     """Token-mean NLL of the policy turns of (demonstration) trajectories; observations are masked out,
-    and so are policy turns taken out of the loss (``Trajectory.train_mask``)."""
+    and so are policy turns taken out of the loss (``Trajectory.train_mask``). With ``call_weight`` != 1
+    the mean is weighted: the tokens of turns that call a tool count ``call_weight`` times, so the few
+    tokens that choose the photo and the box are not outweighed by long answers."""
     batch = backend.model_inputs([t.segment for t in trajs], [t.train_mask for t in trajs])
     logps, mask = backend.adapter.token_logps(batch)  # (B, T), (B, T)
-    return aggregate_loss(-logps, mask, mode="token-mean")
+    if call_weight == 1.0:
+        return aggregate_loss(-logps, mask, mode="token-mean")
+    weights = call_token_weights(trajs, call_weight).to(logps.device) * mask  # (B, T)
+    return -(logps * weights).sum() / weights.sum().clamp(min=1e-8)
 
 
 def turn_token_advantages(trajs: Sequence[Trajectory], per_turn: Sequence[Sequence[float]]) -> torch.Tensor:

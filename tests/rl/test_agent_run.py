@@ -237,6 +237,7 @@ def test_grpo_stopped_after_step_k_and_resumed_equals_uninterrupted(tmp_path):
         ("sft.steps=0", "sft.steps"),
         ("grpo.scale=wide", "grpo.scale"),
         ("data.dialogue_recovery=1.5", "dialogue_recovery"),
+        ("sft.call_weight=0", "sft.call_weight"),
     ],
 )
 def test_bad_config_is_an_error(override, message):

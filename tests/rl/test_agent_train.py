@@ -16,6 +16,7 @@ from rl.agent.task import AgentTask
 from rl.agent.train import (
     AgentGRPOConfig,
     answer_reward,
+    call_token_weights,
     grpo_loss,
     grpo_step,
     normalise_answer,
@@ -92,6 +93,40 @@ def test_sft_loss_of_a_one_turn_demo_equals_notevlm_sft_loss():
         ours = sft_loss(backend, [demo])
         ref = adapter.model(**enc).loss
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=0)
+
+
+def test_call_weights_cover_exactly_the_turns_that_call_a_tool():
+    backend = NoteVLMBackend(tiny_notevlm(seed=4))
+    change, detail = demos = _demos(backend, _tasks())
+    w = call_token_weights(demos, 3.0)  # (2, T), left padded
+    T = w.shape[1]
+    for b, traj in enumerate(demos):
+        policy = [(s, e) for kind, s, e in traj.spans if kind == "policy"]
+        assert len(policy) == 2 and [c.turn for c in traj.calls] == [1]  # a call, then the answer
+        pad = T - len(traj.ids)
+        want = torch.ones(T)
+        want[pad + policy[0][0] : pad + policy[0][1]] = 3.0
+        assert torch.equal(w[b], want)
+
+
+def test_weighted_sft_loss_is_the_weighted_token_mean():
+    """``call_weight`` 1 is the plain token mean; 3 is sum(w * nll) / sum(w) over the trained tokens, with
+    w = 3 on the call turns' tokens (float64 by hand from one forward)."""
+    adapter = tiny_notevlm(seed=4)
+    backend = NoteVLMBackend(adapter)
+    demos = _demos(backend, _tasks())
+    batch = backend.model_inputs([t.segment for t in demos], [t.train_mask for t in demos])
+    with torch.no_grad():
+        logps, mask = adapter.token_logps(batch)
+        plain = sft_loss(backend, demos)
+        weighted = sft_loss(backend, demos, call_weight=3.0)
+    nll, m = -logps.double(), mask.double()
+    torch.testing.assert_close(plain.double(), (nll * m).sum() / m.sum(), atol=1e-6, rtol=0)
+    w = call_token_weights(demos, 3.0).double() * m
+    torch.testing.assert_close(weighted.double(), (nll * w).sum() / w.sum(), atol=1e-6, rtol=0)
+    on_calls = (w == 3.0).sum().item()
+    assert 0 < on_calls < m.sum().item()  # both kinds of token are there
+    assert weighted.item() != pytest.approx(plain.item())
 
 
 @pytest.mark.slow
