@@ -8,7 +8,10 @@ photos the note has (``photos``). Per model, over the given runs together:
 
 - the share of first zooms on target, for notes of 1, 2 and 3 photos: a policy that finds the tray of a
   one-photo note and loses it in three-photo notes has trouble telling the photos apart, not the place;
-- detail accuracy when the first zoom is on target and when it is not: reading against guessing.
+- detail accuracy when the first zoom is on target and when it is not: reading against guessing;
+- where the first zoom went instead, for notes of 1, 2 and 3 photos (rows with the ``aim`` field): elsewhere
+  in the asked photo (``other_place``: the place was not found), another photo (``other_photo``: the
+  photos were not told apart), or no zoom.
 
 Rows written before those fields existed have neither: delete the run's ``eval/*.jsonl`` and run the same
 ``rl agent`` command again (every trained stage is skipped; the eval and the report are redone, and the
@@ -19,10 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from rl.agent.scoring import AIMS
 
 
 def detail_rows(runs: Sequence[Path], model: str) -> list[dict[str, Any]]:
@@ -52,11 +57,17 @@ def aim_table(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         aim = "on_target" if r["zoom_on_target"] else "off_target"
         by_aim[aim][0] += r["correct"]
         by_aim[aim][1] += 1
-    return {
+    out = {
         "tasks": len(rows),
         "on_target_by_photos": {n: by_photos[n] for n in sorted(by_photos)},
         "accuracy": {k: by_aim[k] for k in ("on_target", "off_target") if k in by_aim},
     }
+    if all("aim" in r for r in rows):  # rows written before the field have zoom_on_target only
+        aims: dict[int, Counter] = defaultdict(Counter)
+        for r in rows:
+            aims[r["photos"]][r["aim"]] += 1
+        out["aim_by_photos"] = {n: {a: aims[n][a] for a in AIMS} for n in sorted(aims)}
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         aims = ", ".join(f"{n} photo(s) {int(h)}/{int(k)}" for n, (h, k) in t["on_target_by_photos"].items())
         acc = ", ".join(f"{a.replace('_', ' ')} {h:.0f}/{k:.0f} right" for a, (h, k) in t["accuracy"].items())
         print(f"{model}: first zoom on target: {aims}; {acc}")
+        for n, counts in t.get("aim_by_photos", {}).items():
+            print(f"  {n} photo(s): " + ", ".join(f"{a.replace('_', ' ')} {k}" for a, k in counts.items()))
     print(json.dumps(out))
     return 0
 

@@ -7,8 +7,8 @@
   ``turn_reward_weight`` times the simulated user's mean turn score, plus ``zoom_reward_weight`` when the
   first tool call zooms where the answer is (:func:`zoom_on_target`), minus ``invalid_call_penalty`` per
   invalid tool call, minus ``truncation_penalty`` when the trajectory ended without an answer.
-- :func:`zoom_on_target`: whether a task's first tool call zooms where the answer is, which tells finding
-  the place apart from reading it (a wrong answer after a zoom elsewhere missed the place).
+- :func:`first_aim` / :func:`zoom_on_target`: where a task's first aiming call went (on target, elsewhere in
+  the asked photo, another photo, no zoom), which tells finding the place apart from reading it.
 - :func:`eval_row`: one JSON row per trajectory with what the report's metrics sum over.
 """
 
@@ -66,24 +66,42 @@ def _whole_photo(call: Any) -> bool:
     return isinstance(call, ToolCall) and call.name == "zoom" and list(call.args["box"]) == WHOLE
 
 
-def zoom_on_target(traj: Trajectory) -> float | None:
+AIMS = ("on_target", "other_place", "other_photo", "no_zoom")
+"""Where the first aiming call of a task with an asked photo went (:func:`first_aim`)."""
+
+
+def first_aim(traj: Trajectory) -> str | None:
     """For a task whose ``meta`` names the asked photo (``image``, 1-based) and the answer's box in its
-    source pixels (``box``: world detail and caption tasks): 1.0 when the trajectory's first valid tool
-    call that aims (a zoom on a whole photo only looks at it again, and is passed over) is a ``zoom`` of
-    that photo whose crop holds at least :data:`ZOOM_COVERAGE` of the box's area, else 0.0 (no call,
-    another tool first, another photo, a crop elsewhere). None for other tasks."""
+    source pixels (``box``: world detail and caption tasks), where the trajectory's first valid tool call
+    that aims went (a zoom on a whole photo only looks at it again, and is passed over):
+
+    - ``on_target``: a ``zoom`` of that photo whose crop holds at least :data:`ZOOM_COVERAGE` of the box;
+    - ``other_place``: a ``zoom`` of that photo whose crop misses the box (finding the place failed);
+    - ``other_photo``: a ``zoom`` of another photo (telling the photos apart failed);
+    - ``no_zoom``: no valid aiming call, or another tool first.
+
+    None for other tasks."""
     meta = traj.task.meta
     if "image" not in meta or "box" not in meta:
         return None
     aims = (c.call for c in traj.calls if c.valid and not _whole_photo(c.call))
     call = next(aims, None)
-    if not isinstance(call, ToolCall) or call.name != "zoom" or call.args.get("image") != meta["image"]:
-        return 0.0
+    if not isinstance(call, ToolCall) or call.name != "zoom":
+        return "no_zoom"
+    if call.args.get("image") != meta["image"]:
+        return "other_photo"
     H, W = traj.task.sources[meta["image"] - 1].shape[:2]
     x0, y0, x1, y1 = box_pixels(call.args["box"], W, H)
     a0, b0, a1, b1 = meta["box"]
     inter = max(0, min(x1, a1) - max(x0, a0)) * max(0, min(y1, b1) - max(y0, b0))
-    return float(inter >= ZOOM_COVERAGE * (a1 - a0) * (b1 - b0))
+    return "on_target" if inter >= ZOOM_COVERAGE * (a1 - a0) * (b1 - b0) else "other_place"
+
+
+def zoom_on_target(traj: Trajectory) -> float | None:
+    """1.0 when the first aiming call is on target (:func:`first_aim`), 0.0 when it is not, None for a
+    task without an asked photo and box."""
+    aim = first_aim(traj)
+    return None if aim is None else float(aim == "on_target")
 
 
 def eval_row(traj: Trajectory, seed: int) -> dict[str, Any]:
@@ -110,7 +128,8 @@ def eval_row(traj: Trajectory, seed: int) -> dict[str, Any]:
             row[f"{k}_hallucinated"] = units[k]["hallucinated"]
     if traj.satisfied is not None or traj.task.kind == "dialogue":
         row["goal_reached"] = float(bool(traj.satisfied))
-    aim = zoom_on_target(traj)
+    aim = first_aim(traj)
     if aim is not None:
-        row["zoom_on_target"] = aim
+        row["zoom_on_target"] = float(aim == "on_target")
+        row["aim"] = aim
     return row

@@ -12,7 +12,7 @@ import pytest
 from mm.config import ConfigError, load_config
 from rl.agent.config import AgentRunConfig
 from rl.agent.evaluate import summarise
-from rl.agent.scoring import eval_row, trajectory_reward, zoom_on_target
+from rl.agent.scoring import eval_row, first_aim, trajectory_reward, zoom_on_target
 from rl.agent.stages import build_backend, demo_trajectories
 from rl.agent.world_tasks import WorldTaskConfig, world_task
 
@@ -341,36 +341,40 @@ def test_zoom_on_target_judges_the_first_zoom_against_the_answer_box():
     detail, change = (world_task(world, kind, 1) for kind in ("detail", "change"))
     traj, other = demo_trajectories(backend, cfg, [detail, change], tools=True)
     assert zoom_on_target(traj) == 1.0 and eval_row(traj, 0)["zoom_on_target"] == 1.0  # the tray demo
+    assert eval_row(traj, 0)["aim"] == "on_target"
     assert zoom_on_target(other) is None and "zoom_on_target" not in eval_row(other, 0)  # no asked box
+    assert first_aim(other) is None and "aim" not in eval_row(other, 0)
     metrics = summarise([eval_row(traj, 0), eval_row(other, 0)], n_boot=20)
     assert metrics["zoom_on_target/detail"]["value"] == 1.0 and "zoom_on_target/change" not in metrics
 
-    def first(image, box, *, task_box=(100, 100, 140, 140), calls=()):
+    def first(image, box, *, task_box=(100, 100, 140, 140), calls=(), where=None):
         t = copy.copy(traj)
         t.task = replace(detail, meta=dict(detail.meta, box=list(task_box)))
         t.calls = [*calls, CallRecord(1, ToolCall("zoom", {"image": image, "box": box}), "zoom")]
+        if where is not None:
+            assert first_aim(t) == where
         return zoom_on_target(t)
 
     S = detail.sources[detail.meta["image"] - 1].shape[1]
     k = detail.meta["image"]
     # target [100, 140) x [100, 140): a crop of [100, 120) x [100, 140) holds exactly half of it, one column
     # less holds 19/40
-    assert first(k, [100 / S, 100 / S, 120 / S, 140 / S]) == 1.0
-    assert first(k, [100 / S, 100 / S, 119 / S, 140 / S]) == 0.0
+    assert first(k, [100 / S, 100 / S, 120 / S, 140 / S], where="on_target") == 1.0
+    assert first(k, [100 / S, 100 / S, 119 / S, 140 / S], where="other_place") == 0.0
     assert first(k, [0.0, 0.0, 0.9, 0.9]) == 1.0
-    assert first(k + 1, [0.0, 0.0, 0.9, 0.9]) == 0.0  # another photo
-    assert first(k, [0.0, 0.0, 99 / S, 99 / S]) == 0.0
+    assert first(k + 1, [0.0, 0.0, 0.9, 0.9], where="other_photo") == 0.0  # another photo
+    assert first(k, [0.0, 0.0, 99 / S, 99 / S], where="other_place") == 0.0
     bad = CallRecord(0, ParseError("malformed_json", "x"), "error: x")
     assert first(k, [0.0, 0.0, 0.9, 0.9], calls=[bad]) == 1.0  # the first *valid* call counts
     compare = CallRecord(0, ToolCall("compare", {"images": [1, 2]}), "compare")
-    assert first(k, [0.0, 0.0, 0.9, 0.9], calls=[compare]) == 0.0
+    assert first(k, [0.0, 0.0, 0.9, 0.9], calls=[compare], where="no_zoom") == 0.0
     # a zoom on a whole photo looks at it again and aims at nothing: passed over, alone it is no aim
     look = CallRecord(0, ToolCall("zoom", {"image": k + 1, "box": [0.0, 0.0, 1.0, 1.0]}), "zoom")
     assert first(k, [100 / S, 100 / S, 120 / S, 140 / S], calls=[look]) == 1.0
-    assert first(k, [0.0, 0.0, 1.0, 1.0]) == 0.0
+    assert first(k, [0.0, 0.0, 1.0, 1.0], where="no_zoom") == 0.0
     t = copy.copy(traj)
     t.calls = []
-    assert zoom_on_target(t) == 0.0
+    assert zoom_on_target(t) == 0.0 and first_aim(t) == "no_zoom"
 
 
 def test_policy_init_takes_a_model_folder(tmp_path):

@@ -31,6 +31,19 @@ def test_aim_table_counts_on_target_by_photos_and_accuracy_by_aim(za):
     assert t["accuracy"] == {"on_target": [1.0, 2.0], "off_target": [1.0, 3.0]}
 
 
+def test_aim_table_splits_the_misses_when_rows_say_where_the_zoom_went(za):
+    rows = [
+        {**_row(photos=2, aim=1.0), "aim": "on_target"}, {**_row(photos=2, aim=0.0), "aim": "other_photo"},
+        {**_row(photos=2, aim=0.0), "aim": "other_photo"}, {**_row(photos=1, aim=0.0), "aim": "other_place"},
+    ]  # fmt: skip
+    t = za.aim_table(rows)
+    assert t["aim_by_photos"] == {
+        1: {"on_target": 0, "other_place": 1, "other_photo": 0, "no_zoom": 0},
+        2: {"on_target": 1, "other_place": 0, "other_photo": 2, "no_zoom": 0},
+    }
+    assert "aim_by_photos" not in za.aim_table([*rows, _row()])  # a row from before the field
+
+
 def test_cli_pools_runs_and_stops_on_old_rows(za, tmp_path, capsys):
     for i, run in enumerate(("a", "b")):
         (tmp_path / run / "eval").mkdir(parents=True)
