@@ -369,7 +369,9 @@ class TiledImageBackend(AgentBackend):
         if sum(sizes) > pixels.shape[0]:
             raise UserError(
                 f"{self.adapter.family}: {len(images)} images make {sum(sizes)} tiles one by one but "
-                f"{pixels.shape[0]} together; the processor's tiling is not per image"
+                f"{pixels.shape[0]} together: the processor does not tile each image on its own, which the "
+                "agent loop needs to splice zoom images in; try do_image_splitting=false in the folder's "
+                "preprocessor_config.json"
             )
         per_image = [
             {"pixel_values": p, "pixel_attention_mask": m}
