@@ -12,6 +12,8 @@
 - ``caption``: the F1 of the caption's claims (:mod:`mm.eval.claims`): precision = claims that hold /
   judged claims (1 when none is judged), recall = true facts covered / true facts, over the exists,
   attribute and count kinds. :func:`caption_units` gives the per-kind counts for hallucination rates.
+- ``qa`` (tasks from users' files): 1 when the answer gives one of the accepted answers
+  (:func:`rl.agent.qa.score_qa`).
 - ``dialogue``: the final answer against the hidden goal: half for the count, half for the colours
   (Jaccard overlap of the colour sets); 0 when it names objects but not the goal's.
 
@@ -31,6 +33,7 @@ from mm.eval.claims import RuleExtractor
 from mm.eval.claims.generative import score_caption
 from mm.eval.claims.truth import NoteTruth, image_truth
 from mm.world import vocab
+from rl.agent.qa import score_qa
 from rl.agent.task import AgentTask
 
 NUMBER_WORDS: dict[str, int] = {
@@ -197,6 +200,7 @@ _SCORERS = {
     "change": score_change,
     "caption": score_caption_task,
     "dialogue": score_dialogue,
+    "qa": score_qa,
 }
 
 

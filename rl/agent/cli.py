@@ -1,7 +1,9 @@
-"""``rl agent``: a tool-using policy end to end on the world's tasks.
+"""``rl agent``: a tool-using policy end to end on the world's tasks, or on your own task files.
 
     rl agent --config configs/rl/agent_tiny.yaml --out runs/agent_tiny
     rl agent --config configs/rl/agent.yaml --out runs/agent --set eval.seeds=[0,1,2]
+    rl agent --config configs/rl/agent_files.yaml --out runs/mine --set policy.init=MODEL \
+        data.file=tasks/train.jsonl eval.file=tasks/test.jsonl           # rl.agent.task_file
 
 Stages (``rl.agent.run``): policy init, tool SFT cold start, no-tool SFT baseline, multi-turn GRPO,
 held-out eval, report. Re-running with the same OUT resumes: finished stages are skipped and GRPO
@@ -47,5 +49,10 @@ def run(args: argparse.Namespace) -> int:
     report = run_agent(cfg, out)
     if report is not None:
         held = sum(bool(t["held"]) for t in report["targets"])
-        print(f"[agent] report: {out / 'report.md'} ({held}/{len(report['targets'])} targets held)")
+        targets = (
+            f"{held}/{len(report['targets'])} targets held"
+            if report["targets"]
+            else "a task file: no targets"
+        )
+        print(f"[agent] report: {out / 'report.md'} ({targets})")
     return 0

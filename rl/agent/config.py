@@ -65,6 +65,16 @@ class DataConfig:
     dialogue_zoom: str = "goal"
     """Which photos' trays dialogue demonstrations zoom on: "goal" (those holding the goal's objects, which
     the policy cannot tell from the downsampled view) or "all" (every photo's)."""
+    file: str | None = None
+    """A task file of your own (``rl.agent.task_file``: a note's images and text, a question, its accepted
+    answers, optionally the tool calls of a demonstration) whose tasks train both SFTs and GRPO instead of
+    world tasks. Every task of the file trains; ``kinds``, ``train_tasks`` and the ``*_zoom`` settings are
+    the world's and do not apply. Needs ``eval.file`` (your held-out tasks)."""
+    image_folder: str | None = None
+    """Folder the image paths of ``file`` and ``eval.file`` are relative to (default: each file's folder)."""
+    max_side: int = 1024
+    """Longest side, in pixels, a task file's image is read at (larger photos are shrunk on read; 0 keeps
+    them whole): the full resolution ``zoom`` crops from."""
     dialogue_recovery: float = 0.0
     """Share of dialogue demonstrations that start with a mistake kept out of the loss (zooms on all but the
     last of those photos, a wrong reply, the user's objection) and then recover (the missed zoom, the right
@@ -89,6 +99,8 @@ class DataConfig:
             raise ValueError(f"data.train_tasks must be >= 1, got {self.train_tasks}")
         if not 0.0 <= self.dialogue_recovery <= 1.0:
             raise ValueError(f"data.dialogue_recovery must be in [0, 1], got {self.dialogue_recovery}")
+        if self.max_side < 0:
+            raise ValueError(f"data.max_side must be >= 0 (0 keeps images whole), got {self.max_side}")
 
 
 @dataclass(kw_only=True)
@@ -317,6 +329,10 @@ class EvalConfig:
     e.g. from ``start`` past the training tasks' notes; never a held-out figure)."""
     start: int = 0
     """First note index of the evaluated split (each kind's tasks come from notes start, start + 1, ...)."""
+    file: str | None = None
+    """A task file of your own (``rl.agent.task_file``) whose tasks are the held-out eval instead of world
+    tasks: each task once, read with ``data.image_folder`` and ``data.max_side``; ``seeds``,
+    ``tasks_per_kind``, ``split`` and ``start`` then do not apply, and the report has no world targets."""
 
     def __post_init__(self) -> None:
         if not self.seeds or self.tasks_per_kind < 1 or self.n_boot < 10:
@@ -401,3 +417,21 @@ class AgentRunConfig:
                 f"note_model.build=true trains the policy's start, but policy.init={self.policy.init!r} "
                 "names another; set policy.init=null or note_model.build=false"
             )
+        if self.data.file is not None:
+            if self.eval.file is None:
+                raise ValueError(
+                    f"data.file={self.data.file!r} trains on your tasks, but the eval would be on world "
+                    "tasks; set eval.file to a task file of your held-out tasks"
+                )
+            world_only = {
+                "note_model.build=true": self.note_model.build,
+                "perception.steps > 0": self.perception.steps > 0,
+                "perception.check_notes > 0": self.perception.check_notes > 0,
+            }
+            on = [k for k, v in world_only.items() if v]
+            if on:
+                raise ValueError(
+                    f"{', '.join(on)} trains on the world's photos, not on data.file's tasks; with data.file "
+                    "set note_model.build=false, perception.steps=0 and perception.check_notes=0, and give "
+                    "your own model as policy.init"
+                )

@@ -1,4 +1,5 @@
-"""Held-out eval of ``rl agent``: greedy rollouts on the test split, per-task rows, metrics with intervals.
+"""Held-out eval of ``rl agent``: greedy rollouts on the test split (or a task file), per-task rows, metrics
+with intervals.
 
     rows, trajs = eval_model(backend, cfg, tools=True)        # one row per test task (rl.agent.scoring)
     metrics = summarise(rows, n_boot=1000)                      # {name: Interval.to_json()}
@@ -27,6 +28,8 @@ from rl.agent.config import AgentRunConfig
 from rl.agent.loop import rollout
 from rl.agent.scoring import HALLUCINATION_KINDS, eval_row
 from rl.agent.stages import NO_TOOLS, loop_config
+from rl.agent.task import AgentTask
+from rl.agent.task_file import count_tasks, read_task_file
 from rl.agent.tools import TOOLS
 from rl.agent.trajectory import Trajectory
 from rl.agent.world_tasks import WorldTaskConfig, world_tasks
@@ -44,17 +47,33 @@ def heldout_tasks(cfg: AgentRunConfig, seed: int) -> list:
     ]
 
 
+def eval_sets(cfg: AgentRunConfig) -> list[tuple[int, list[AgentTask]]]:
+    """(seed, tasks) of the eval: every task of ``eval.file`` (seed 0 in its rows), or each eval seed's
+    :func:`heldout_tasks`."""
+    if cfg.eval.file is not None:
+        return [
+            (0, read_task_file(cfg.eval.file, image_folder=cfg.data.image_folder, max_side=cfg.data.max_side))
+        ]
+    return [(seed, heldout_tasks(cfg, seed)) for seed in cfg.eval.seeds]
+
+
+def eval_size(cfg: AgentRunConfig) -> int:
+    """How many rows a model's eval gives (the task file's tasks are counted without reading images)."""
+    if cfg.eval.file is not None:
+        return count_tasks(cfg.eval.file)
+    return len(cfg.eval.seeds) * cfg.eval.tasks_per_kind * len(cfg.data.kinds)
+
+
 def eval_model(
     backend: AgentBackend, cfg: AgentRunConfig, *, tools: bool
 ) -> tuple[list[dict[str, Any]], list[Trajectory]]:
-    """Greedy rollouts of every eval seed's test tasks: rows and trajectories, in task order."""
+    """Greedy rollouts of every eval task (:func:`eval_sets`): rows and trajectories, in task order."""
     rows, trajs = [], []
     loop = loop_config(cfg, tools=tools)
-    for seed in cfg.eval.seeds:
+    for seed, tasks in eval_sets(cfg):
         out = rollout(
-            backend, heldout_tasks(cfg, seed), loop, registry=TOOLS if tools else NO_TOOLS,
-            users=cfg.rollout.simulator(),
-        )  # fmt: skip
+            backend, tasks, loop, registry=TOOLS if tools else NO_TOOLS, users=cfg.rollout.simulator()
+        )
         rows += [eval_row(t, seed) for t in out]
         trajs += out
     return rows, trajs

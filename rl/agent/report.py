@@ -32,7 +32,7 @@ SHOWN = ("accuracy/detail", "accuracy/change", "accuracy/caption", "accuracy/dia
          "caption/count_hallucination", "caption/attribute_claims_per_caption",
          "caption/attribute_false_per_caption", "caption/count_claims_per_caption",
          "caption/count_false_per_caption", "valid_call_rate", "calls_per_task", "goal_reached",
-         "zoom_on_target/detail", "zoom_on_target/caption")  # fmt: skip
+         "zoom_on_target/detail", "zoom_on_target/caption", "accuracy/qa", "zoom_on_target/qa")  # fmt: skip
 """Metrics in the report's table, in order."""
 
 
@@ -73,23 +73,27 @@ GAINS = (("tool_grpo", "notool_sft"), ("tool_ppo", "notool_sft"), ("tool_ppo", "
 """(model, baseline) pairs whose paired gains the report gives, where both models were evaluated."""
 
 
-def compare_models(rows: dict[str, list[dict[str, Any]]], n_boot: int) -> dict[str, Any]:
-    """Metrics per model, paired gains (:data:`GAINS`), the targets (on the GRPO gains over no-tool SFT)."""
+def compare_models(
+    rows: dict[str, list[dict[str, Any]]], n_boot: int, *, targets: bool = True
+) -> dict[str, Any]:
+    """Metrics per model, paired gains (:data:`GAINS`), the targets (on the GRPO gains over no-tool SFT;
+    ``targets=False``, for an eval of a task file, none: they are the world tasks')."""
     metrics = {name: summarise(r, n_boot=n_boot) for name, r in rows.items()}
     names = [n for n, _, _ in TARGETS] + ["accuracy/caption", "accuracy/dialogue"]
     names += [f"caption/{k}_false_per_caption" for k in ("attribute", "count")] + ["zoom_on_target/detail"]
+    names += ["accuracy/qa", "zoom_on_target/qa", "calls_per_task"]
     gains = {
         f"gains_{model}_over_{base}": paired_gains(rows[base], rows[model], names, n_boot=n_boot)
         for model, base in GAINS
         if model in rows and base in rows
     }
-    targets = check_targets(metrics["tool_grpo"], gains["gains_tool_grpo_over_notool_sft"])
-    return {"metrics": metrics, **gains, "targets": targets}
+    checked = check_targets(metrics["tool_grpo"], gains["gains_tool_grpo_over_notool_sft"]) if targets else []
+    return {"metrics": metrics, **gains, "targets": checked}
 
 
 def write_report(cfg: AgentRunConfig, out: Path, models: dict[str, tuple[str, bool]]) -> dict[str, Any]:
     """Write the report files (module docstring); returns a short result for ``report/result.json``."""
-    compared = compare_models(model_rows(out, list(models)), cfg.eval.n_boot)
+    compared = compare_models(model_rows(out, list(models)), cfg.eval.n_boot, targets=cfg.eval.file is None)
     targets = compared["targets"]
     seconds = {
         s: json.loads((out / s / "result.json").read_text()).get("seconds")
@@ -98,6 +102,7 @@ def write_report(cfg: AgentRunConfig, out: Path, models: dict[str, tuple[str, bo
     }
     report = {
         "seeds": list(cfg.eval.seeds), "split": cfg.eval.split, "tasks_per_kind": cfg.eval.tasks_per_kind,
+        "file": cfg.eval.file,
         **compared,
         "stage_seconds": seconds, "reading_check": _reading_check(out),
     }  # fmt: skip
@@ -119,12 +124,16 @@ def _reading_check(out: Path) -> dict[str, Any] | None:
 
 
 def markdown(report: dict[str, Any], models: list[str]) -> str:
+    tasks = (
+        f"The tasks of {report['file']}"
+        if report.get("file")
+        else f"World seeds {report['seeds']}, {report.get('split', 'test')} split, "
+        f"{report['tasks_per_kind']} tasks per kind per seed"
+    )
     lines = [
         "# rl agent: held-out report",
         "",
-        f"World seeds {report['seeds']}, {report.get('split', 'test')} split, {report['tasks_per_kind']} "
-        "tasks per kind per seed; "
-        "greedy decoding; bootstrap 95% intervals over tasks.",
+        f"{tasks}; greedy decoding; bootstrap 95% intervals over tasks.",
         "",
     ]
     pairs = [(m, b) for m, b in GAINS if f"gains_{m}_over_{b}" in report]
@@ -133,10 +142,18 @@ def markdown(report: dict[str, Any], models: list[str]) -> str:
         "|---|" + "---|" * (len(models) + len(pairs)),
     ]
     for name in SHOWN:
+        if not any(name in report["metrics"][m] for m in models):
+            continue  # a metric of task kinds this eval does not have
         cells = [_fmt(report["metrics"][m].get(name)) for m in models]
         cells += [_fmt(report[f"gains_{m}_over_{b}"].get(name)) for m, b in pairs]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "## Targets", "", "| metric | judged on | test | value | held |", "|---|---|---|---|---|"]
+    lines += ["", "## Targets", ""]
+    if not report["targets"]:
+        lines += [
+            "None: the targets are the world tasks' (`rl.agent.report.TARGETS`); this eval is a task file."
+        ]
+    else:
+        lines += ["| metric | judged on | test | value | held |", "|---|---|---|---|---|"]
     for t in report["targets"]:
         value = "-" if t["value"] is None else f"{t['value']:.3f}"
         held = "n/a" if t["held"] is None else ("yes" if t["held"] else "no")

@@ -44,12 +44,13 @@ from mm.config import to_dict
 from mm.errors import UserError
 from mm.train.metrics import atomic_write_text
 from rl.agent.config import AgentRunConfig
-from rl.agent.evaluate import eval_model
+from rl.agent.evaluate import eval_model, eval_size
 from rl.agent.note_model import run_note_model, starting_from_it
 from rl.agent.perception_stage import run_perception
 from rl.agent.ppo import run_ppo
 from rl.agent.report import write_report
 from rl.agent.stages import build_backend, run_grpo, run_sft, save_weights
+from rl.agent.task_file import file_digest
 
 STAGES = ("note_model", "init", "perception", "sft_tool", "sft_notool", "grpo", "ppo", "eval", "report")
 """The stages of ``rl agent``, in order."""
@@ -75,6 +76,8 @@ def check_training_config(cfg: AgentRunConfig, out: Path) -> None:
     """Record the training sections in ``OUT/training_config.json``, or refuse a resume that changed them
     (a :data:`LATE_SECTIONS` section none of whose stages has trained is taken as it is now)."""
     mine = {k: v for k, v in to_dict(cfg).items() if k in TRAINING_SECTIONS}
+    if cfg.data.file is not None:  # the tasks trained on: another file at the same path is another run
+        mine["data"] = {**mine["data"], "file_sha256": file_digest(cfg.data.file)}
     path = out / "training_config.json"
     if not path.exists():
         atomic_write_text(path, json.dumps(mine, indent=1))
@@ -189,8 +192,12 @@ def _done(out: Path, stage: str, cfg: AgentRunConfig) -> bool:
 
 
 def row_settings(cfg: AgentRunConfig) -> dict[str, Any]:
-    """The eval settings a model's rows (and transcripts) depend on: all but ``n_boot`` (the report's)."""
-    return {k: v for k, v in to_dict(cfg.eval).items() if k != "n_boot"}
+    """The eval settings a model's rows (and transcripts) depend on: all but ``n_boot`` (the report's), and
+    the contents of ``eval.file`` (another file at the same path is other tasks)."""
+    settings = {k: v for k, v in to_dict(cfg.eval).items() if k != "n_boot"}
+    if cfg.eval.file is not None:
+        settings["file_sha256"] = file_digest(cfg.eval.file)
+    return settings
 
 
 def _rows_match(out: Path, cfg: AgentRunConfig) -> bool:
@@ -275,7 +282,7 @@ def _eval(cfg: AgentRunConfig, out: Path, stage_dir: Path) -> dict[str, Any]:
             path.unlink()  # rows of other eval settings: every model is evaluated again
     atomic_write_text(stage_dir / "settings.json", json.dumps(row_settings(cfg), indent=1))
     counts = {}
-    expected = len(cfg.eval.seeds) * cfg.eval.tasks_per_kind * len(cfg.data.kinds)
+    expected = eval_size(cfg)
     for name, (stage, tools) in models_of(cfg).items():
         rows_path = stage_dir / f"{name}.jsonl"
         if rows_path.exists() and len(rows_path.read_text().splitlines()) == expected:

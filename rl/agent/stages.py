@@ -4,6 +4,9 @@ Every stage is a pure function of the config and the stage it starts from, and r
 ``(cfg.seed, stage, step)`` before each step, so a stage re-run (or resumed from its checkpoint) gives
 the same weights and metrics. Weights travel between stages as ``state_dict`` files (``model.pt``).
 
+Tasks come from the world, or from a user's task file (``data.file``, ``rl.agent.task_file``), whose own
+demonstration calls the tool SFT replays.
+
 - tool SFT (cold start): world demonstrations (``rl.agent.world_demos``) replayed through the real loop
   and tools by ``rl.agent.demos.scripted_policy``; the loss is on policy turns only (observations and
   the simulated user's messages are masked by ``response_mask``).
@@ -32,6 +35,7 @@ from rl.agent.loop import LoopConfig, rollout, summary
 from rl.agent.policy_init import load_policy
 from rl.agent.scoring import trajectory_reward
 from rl.agent.task import AgentTask
+from rl.agent.task_file import read_task_file
 from rl.agent.tools import TOOLS, ToolRegistry
 from rl.agent.train import AgentGRPOConfig, grpo_loss, sft_loss
 from rl.agent.trajectory import Trajectory
@@ -92,7 +96,11 @@ def loop_config(cfg: AgentRunConfig, *, tools: bool, sample: bool = False) -> Lo
 
 
 def train_tasks(cfg: AgentRunConfig) -> list[AgentTask]:
-    return list(mixed_tasks(cfg.world, "train", cfg.data.train_tasks, tuple(cfg.data.kinds)))
+    """The tasks of ``data.file`` (``rl.agent.task_file``), or ``data.train_tasks`` world tasks."""
+    d = cfg.data
+    if d.file is not None:
+        return read_task_file(d.file, image_folder=d.image_folder, max_side=d.max_side)
+    return list(mixed_tasks(cfg.world, "train", d.train_tasks, tuple(d.kinds)))
 
 
 def recovers(task: AgentTask, share: float) -> bool:

@@ -5,7 +5,7 @@
 
 The tower sees each image downsampled to its input size; ``sources`` keep the full resolution that
 the ``zoom`` tool crops from and the ``compare`` tool diffs. World tasks (``rl.agent.world_tasks``)
-and user files build these; the agent loop (``rl.agent.loop``) only reads them.
+and users' task files (``rl.agent.task_file``) build these; the loop (``rl.agent.loop``) only reads them.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from typing import Any
 import numpy as np
 
 KINDS = ("detail", "change", "dialogue", "caption")
-"""Task kinds: a detail legible only after zooming, what changed between two photos, a multi-turn
+"""World task kinds: a detail legible only after zooming, what changed between two photos, a multi-turn
 dialogue with the user simulator, a detail caption scored for hallucination."""
+FILE_KINDS = ("qa",)
+"""Kinds of tasks read from users' files (``rl.agent.task_file``): a question with accepted answers."""
 
 
 @dataclass(frozen=True)
@@ -32,8 +34,8 @@ class AgentTask:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"task {self.task_id!r}: kind {self.kind!r} is not one of {KINDS}")
+        if self.kind not in KINDS + FILE_KINDS:
+            raise ValueError(f"task {self.task_id!r}: kind {self.kind!r} is not one of {KINDS + FILE_KINDS}")
         if not self.sources:
             raise ValueError(f"task {self.task_id!r} has no images; give at least one source image")
         for i, image in enumerate(self.sources, 1):

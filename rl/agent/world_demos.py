@@ -30,7 +30,8 @@ states the change; ``caption`` zooms
 on the tray, then gives the reference caption; ``dialogue`` plays against
 :class:`rl.agent.simulator.UserSimulator`: zooms on the tray of each photo that holds the goal's
 objects (or of every photo: ``dialogue_zoom``), then answers each slot the user asks (and only that
-slot) until the user is satisfied.
+slot) until the user is satisfied; ``qa`` (a task from a user's file) replays the file's own calls, then
+its answer (:func:`rl.agent.qa.qa_demo`).
 """
 
 from __future__ import annotations
@@ -316,6 +317,10 @@ def demonstration(
         return caption_demo(task, run, caption_zoom)
     if task.kind == "dialogue":
         return dialogue_demo(task, run, seed, bare_answers, dialogue_zoom, recovery, user)
+    if task.kind == "qa":
+        from rl.agent.qa import qa_demo
+
+        return qa_demo(task, run)
     raise ValueError(f"task {task.task_id!r}: no demonstration for kind {task.kind!r}")
 
 

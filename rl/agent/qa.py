@@ -1,0 +1,73 @@
+"""Questions from users' task files (``rl.agent.task_file``): scoring an answer, replaying a demonstration.
+
+    score_qa(task, "Red.")          # 1.0 when "red" is one of task.meta["answers"] (match "exact")
+    turns = qa_demo(task, run)      # the file's tool calls, each with its observation, then the answer
+
+Answers are compared after VQA-eval's normalisation (what lmms-eval and VLMEvalKit apply to VQAv2-style
+answers, :func:`normalise`): lower case, punctuation removed, number words as digits ("two" -> "2"),
+articles dropped. A task's ``match`` is ``"exact"`` (the answer, normalised, equals an accepted answer) or
+``"contains"`` (an accepted answer appears in it as whole words: "There are 3 cups." for "3"). Under
+``contains`` a hedge that lists several values passes, which GRPO learns to exploit: keep ``exact`` for
+the tasks that train. Only the ``<answer>`` block is read when there is one, and tool calls never are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from mm.eval.pope import vqa_process_punctuation
+from rl.agent.task import AgentTask
+
+MATCHES = ("exact", "contains")
+"""How an answer is compared with the accepted ones (module docstring)."""
+
+NUMBER_WORDS = {
+    "none": "0", "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5",
+    "six": "6", "seven": "7", "eight": "8", "nine": "9", "ten": "10",
+}  # fmt: skip
+"""VQA-eval's ``manualMap``: number words read as digits."""
+ARTICLES = frozenset({"a", "an", "the"})
+"""Words VQA-eval drops."""
+
+
+def normalise(text: str) -> str:
+    """VQA-eval's ``processPunctuation`` then ``processDigitArticle`` (without its contraction table)."""
+    words = vqa_process_punctuation(text.lower().replace("\n", " ").replace("\t", " ").strip()).split()
+    return " ".join(NUMBER_WORDS.get(w, w) for w in words if w not in ARTICLES)
+
+
+def matches(answer: str, accepted: str, match: str) -> bool:
+    """Whether ``answer`` gives ``accepted`` under ``match`` (both normalised here)."""
+    a, b = normalise(answer), normalise(accepted)
+    if match == "exact":
+        return a == b
+    if match == "contains":
+        return bool(b) and f" {b} " in f" {a} "
+    raise ValueError(f"match must be one of {MATCHES}, got {match!r}")
+
+
+def score_qa(task: AgentTask, text: str) -> float:
+    """1.0 when ``text`` gives one of the task's accepted answers under its ``match``, else 0.0."""
+    from rl.agent.answers import answer_text
+
+    reply = answer_text(text)
+    return float(any(matches(reply, a, task.meta["match"]) for a in task.meta["answers"]))
+
+
+RunTool = Callable[[dict, AgentTask], tuple[str, "np.ndarray | None"]]
+
+
+def qa_demo(task: AgentTask, run_tool: RunTool) -> list[Any]:
+    """The file's demonstration of ``task``: each call of ``meta["demo"]`` with the observation the tools
+    give it, then ``meta["demo_answer"]``; a task without calls is answered at once."""
+    from rl.agent.world_demos import DemoTurn, tool_text
+
+    turns = [DemoTurn("user", task.question, False)]
+    for call in task.meta["demo"]:
+        turns.append(DemoTurn("assistant", tool_text(call), True, call))
+        text, image = run_tool(call, task)
+        turns.append(DemoTurn("tool", text, False, call, image))
+    return [*turns, DemoTurn("assistant", task.meta["demo_answer"], True)]

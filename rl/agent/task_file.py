@@ -1,0 +1,219 @@
+"""The task file of ``rl agent`` (``data.file`` trains, ``eval.file`` evaluates): users' notes and questions.
+
+    tasks = read_task_file("tasks/train.jsonl", max_side=1024)    # list[AgentTask], kind "qa"
+
+One JSON object a line, the ``rl grpo --prompts`` file with the agent's fields::
+
+    {"id": "n1", "image": ["shelf/1.jpg", "shelf/2.jpg"], "text": "Our new shelf!",
+     "question": "What colour is the small jar on the top shelf?", "answer": ["red", "dark red"],
+     "demo": [{"name": "zoom", "image": 1, "box": [0.55, 0.05, 0.8, 0.3]}],
+     "where": {"image": 1, "box": [0.6, 0.1, 0.7, 0.2]}}
+
+- ``image`` (required): a path or a list of paths, the note's images in order (the tools number them from
+  1), relative to ``image_folder`` (default: the file's folder) or absolute. Each is read once, turned
+  upright by its EXIF orientation (phone photos), as RGB, and shrunk so its longest side is at most
+  ``max_side`` (0 keeps it): that is the full resolution ``zoom`` crops from, so the memory a task file
+  takes is about ``3 * max_side**2`` bytes per distinct image.
+- ``question`` (required) and ``text`` (the note's text, optional; the policy reads it before the
+  question).
+- ``answer`` (required): the accepted answer, or a list of them; ``match``: ``"exact"`` (default) or
+  ``"contains"`` (:mod:`rl.agent.qa`).
+- ``demo``: the tool calls a demonstration makes before it answers, each as the policy writes them
+  (``rl.agent.parse``; boxes normalised to [0, 1]); the tool SFT replays them through the real tools, the
+  no-tool SFT answers at once. Absent: both answer at once. ``demo_answer``: the demonstration's answer
+  text (default: the first accepted answer).
+- ``where``: where the answer is, ``{"image": k, "box": [x0, y0, x1, y1]}`` (normalised): the eval then
+  reports whether the first zoom went there (``zoom_on_target/qa``) and ``grpo.zoom_reward_weight`` can
+  reward it.
+- ``id``: default the line number; ids must be unique. Any other field is kept in ``meta["record"]``.
+
+Every line is checked before any training: a bad line is one :class:`mm.errors.UserError` naming
+``file:line`` and how to fix it (missing images, demonstration calls the tools refuse or fail on, boxes
+out of range).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mm.errors import UserError
+from rl.agent.parse import ParseError, parse_call
+from rl.agent.qa import MATCHES
+from rl.agent.task import AgentTask
+from rl.agent.tools import TOOLS, ToolRegistry, box_pixels
+from rl.agent.world_demos import tool_text
+
+FIELDS = ("id", "image", "text", "question", "answer", "match", "demo", "demo_answer", "where")
+"""The fields the reader reads; others go to ``meta["record"]``."""
+
+
+def _need_file(path: Path) -> None:
+    if not path.is_file():
+        raise UserError(
+            f"task file {path} not found; set data.file / eval.file to a JSONL file, one task a line "
+            "(rl.agent.task_file)"
+        )
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of the task file's bytes (a resumed run checks that its tasks did not change; the images are
+    not read)."""
+    p = Path(path)
+    _need_file(p)
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def count_tasks(path: str | Path) -> int:
+    """The number of tasks in the file: its non-blank lines (what :func:`read_task_file` gives)."""
+    return sum(1 for line in Path(path).read_text().splitlines() if line.strip())
+
+
+def read_image(path: Path, max_side: int) -> np.ndarray:
+    """``(H, W, 3)`` uint8 RGB, EXIF orientation applied, the longest side at most ``max_side`` (0: any)."""
+    from PIL import Image, ImageOps
+
+    with Image.open(path) as im:
+        im = ImageOps.exif_transpose(im).convert("RGB")
+        if max_side and max(im.size) > max_side:
+            scale = max_side / max(im.size)
+            size = (max(1, round(im.size[0] * scale)), max(1, round(im.size[1] * scale)))
+            im = im.resize(size, Image.Resampling.LANCZOS)
+        return np.asarray(im, dtype=np.uint8).copy()
+
+
+def read_task_file(
+    path: str | Path,
+    *,
+    image_folder: str | Path | None = None,
+    max_side: int = 1024,
+    registry: ToolRegistry | None = None,
+) -> list[AgentTask]:
+    """Every task of ``path`` (module docstring), in file order; ``registry`` checks the demonstrations'
+    calls (default: the loop's :data:`rl.agent.tools.TOOLS`)."""
+    p = Path(path)
+    _need_file(p)
+    root = Path(image_folder) if image_folder else p.parent
+    if not root.is_dir():
+        raise UserError(f"image folder {root} not found; set data.image_folder to the folder of the images")
+    images: dict[Path, np.ndarray] = {}
+    tasks, seen = [], {}
+    for n, line in enumerate(p.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{p}:{n}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{where}: not JSON ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise UserError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+        task = _task(rec, n, where, root, images, max_side, registry or TOOLS)
+        if task.task_id in seen:
+            raise UserError(
+                f"{where}: id {task.task_id!r} is on line {seen[task.task_id]} too; ids must be unique"
+            )
+        seen[task.task_id] = n
+        tasks.append(task)
+    if not tasks:
+        raise UserError(f"task file {p} has no tasks")
+    return tasks
+
+
+def _task(
+    rec: dict[str, Any],
+    n: int,
+    where: str,
+    root: Path,
+    images: dict[Path, np.ndarray],
+    max_side: int,
+    registry: ToolRegistry,
+) -> AgentTask:
+    names = [rec.get("image")] if isinstance(rec.get("image"), str) else rec.get("image")
+    if not isinstance(names, list) or not names or not all(isinstance(x, str) and x for x in names):
+        raise UserError(
+            f"{where}: 'image' must be a path or a non-empty list of paths, got {rec.get('image')!r}"
+        )
+    paths = [root / x for x in names]
+    missing = [str(x) for x in paths if not x.is_file()]
+    if missing:
+        raise UserError(
+            f"{where}: image(s) not found: {missing}; paths are relative to {root} (data.image_folder)"
+        )
+    for path in paths:
+        if path not in images:
+            try:
+                images[path] = read_image(path, max_side)
+            except OSError as e:
+                raise UserError(f"{where}: cannot read image {path} ({e}); give a PNG or JPEG file") from None
+    sources = tuple(images[x] for x in paths)
+    question, text = rec.get("question"), rec.get("text", "")
+    if not isinstance(question, str) or not question.strip():
+        raise UserError(f"{where}: needs a non-empty 'question'")
+    if not isinstance(text, str):
+        raise UserError(f"{where}: 'text' must be a string (the note's text), got {text!r}")
+    answers = [rec.get("answer")] if isinstance(rec.get("answer"), str) else rec.get("answer")
+    if (
+        not isinstance(answers, list)
+        or not answers
+        or not all(isinstance(a, str) and a.strip() for a in answers)
+    ):
+        raise UserError(
+            f"{where}: 'answer' must be a non-empty string or list of them, got {rec.get('answer')!r}"
+        )
+    match = rec.get("match", "exact")
+    if match not in MATCHES:
+        raise UserError(f"{where}: 'match' must be one of {list(MATCHES)}, got {match!r}")
+    demo_answer = rec.get("demo_answer", answers[0])
+    if not isinstance(demo_answer, str) or not demo_answer.strip():
+        raise UserError(f"{where}: 'demo_answer' must be a non-empty string, got {demo_answer!r}")
+    meta: dict[str, Any] = {
+        "answers": answers,
+        "match": match,
+        "demo": _demo(rec.get("demo", []), where, len(sources), registry),
+        "demo_answer": demo_answer,
+        "record": {k: v for k, v in rec.items() if k not in FIELDS},
+    }
+    if "where" in rec:
+        meta["image"], meta["box"] = _where(rec["where"], where, sources)
+    task_id = rec.get("id", n)
+    if not isinstance(task_id, (str, int)) or isinstance(task_id, bool):
+        raise UserError(f"{where}: 'id' must be a string or an integer, got {task_id!r}")
+    prompt = f"{text.strip()}\n{question.strip()}" if text.strip() else question.strip()
+    task = AgentTask(str(task_id), "qa", sources, prompt, answers[0], meta)
+    for k, call in enumerate(meta["demo"], 1):  # a demonstration that shows an error would teach it
+        parsed = parse_call(tool_text(call), registry, n_images=len(sources))
+        obs = registry.run(parsed, task)
+        if obs.text.startswith("error:"):
+            raise UserError(f"{where}: demo call {k} {json.dumps(call)} fails: {obs.text}")
+    return task
+
+
+def _demo(calls: Any, where: str, n_images: int, registry: ToolRegistry) -> list[dict[str, Any]]:
+    """The demonstration's calls, each checked as the loop would parse it."""
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise UserError(f"{where}: 'demo' must be a list of tool calls (JSON objects), got {calls!r}")
+    for k, call in enumerate(calls, 1):
+        parsed = parse_call(tool_text(call), registry, n_images=n_images)
+        if isinstance(parsed, ParseError):
+            raise UserError(f"{where}: demo call {k} {json.dumps(call)} is refused: {parsed.message}")
+    return calls
+
+
+def _where(value: Any, where: str, sources: tuple[np.ndarray, ...]) -> tuple[int, list[int]]:
+    """``where`` as (image number, the box in that image's source pixels)."""
+    ok = isinstance(value, dict) and set(value) == {"image", "box"}
+    image, box = (value.get("image"), value.get("box")) if ok else (None, None)
+    ok = ok and isinstance(image, int) and not isinstance(image, bool) and 1 <= image <= len(sources)
+    ok = ok and isinstance(box, list) and len(box) == 4 and all(isinstance(v, (int, float)) for v in box)
+    if not ok or not (0 <= box[0] < box[2] <= 1 and 0 <= box[1] < box[3] <= 1):
+        raise UserError(
+            f'{where}: \'where\' must be {{"image": k, "box": [x0, y0, x1, y1]}} with 1 <= k <= '
+            f"{len(sources)} and 0 <= x0 < x1 <= 1, 0 <= y0 < y1 <= 1 (fractions of the image), got {value!r}"
+        )
+    H, W = sources[image - 1].shape[:2]
+    return image, list(box_pixels(box, W, H))

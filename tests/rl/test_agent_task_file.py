@@ -1,0 +1,278 @@
+"""Users' task files for ``rl agent`` (``rl.agent.task_file``): what a line becomes, every bad line a clear
+error naming ``file:line``, answers scored after VQA normalisation, world tasks exported to a file and read
+back unchanged, and ``rl agent`` trained and evaluated on files end to end (resume; a changed file is
+other tasks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from mm.errors import UserError
+from rl.agent.backend import Segment
+from rl.agent.qa import matches, normalise, qa_demo, score_qa
+from rl.agent.scoring import eval_row, first_aim, trajectory_reward
+from rl.agent.task_export import export_tasks
+from rl.agent.task_file import count_tasks, read_task_file
+from rl.agent.trajectory import Trajectory
+from rl.agent.world_demos import demonstration, loop_observation
+from rl.agent.world_tasks import WorldTaskConfig, world_tasks
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs/rl/agent_tiny.yaml"
+
+
+def _photo(h: int, w: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """A PNG (RGBA), a phone JPEG stored sideways with EXIF orientation 6, a grayscale PNG."""
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rgba = np.dstack([_photo(40, 60, 0), np.full((40, 60), 255, np.uint8)])
+    Image.fromarray(rgba, "RGBA").save(photos / "a.png")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored 60 wide x 40 high; shown rotated 90 degrees clockwise: 40 wide x 60 high
+    Image.fromarray(_photo(40, 60, 1)).save(photos / "b.jpg", exif=exif, quality=95)
+    Image.fromarray(_photo(40, 60, 2)[..., 0], "L").save(photos / "c.png")
+    return tmp_path
+
+
+def _write(folder: Path, *records: dict | str, name: str = "tasks.jsonl") -> Path:
+    path = folder / name
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return path
+
+
+GOOD = {"image": ["photos/a.png", "photos/b.jpg"], "question": "What colour is the jar?", "answer": "red"}
+
+
+def test_a_line_becomes_a_task(folder):
+    path = _write(
+        folder,
+        {**GOOD, "id": "n1", "text": "Our shelf!", "answer": ["red", "dark red"], "match": "contains",
+         "demo": [{"name": "zoom", "image": 2, "box": [0.25, 0.5, 0.75, 1.0]}], "demo_answer": "It is red.",
+         "where": {"image": 2, "box": [0.5, 0.5, 0.75, 0.75]}, "source": "survey 3"},
+        "",
+        {"image": "photos/c.png", "question": " How many cups? ", "answer": "2"},
+    )  # fmt: skip
+    first, second = read_task_file(path)
+    assert (first.task_id, first.kind, first.question) == ("n1", "qa", "Our shelf!\nWhat colour is the jar?")
+    assert first.meta["answers"] == ["red", "dark red"] and first.answer == "red"
+    assert first.meta["match"] == "contains" and first.meta["demo_answer"] == "It is red."
+    assert first.meta["record"] == {"source": "survey 3"}
+    a, b = first.sources
+    assert a.shape == (40, 60, 3) and np.array_equal(a, _photo(40, 60, 0))  # alpha dropped, exact
+    assert b.shape == (60, 40, 3)  # the phone photo upright
+    # where: image 2 and its box in source pixels (40 wide, 60 high)
+    assert first.meta["image"] == 2 and first.meta["box"] == [20, 30, 30, 45]
+    # defaults: the id is the line number, exact match, the first answer demonstrated, no calls
+    assert (second.task_id, second.question, second.meta["match"]) == ("3", "How many cups?", "exact")
+    assert second.meta["demo"] == [] and second.meta["demo_answer"] == "2" and "image" not in second.meta
+    assert second.sources[0].shape == (40, 60, 3)  # grayscale read as RGB
+    assert count_tasks(path) == 2
+
+
+def test_images_are_shrunk_to_max_side_and_read_once(folder):
+    Image.fromarray(_photo(300, 500, 3)).save(folder / "photos/big.png")
+    path = _write(
+        folder, {**GOOD, "image": "photos/big.png"}, {**GOOD, "image": ["photos/big.png", "photos/a.png"]}
+    )
+    one, two = read_task_file(path, max_side=100)
+    assert one.sources[0].shape == (60, 100, 3)
+    assert one.sources[0] is two.sources[0]  # one array per distinct image
+    assert read_task_file(path, max_side=0)[0].sources[0].shape == (300, 500, 3)
+
+
+def test_image_folder_replaces_the_files_folder(folder, tmp_path):
+    elsewhere = tmp_path / "lists"
+    elsewhere.mkdir()
+    path = _write(elsewhere, {**GOOD, "image": "a.png"})
+    with pytest.raises(UserError, match="image.*not found"):
+        read_task_file(path)
+    assert read_task_file(path, image_folder=folder / "photos")[0].sources[0].shape == (40, 60, 3)
+
+
+BAD = [
+    ("not json", "not JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ({**GOOD, "image": []}, "'image' must be a path"),
+    ({**GOOD, "image": "photos/missing.png"}, r"image\(s\) not found.*missing.png"),
+    ({**GOOD, "image": "photos/broken.png"}, "cannot read image"),
+    ({**GOOD, "question": " "}, "non-empty 'question'"),
+    ({**GOOD, "text": 3}, "'text' must be a string"),
+    ({k: v for k, v in GOOD.items() if k != "answer"}, "'answer' must be"),
+    ({**GOOD, "answer": ["red", ""]}, "'answer' must be"),
+    ({**GOOD, "match": "fuzzy"}, "'match' must be one of"),
+    ({**GOOD, "demo_answer": ""}, "'demo_answer'"),
+    ({**GOOD, "demo": {"name": "zoom"}}, "'demo' must be a list"),
+    ({**GOOD, "demo": [{"name": "zoom", "image": 3, "box": [0, 0, 1, 1]}]}, "demo call 1 .* refused"),
+    ({**GOOD, "demo": [{"name": "crop", "image": 1}]}, "unknown tool"),
+    (
+        {**GOOD, "demo": [{"name": "compare", "images": [1, 2]}]},
+        "demo call 1 .* fails: error: images 1 and 2",
+    ),
+    ({**GOOD, "where": {"image": 1, "box": [0.5, 0.5, 0.4, 0.6]}}, "'where' must be"),
+    ({**GOOD, "where": {"image": 3, "box": [0, 0, 1, 1]}}, "'where' must be"),
+    ({**GOOD, "id": [1]}, "'id' must be"),
+]
+
+
+@pytest.mark.parametrize("line,message", BAD, ids=[m for _, m in BAD])
+def test_a_bad_line_is_one_error_naming_it(folder, line, message):
+    (folder / "photos/broken.png").write_bytes(b"\x89PNG not really")
+    path = _write(folder, GOOD, line)
+    with pytest.raises(UserError, match=message) as e:
+        read_task_file(path)
+    assert f"{path}:2:" in str(e.value)
+
+
+def test_a_file_is_refused_whole(folder, tmp_path):
+    with pytest.raises(UserError, match="ids must be unique"):
+        read_task_file(_write(folder, {**GOOD, "id": "x"}, {**GOOD, "id": "x"}))
+    with pytest.raises(UserError, match="has no tasks"):
+        read_task_file(_write(folder, "", "  "))
+    with pytest.raises(UserError, match="not found"):
+        read_task_file(tmp_path / "nope.jsonl")
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [("The Two cups!", "2 cups"), ("  It's RED. ", "it's red"), ("a 1,000 cats", "1000 cats"), ("None", "0"),
+     ("an apple; a pear", "apple pear")],
+)  # fmt: skip
+def test_normalise_is_vqa_evals(text, expected):
+    assert normalise(text) == expected
+
+
+def test_answers_are_scored_exact_or_contained(folder):
+    exact, contains = read_task_file(
+        _write(
+            folder, {**GOOD, "answer": ["2", "two cups"]}, {**GOOD, "answer": "dark red", "match": "contains"}
+        )
+    )
+    assert score_qa(exact, "Two.") == score_qa(exact, "2") == score_qa(exact, "the two cups") == 1.0
+    assert score_qa(exact, "There are 2.") == 0.0 and score_qa(exact, "") == 0.0
+    assert score_qa(exact, '<tool>{"name": "zoom"}</tool> 2') == 1.0  # tool text is not read
+    assert score_qa(exact, "I think 3 <answer>two</answer>") == 1.0  # only the answer block
+    assert score_qa(contains, "It is dark red.") == 1.0 and score_qa(contains, "It is red.") == 0.0
+    assert not matches("darkred", "dark red", "contains")
+    with pytest.raises(ValueError, match="match"):
+        matches("a", "a", "fuzzy")
+
+
+def test_qa_trajectories_are_rewarded_and_rowed_like_world_tasks(folder):
+    (task,) = read_task_file(_write(folder, {**GOOD, "where": {"image": 1, "box": [0.0, 0.0, 0.5, 0.5]}}))
+    traj = Trajectory.start(task, Segment([1, 2, 3]))
+    traj.answer = "Red."
+    assert (
+        trajectory_reward(traj, invalid_call_penalty=0.1, hallucination_weight=0.5, turn_reward_weight=0.0)
+        == 1.0
+    )
+    row = eval_row(traj, seed=0)
+    assert (row["kind"], row["correct"], row["aim"]) == ("qa", 1.0, "no_zoom") and first_aim(
+        traj
+    ) == "no_zoom"
+
+
+def test_world_tasks_exported_to_a_file_read_back_unchanged(tmp_path):
+    world = WorldTaskConfig(seed=0)
+    path = export_tasks(world, tmp_path / "tasks", "train", 4, zoom="tray")
+    tasks, originals = read_task_file(path, max_side=0), list(world_tasks(world, "detail", "train", 4))
+    for task, original in zip(tasks, originals, strict=True):
+        assert task.task_id == original.task_id and task.question == original.question
+        assert all(np.array_equal(a, b) for a, b in zip(task.sources, original.sources, strict=True))
+        assert task.meta["answers"] == [original.answer] and task.meta["image"] == original.meta["image"]
+        a0, b0, a1, b1 = original.meta["box"]
+        x0, y0, x1, y1 = task.meta["box"]
+        assert x0 <= a0 and y0 <= b0 and x1 >= a1 and y1 >= b1 and (x1 - x0) - (a1 - a0) <= 1
+        # the file's demonstration shows what the world's shows, then the value alone
+        mine = qa_demo(task, loop_observation)
+        theirs = demonstration(original, detail_zoom="tray")
+        assert [t.text for t in mine[:-1]] == [t.text for t in theirs[:-1]]
+        assert all(
+            (a.image is None and b.image is None) or np.array_equal(a.image, b.image)
+            for a, b in zip(mine, theirs)
+        )
+        assert mine[-1].text == original.answer and score_qa(task, mine[-1].text) == 1.0
+
+
+def _files(tmp_path: Path) -> tuple[Path, Path]:
+    world = WorldTaskConfig(seed=0)
+    return (
+        export_tasks(world, tmp_path / "tasks", "train", 4),
+        export_tasks(world, tmp_path / "tasks", "test", 3, start=200),
+    )
+
+
+def test_cli_trains_and_evaluates_on_task_files(tmp_path, capsys):
+    from rl.cli import main
+
+    train, test = _files(tmp_path)
+    out = tmp_path / "run"
+    args = ["agent", "--config", str(TINY), "--out", str(out), "--set", "sft.steps=2", "grpo.steps=2",
+            "eval.n_boot=20", "perception.steps=0", f"data.file={train}", f"eval.file={test}"]  # fmt: skip
+    assert main(args) == 0
+    assert "a task file: no targets" in capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert report["targets"] == [] and report["file"] == str(test)
+    assert (
+        "accuracy/qa" in report["metrics"]["tool_grpo"]
+        and "accuracy/qa" in report["gains_tool_grpo_over_notool_sft"]
+    )
+    rows = [json.loads(x) for x in (out / "eval/tool_sft.jsonl").read_text().splitlines()]
+    assert [r["task_id"] for r in rows] == [t.task_id for t in read_task_file(test)]
+    assert {r["kind"] for r in rows} == {"qa"} and all("aim" in r for r in rows)
+    md = (out / "report.md").read_text()
+    assert f"The tasks of {test}" in md and "| accuracy/qa |" in md and "| accuracy/detail |" not in md
+    assert main(args) == 0 and "grpo: done before, skipped" in capsys.readouterr().out
+    # another eval file at the same path: the eval runs again; another train file: the resume is refused
+    test.write_text("\n".join(test.read_text().splitlines()[:2]) + "\n")
+    assert main(args) == 0
+    log = capsys.readouterr().out
+    assert "grpo: done before, skipped" in log and "eval: done in" in log
+    assert len((out / "eval/tool_grpo.jsonl").read_text().splitlines()) == 2
+    train.write_text("\n".join(train.read_text().splitlines()[:3]) + "\n")
+    assert main(args) == 2
+    assert "other data settings" in capsys.readouterr().err
+
+
+def test_sft_replays_the_files_calls_and_the_baseline_answers_at_once(tmp_path):
+    from mm.config import load_config
+    from rl.agent.config import AgentRunConfig
+    from rl.agent.stages import build_backend, demo_trajectories, train_tasks
+
+    train, test = _files(tmp_path)
+    cfg = load_config(AgentRunConfig, TINY, ["perception.steps=0", f"data.file={train}", f"eval.file={test}"])
+    tasks = train_tasks(cfg)
+    backend = build_backend(cfg)
+    with_tools = demo_trajectories(backend, cfg, tasks, tools=True)
+    for traj, task in zip(with_tools, tasks, strict=True):
+        assert [c.call.name for c in traj.calls] == ["zoom"] and traj.n_valid_calls == 1
+        assert traj.calls[0].call.args == {k: v for k, v in task.meta["demo"][0].items() if k != "name"}
+        assert traj.answer.strip() == task.answer and len(traj.segment.images) == len(task.sources) + 1
+    for traj, task in zip(demo_trajectories(backend, cfg, tasks, tools=False), tasks, strict=True):
+        assert traj.calls == [] and traj.answer.strip() == task.answer
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [([], "set eval.file"), (["perception.steps=2"], "perception.steps > 0"),
+     (["note_model.build=true", "policy.init=null"], "note_model.build=true"),
+     (["data.max_side=-1"], "max_side")],
+)  # fmt: skip
+def test_a_task_file_config_that_cannot_work_is_an_error(override, message):
+    from mm.config import ConfigError, load_config
+    from rl.agent.config import AgentRunConfig
+
+    base = ["perception.steps=0", "data.file=train.jsonl"] + (
+        [] if override == [] else ["eval.file=test.jsonl"]
+    )
+    with pytest.raises((ConfigError, ValueError), match=message):
+        load_config(AgentRunConfig, TINY, [*base, *override])
