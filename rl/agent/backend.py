@@ -17,8 +17,10 @@ Families that take an image in the middle of a sequence (a zoom after the first 
 - ``idefics3`` (tiles: each image is a few sub-image tiles plus a global view, ``pixel_values``
   (B, N_tiles, 3, H, W) padded per row with all-zero tiles, which the model drops, and
   ``pixel_attention_mask`` (B, N_tiles, H, W)).
-- Not supported: LLaVA-NeXT (``image_sizes`` per sample, any-resolution patches): :func:`backend_for`
-  says so.
+- ``llava_next`` (any resolution: each image is resized to its best grid and cut into patches plus a base
+  view, so its token count follows its size; ``pixel_values`` (n_images, P, 3, H, W) over the batch,
+  padded to the most patches, with ``image_sizes`` (n_images, 2), from which the model unpads).
+- Other families: :func:`backend_for` names the supported ones.
 
 Observations are plain text around the image, ``<obs>`` ... ``</obs>``, continuing the assistant turn
 (no chat-template role switch), so every family reads them the same way; a simulated user's next message
@@ -142,11 +144,8 @@ class AgentBackend(ABC):
 
     @property
     def placeholder_ids(self) -> list[int]:
-        """Ids the policy is never let to generate: the placeholders the model fills with image features
-        (a sampled one would be an image token with no image; a random or young policy does sample them)."""
-        config = self.adapter.base_model.config
-        ids = {getattr(config, k, None) for k in ("image_token_id", "image_token_index", "video_token_id")}
-        return sorted(int(i) for i in ids if i is not None)
+        """Ids the policy is never let to generate (``VLMAdapter.placeholder_ids``: image placeholders)."""
+        return self.adapter.placeholder_ids
 
     def text_ids(self, text: str) -> list[int]:
         """Token ids of a text on its own (no special tokens)."""
@@ -303,7 +302,7 @@ class FlatImageBackend(AgentBackend):
 
     def __init__(self, adapter: VLMAdapter) -> None:
         super().__init__(adapter)
-        self.marker = IMAGE_MARKERS[adapter.family]
+        self.marker = {**IMAGE_MARKERS, **PATCHED_IMAGE_MARKERS}[adapter.family]
 
     def _split(self, out: dict[str, Any], n: int) -> list[dict[str, torch.Tensor]]:
         """Processor image outputs for ``n`` images -> one dict per image."""
@@ -341,6 +340,47 @@ class FlatImageBackend(AgentBackend):
         return {k: torch.cat([im[k] for im in flat]) for k in flat[0]}
 
 
+class PatchedImageBackend(FlatImageBackend):
+    """LLaVA-NeXT: an image is a stack of patches (its best grid's crops and a base view) with its size.
+
+    A segment keeps one entry per image: ``pixel_values`` (1, p, 3, H, W), its own ``p`` patches without the
+    processor's batch padding, and ``image_sizes`` (1, 2). A batch pads every image to the most patches
+    with zeros and concatenates them over the batch, as the processor does for several images; the
+    model counts each image's patches from its size and drops the rest.
+    """
+
+    def _split(self, out: dict[str, Any], n: int) -> list[dict[str, torch.Tensor]]:
+        from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+
+        pixels, sizes = out["pixel_values"], out["image_sizes"]  # (n, P, 3, H, W) padded, (n, 2)
+        if pixels.shape[0] != n:
+            raise UserError(
+                f"{self.adapter.family}: expected {n} images of pixel_values, got {pixels.shape[0]}"
+            )
+        config = self.adapter.base_model.config
+        counts = [
+            image_size_to_num_patches(
+                size.tolist(), config.image_grid_pinpoints, config.vision_config.image_size
+            )
+            for size in sizes
+        ]
+        return [
+            {"pixel_values": pixels[i : i + 1, :k], "image_sizes": sizes[i : i + 1]}
+            for i, k in enumerate(counts)
+        ]
+
+    def collate_images(self, rows: Sequence[Sequence[Any]]) -> dict[str, torch.Tensor]:
+        flat = [im for images in rows for im in images]
+        P = max(im["pixel_values"].shape[1] for im in flat)
+        first = flat[0]["pixel_values"]
+        pixels = first.new_zeros(len(flat), P, *first.shape[2:])  # (n_images, P, 3, H, W); zero patches pad
+        for i, im in enumerate(flat):
+            pixels[i, : im["pixel_values"].shape[1]] = im["pixel_values"][0]
+        return {"pixel_values": pixels, "image_sizes": torch.cat([im["image_sizes"] for im in flat])}
+
+
+PATCHED_IMAGE_MARKERS = {"llava_next": "<image>"}
+"""Families whose images are any-resolution patch stacks with ``image_sizes``, and the processor's marker."""
 TILED_IMAGE_MARKERS = {"idefics3": "<image>"}
 """Families whose images are tiles padded per row (``pixel_attention_mask``), and the processor's marker."""
 
@@ -418,10 +458,12 @@ def backend_for(adapter: VLMAdapter) -> AgentBackend:
         return NoteVLMBackend(adapter)
     if adapter.family in IMAGE_MARKERS:
         return FlatImageBackend(adapter)
+    if adapter.family in PATCHED_IMAGE_MARKERS:
+        return PatchedImageBackend(adapter)
     if adapter.family in TILED_IMAGE_MARKERS:
         return TiledImageBackend(adapter)
-    done = ", ".join(["notevlm", *IMAGE_MARKERS, *TILED_IMAGE_MARKERS])
+    done = ", ".join(["notevlm", *IMAGE_MARKERS, *PATCHED_IMAGE_MARKERS, *TILED_IMAGE_MARKERS])
     raise UserError(
         f"the agent loop does not support family {adapter.family!r}: it needs images spliced into the middle "
-        f"of a sequence, done for {done}; per-sample image sizes (LLaVA-NeXT image_sizes) are not handled"
+        f"of a sequence, done for {done}; a new family needs an AgentBackend (rl/agent/backend.py)"
     )

@@ -3,6 +3,10 @@ photos, and a check that ``rl agent`` trains on a file as it does on the world.
 
     python -m rl.agent.task_export --out tasks/world0 --split train --tasks 256
     python -m rl.agent.task_export --out tasks/world0 --split test --tasks 64 --start 200
+    python -m rl.agent.task_export --config configs/rl/agent_world.yaml --out tasks/aw0 --tasks 512
+
+``--config``: the world of an ``rl agent`` config (its ``world`` section, e.g. trays at 3 x 3 spots) and
+its ``data.detail_zoom``; ``--seed`` and ``--zoom`` override them.
 
 Writes ``OUT/<split>.jsonl`` and ``OUT/images/<note>-<k>.png`` (photo ``k`` of each note at its full
 resolution). Each line holds the question, the asked value as the answer (``match`` exact), the world
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from rl.agent.task import AgentTask
@@ -66,11 +71,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", default="train", choices=SPLITS)
     parser.add_argument("--tasks", type=int, default=64, help="detail tasks to write")
     parser.add_argument("--start", type=int, default=0, help="first world note index (over both splits)")
-    parser.add_argument("--seed", type=int, default=0, help="world seed")
-    parser.add_argument("--zoom", default="tray", choices=DETAIL_ZOOMS, help="where the demonstrations zoom")
+    parser.add_argument("--config", default=None, help="an rl agent YAML whose world and detail_zoom to take")
+    parser.add_argument("--seed", type=int, default=None, help="world seed (default: the config's, else 0)")
+    parser.add_argument("--zoom", default=None, choices=DETAIL_ZOOMS, help="where the demonstrations zoom")
     args = parser.parse_args(argv)
-    path = export_tasks(WorldTaskConfig(seed=args.seed), Path(args.out), args.split, args.tasks,
-                        start=args.start, zoom=args.zoom)  # fmt: skip
+    world, zoom = WorldTaskConfig(), "tray"
+    if args.config:
+        from mm.config import load_config
+        from rl.agent.config import AgentRunConfig
+
+        cfg = load_config(AgentRunConfig, args.config)
+        world, zoom = cfg.world, cfg.data.detail_zoom
+    world = replace(world, seed=world.seed if args.seed is None else args.seed)
+    path = export_tasks(
+        world, Path(args.out), args.split, args.tasks, start=args.start, zoom=args.zoom or zoom
+    )
     print(f"[task_export] {args.tasks} tasks: {path}")
     return 0
 

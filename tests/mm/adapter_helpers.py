@@ -131,6 +131,54 @@ def build_llava(seed: int = 0) -> tuple[Any, Any]:
     return model, processor
 
 
+def build_llava_next(seed: int = 0) -> tuple[Any, Any]:
+    """LLaVA-NeXT (1.6) layout: the LLaVA tower and LM with anyres patches. An image is resized to the best of
+    four grids (16 or 32 px a side) and cut into 16 px patches plus a 16 px base view, so its token count
+    depends on its size (``image_sizes``)."""
+    from transformers import (
+        LlavaNextConfig,
+        LlavaNextForConditionalGeneration,
+        LlavaNextImageProcessor,
+        LlavaNextProcessor,
+    )
+
+    tok = tiny_tokenizer(
+        specials=["<image>", "<s>", "</s>"], bos="<s>", eos="</s>", pad="<pad>", chat_template=LLAVA_TEMPLATE
+    )
+    grids = [[16, 16], [16, 32], [32, 16], [32, 32]]
+    config = LlavaNextConfig(
+        vision_config={
+            "model_type": "clip_vision_model",
+            "hidden_size": HIDDEN,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": 16,
+            "patch_size": 4,
+            "projection_dim": HIDDEN,
+        },
+        text_config=_text_config(tok),
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
+        image_grid_pinpoints=grids,
+    )
+    torch.manual_seed(seed)
+    model = LlavaNextForConditionalGeneration(config).eval()
+    image_processor = LlavaNextImageProcessor(
+        size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}, image_grid_pinpoints=grids
+    )
+    processor = LlavaNextProcessor(
+        image_processor=image_processor,
+        tokenizer=tok,
+        patch_size=4,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=LLAVA_TEMPLATE,
+    )
+    return model, processor
+
+
 def build_qwen2_vl(seed: int = 0) -> tuple[Any, Any]:
     """Qwen2-VL layout: 4 px patches merged 2x2 (an H x W image -> H*W/64 tokens), M-RoPE Qwen2 LM."""
     from transformers import (
@@ -225,6 +273,7 @@ def build_idefics3(seed: int = 0) -> tuple[Any, Any]:
 
 BUILDERS: dict[str, Callable[[int], tuple[Any, Any]]] = {
     "llava": build_llava,
+    "llava_next": build_llava_next,
     "qwen2_vl": build_qwen2_vl,
     "idefics3": build_idefics3,
 }

@@ -25,6 +25,7 @@ from tests.mm.adapter_helpers import BUILDERS, build_family, random_image
 FAMILIES = list(BUILDERS)
 LM_PREFIX = {
     "llava": "model.language_model.",
+    "llava_next": "model.language_model.",
     "qwen2_vl": "model.language_model.",
     "idefics3": "model.text_model.",
 }
@@ -85,10 +86,14 @@ def test_build_prompts_family_inputs(adapter, family):
     assert B == 3 and batch["attention_mask"].shape == (B, P)
     assert bool((batch["attention_mask"][:, -1] == 1).all())  # left padded: every row ends with its prompt
     assert not bool((batch["attention_mask"] == 1).all())  # some row is padded
-    expected = {"llava": "pixel_values", "qwen2_vl": "image_grid_thw", "idefics3": "pixel_attention_mask"}
+    expected = {"llava": "pixel_values", "llava_next": "image_sizes", "qwen2_vl": "image_grid_thw",
+                "idefics3": "pixel_attention_mask"}  # fmt: skip
     assert expected[family] in batch
     if family == "qwen2_vl":
         assert batch["image_grid_thw"].shape == (4, 3) and "mm_token_type_ids" in batch
+    if family == "llava_next":  # each image's own anyres patches, padded to the most in the batch
+        assert batch["image_sizes"].tolist() == [[16, 16], [16, 24], [32, 32], [32, 16]]
+        assert batch["pixel_values"].shape == (4, 5, 3, 16, 16)
 
 
 def test_generate_returns_strings(adapter):
@@ -153,7 +158,8 @@ def test_right_padded_batch_scores_the_same(adapter):
 
 
 def test_greedy_tokens_score_as_argmax(adapter):
-    """Generated ids fed back as answers: the prompt ids match generation's and each token is the argmax."""
+    """Generated ids fed back as answers: the prompt ids match generation's and each token is the argmax
+    over every id but the image placeholders (which a random LLaVA-NeXT's argmax is, at one position)."""
     samples = _samples()
     gen = adapter.generate_ids(samples, max_new_tokens=5)
     batch = adapter.answer_batch(samples, gen.token_ids)
@@ -162,6 +168,7 @@ def test_greedy_tokens_score_as_argmax(adapter):
     with torch.no_grad():
         logps, mask = adapter.token_logps(batch)
         _, full = _manual_logps(adapter, batch)  # (B, T-1, V)
+    full[..., adapter.placeholder_ids] = float("-inf")  # image placeholders are never generated
     best = full.max(-1).values  # (B, T-1)
     sel = mask[:, 1:] == 1
     torch.testing.assert_close(logps[:, 1:][sel], best[sel], atol=1e-4, rtol=0)

@@ -1,5 +1,6 @@
 """Real tiny models in the loop: a trajectory's sampling-time log-probs equal one forward pass over its
-concatenated ids (NoteVLM, LLaVA, Qwen2-VL, with zoom images spliced in mid-sequence), and the loss
+concatenated ids (NoteVLM, LLaVA, LLaVA-NeXT, Qwen2-VL, Idefics3, with zoom images spliced in
+mid-sequence), and the loss
 gradient is exactly zero on every logit that predicts an observation token."""
 
 from __future__ import annotations
@@ -8,7 +9,14 @@ import pytest
 import torch
 
 from mm.model.adapter import load_adapter
-from rl.agent.backend import FlatImageBackend, NoteVLMBackend, Sampling, TiledImageBackend, backend_for
+from rl.agent.backend import (
+    FlatImageBackend,
+    NoteVLMBackend,
+    PatchedImageBackend,
+    Sampling,
+    TiledImageBackend,
+    backend_for,
+)
 from rl.agent.loop import LoopConfig, rollout, trajectory_batch
 from rl.agent.task import AgentTask
 from rl.losses import policy_loss
@@ -93,15 +101,37 @@ def test_idefics3_tiles_trajectory_logps_equal_one_forward(tmp_path):
     _assert_one_forward_parity(adapter, backend, trajs)
 
 
+def test_llava_next_patches_trajectory_logps_equal_one_forward(tmp_path):
+    """LLaVA-NeXT: every image is its best grid's patches plus a base view, so a zoom crop of another shape
+    has another patch count (and token count); a batch pads images to the most patches, and the model
+    counts each image's own from ``image_sizes``."""
+    from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+
+    adapter = load_adapter(build_family("llava_next", tmp_path / "llava_next"))
+    assert isinstance(backend_for(adapter), PatchedImageBackend)
+    backend, trajs = _forced_rollout(adapter, PatchedImageBackend)
+    config = adapter.base_model.config
+    per_image = [im["pixel_values"].shape[1] for t in trajs for im in t.images]
+    expected = [
+        image_size_to_num_patches(im["image_sizes"][0].tolist(), config.image_grid_pinpoints, 16)
+        for t in trajs
+        for im in t.images
+    ]
+    assert per_image == expected and len(set(per_image)) > 1  # crops of other shapes, other patch counts
+    batch, _ = trajectory_batch(backend, trajs)
+    assert batch["pixel_values"].shape[:2] == (7, max(per_image)) and batch["image_sizes"].shape == (7, 2)
+    _assert_one_forward_parity(adapter, backend, trajs)
+
+
 def test_unsupported_family_is_named(notevlm):
     class Other:
-        family = "llava_next"
+        family = "fuyu"
 
-    with pytest.raises(Exception, match="does not support family 'llava_next'.*idefics3"):
+    with pytest.raises(Exception, match="does not support family 'fuyu'.*llava_next.*idefics3"):
         backend_for(Other())
 
 
-@pytest.mark.parametrize("family", ["llava", "idefics3"])
+@pytest.mark.parametrize("family", ["llava", "llava_next", "idefics3"])
 def test_image_placeholders_are_never_generated(family, tmp_path):
     """A policy that prefers the image placeholder above every other token still never emits it: one
     would be an image token with no image, and the next forward fails or misplaces the features. (A

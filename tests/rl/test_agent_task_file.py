@@ -276,3 +276,19 @@ def test_a_task_file_config_that_cannot_work_is_an_error(override, message):
     )
     with pytest.raises((ConfigError, ValueError), match=message):
         load_config(AgentRunConfig, TINY, [*base, *override])
+
+
+def test_export_cli_takes_an_agent_configs_world(tmp_path, capsys):
+    from mm.config import load_config
+    from rl.agent.config import AgentRunConfig
+    from rl.agent.task_export import main
+
+    config = ROOT / "configs/rl/agent_world.yaml"
+    assert main(["--config", str(config), "--out", str(tmp_path / "cli"), "--tasks", "2"]) == 0
+    assert "2 tasks" in capsys.readouterr().out
+    cfg = load_config(AgentRunConfig, config)
+    assert cfg.world.detail.tray_spots == 3  # not the default world: the config's is taken
+    direct = export_tasks(cfg.world, tmp_path / "direct", "train", 2, zoom=cfg.data.detail_zoom)
+    assert (tmp_path / "cli/train.jsonl").read_text() == direct.read_text()
+    default = export_tasks(WorldTaskConfig(), tmp_path / "default", "train", 2)
+    assert default.read_text() != direct.read_text()

@@ -125,6 +125,15 @@ class VLMAdapter(ABC):
         pad = self.tokenizer.pad_token_id
         return pad if pad is not None else self.base_model.generation_config.pad_token_id
 
+    @property
+    def placeholder_ids(self) -> list[int]:
+        """Ids a model is never let to generate: the placeholders it fills with image (video) features. A
+        generated one is an image token with no image, and the next forward over the sequence fails
+        ("image features and image tokens do not match"); a random or young model does sample them."""
+        config = self.base_model.config
+        ids = {getattr(config, k, None) for k in ("image_token_id", "image_token_index", "video_token_id")}
+        return sorted(int(i) for i in ids if i is not None)
+
     # ------------------------------------------------------------------ family hooks
     @abstractmethod
     def build_prompts(self, samples: Sequence[Sample]) -> dict[str, Any]:
@@ -267,7 +276,9 @@ class VLMAdapter(ABC):
         when sampling and override the checkpoint's generation config. Other settings of that config
         (e.g. ``repetition_penalty``) still apply unless passed here: pass them neutral when the sampled
         ids are scored with :meth:`answer_logps`, which sees plain softmax(logits / temperature).
-        Extra keyword arguments go to the model's `generate`. The model is in eval mode meanwhile.
+        Extra keyword arguments go to the model's `generate`. The model is in eval mode meanwhile. The
+        image placeholders (:attr:`placeholder_ids`) are never generated unless ``suppress_tokens`` says
+        otherwise.
         """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -275,6 +286,7 @@ class VLMAdapter(ABC):
             raise ValueError(f"sampling needs temperature > 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
         inputs = self.to_device(self.build_prompts(samples))
         sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k or 0} if do_sample else {}
+        generate_kwargs.setdefault("suppress_tokens", self.placeholder_ids or None)
         was_training = self._model.training
         self._model.eval()
         try:

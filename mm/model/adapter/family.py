@@ -43,7 +43,7 @@ FAMILIES: dict[str, FamilySpec] = {
     "smolvlm": FamilySpec(language_model="model.text_model"),
     "notevlm": FamilySpec(language_model="model.language_model"),
 }
-"""model_type -> spec. Tested with tiny instances: llava, qwen2_vl, idefics3, notevlm."""
+"""model_type -> spec. Tested with tiny instances: llava, llava_next, qwen2_vl, idefics3, notevlm."""
 
 
 def _qualified_name(model: nn.Module, module: nn.Module) -> str | None:
