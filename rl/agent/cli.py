@@ -35,9 +35,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rl.agent.config import AgentRunConfig
-    from rl.agent.run import STAGES, check_training_config, run_agent
+    from rl.agent.run import STAGES, check_inputs, check_training_config, run_agent
 
     cfg = load_config(AgentRunConfig, args.config, list(args.overrides))
+    check_inputs(cfg)  # before OUT is written: a bad task file or tool module leaves nothing behind
     out = Path(args.out) if args.out else Path("runs/rl") / Path(args.config).stem
     if args.no_resume:
         for stage in STAGES:

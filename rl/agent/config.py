@@ -406,6 +406,10 @@ class AgentRunConfig:
     """The PPO stage (off unless ppo.steps > 0)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """The held-out eval."""
+    tool_modules: list[str] = field(default_factory=list)
+    """Python modules imported before the run, each registering its own tools with
+    ``rl.agent.tools.register_tool`` when imported (from the current folder or ``PYTHONPATH``): they join
+    ``zoom`` and ``compare`` in the instructions, the task files' demonstrations and every rollout."""
     seed: int = 0
     """Seed of data order and sampling (each step reseeds from (seed, step), so a resumed run is exact)."""
     threads: int = 0

@@ -29,7 +29,7 @@ from rl.agent.loop import rollout
 from rl.agent.scoring import HALLUCINATION_KINDS, eval_row
 from rl.agent.stages import NO_TOOLS, loop_config
 from rl.agent.task import AgentTask
-from rl.agent.task_file import count_tasks, read_task_file
+from rl.agent.task_file import count_tasks, load_task_file
 from rl.agent.tools import TOOLS
 from rl.agent.trajectory import Trajectory
 from rl.agent.world_tasks import WorldTaskConfig, world_tasks
@@ -52,7 +52,7 @@ def eval_sets(cfg: AgentRunConfig) -> list[tuple[int, list[AgentTask]]]:
     :func:`heldout_tasks`."""
     if cfg.eval.file is not None:
         return [
-            (0, read_task_file(cfg.eval.file, image_folder=cfg.data.image_folder, max_side=cfg.data.max_side))
+            (0, load_task_file(cfg.eval.file, image_folder=cfg.data.image_folder, max_side=cfg.data.max_side))
         ]
     return [(seed, heldout_tasks(cfg, seed)) for seed in cfg.eval.seeds]
 

@@ -44,13 +44,14 @@ from mm.config import to_dict
 from mm.errors import UserError
 from mm.train.metrics import atomic_write_text
 from rl.agent.config import AgentRunConfig
-from rl.agent.evaluate import eval_model, eval_size
+from rl.agent.evaluate import eval_model, eval_sets, eval_size
 from rl.agent.note_model import run_note_model, starting_from_it
 from rl.agent.perception_stage import run_perception
 from rl.agent.ppo import run_ppo
 from rl.agent.report import write_report
-from rl.agent.stages import build_backend, run_grpo, run_sft, save_weights
+from rl.agent.stages import build_backend, run_grpo, run_sft, save_weights, train_tasks
 from rl.agent.task_file import file_digest
+from rl.agent.tools import import_tool_modules
 
 STAGES = ("note_model", "init", "perception", "sft_tool", "sft_notool", "grpo", "ppo", "eval", "report")
 """The stages of ``rl agent``, in order."""
@@ -59,12 +60,23 @@ MODELS = {"notool_sft": ("sft_notool", False), "tool_sft": ("sft_tool", True), "
 
 
 TRAINING_SECTIONS = (
-    "policy", "note_model", "world", "data", "rollout", "perception", "sft", "grpo", "ppo", "seed"
+    "policy", "note_model", "world", "data", "rollout", "perception", "sft", "grpo", "ppo", "seed",
+    "tool_modules",
 )  # fmt: skip
 """Config sections a resumed run must keep (the trained models depend on them)."""
 LATE_SECTIONS = {"ppo": ("ppo",), "grpo": ("grpo", "ppo")}
 """Section -> the stages that read it (PPO takes GRPO's reward and sampling): the section may change until
 one of them has trained, so post-training can be re-tuned on the run's SFT models."""
+
+
+def check_inputs(cfg: AgentRunConfig) -> None:
+    """What can be checked before anything is written: the tool modules import and register their tools,
+    and every line of the task files reads (its images, its demonstration's calls)."""
+    import_tool_modules(cfg.tool_modules)
+    if cfg.data.file is not None:
+        train_tasks(cfg)
+    if cfg.eval.file is not None:
+        eval_sets(cfg)
 
 
 def models_of(cfg: AgentRunConfig) -> dict[str, tuple[str, bool]]:
@@ -142,6 +154,7 @@ def run_agent(
 ) -> dict[str, Any] | None:
     """Run (or resume) every stage; returns the report's JSON, or None when ``grpo_stop_after`` (or
     ``ppo_stop_after``) stopped the GRPO (PPO) stage early (a simulated interruption, for tests)."""
+    check_inputs(cfg)
     out.mkdir(parents=True, exist_ok=True)
     check_training_config(cfg, out)
     if cfg.threads:

@@ -34,6 +34,7 @@ out of range).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -84,6 +85,19 @@ def read_image(path: Path, max_side: int) -> np.ndarray:
             size = (max(1, round(im.size[0] * scale)), max(1, round(im.size[1] * scale)))
             im = im.resize(size, Image.Resampling.LANCZOS)
         return np.asarray(im, dtype=np.uint8).copy()
+
+
+def load_task_file(path: str | Path, *, image_folder: str | Path | None, max_side: int) -> list[AgentTask]:
+    """:func:`read_task_file` read once per process for the same file contents and settings (every stage of
+    ``rl agent`` asks for the tasks; the images are decoded once)."""
+    return list(
+        _cached(str(path), file_digest(path), None if image_folder is None else str(image_folder), max_side)
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _cached(path: str, digest: str, image_folder: str | None, max_side: int) -> tuple[AgentTask, ...]:
+    return tuple(read_task_file(path, image_folder=image_folder, max_side=max_side))
 
 
 def read_task_file(

@@ -12,6 +12,10 @@
         "required": ["image", "colour"],
     }, description="count pixels of a colour")
 
+``rl agent`` imports the modules of its ``tool_modules`` setting before it starts
+(:func:`import_tool_modules`), so a module that calls ``register_tool`` when imported puts its tools in
+the policy's instructions, in the task files' demonstrations and in every rollout.
+
 A tool is called with the task and its validated arguments (``rl.agent.schema``); it returns a text or an
 :class:`Observation` (text plus an optional image the policy's processor encodes at the tower's input
 size). An exception in a tool becomes an error observation; the loop goes on. Coordinates are normalised
@@ -304,3 +308,37 @@ def register_tool(
     return (registry if registry is not None else TOOLS).register(
         name, fn, schema, description=description, check=check
     )
+
+
+def import_tool_modules(names: list[str], registry: ToolRegistry | None = None) -> list[str]:
+    """Import each module of ``names`` (from the current folder or ``PYTHONPATH``), whose import registers
+    its tools with :func:`register_tool` (``rl agent``'s ``tool_modules``); returns the tools it added. A
+    module that cannot be imported, or adds no tool on its first import, is a one-line UserError."""
+    import importlib
+    import os
+    import sys
+
+    from mm.errors import UserError
+
+    registry = registry if registry is not None else TOOLS
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    added: list[str] = []
+    for name in names:
+        before, fresh = set(registry.names), name not in sys.modules
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise UserError(
+                f"tool module {name!r} cannot be imported ({e}); put it in the current folder or on "
+                "PYTHONPATH"
+            ) from None
+        new = [t for t in registry.names if t not in before]
+        if fresh and not new:
+            raise UserError(
+                f"tool module {name!r} registered no tool; call rl.agent.tools.register_tool(name, fn, "
+                "schema) when it is imported"
+            )
+        added += new
+    return added

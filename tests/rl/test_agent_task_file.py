@@ -292,3 +292,85 @@ def test_export_cli_takes_an_agent_configs_world(tmp_path, capsys):
     assert (tmp_path / "cli/train.jsonl").read_text() == direct.read_text()
     default = export_tasks(WorldTaskConfig(), tmp_path / "default", "train", 2)
     assert default.read_text() != direct.read_text()
+
+
+TOOL_MODULE = """
+from rl.agent.tools import register_tool
+
+
+def brightness(task, image):
+    return f"mean brightness {task.sources[image - 1].mean():.1f}"
+
+
+register_tool("brightness", brightness, {
+    "type": "object", "properties": {"image": {"type": "integer", "x-image": True}}, "required": ["image"],
+}, description="the mean brightness of an image")
+"""
+
+
+@pytest.fixture
+def own_tools(tmp_path, monkeypatch):
+    """A folder with a tool module, as the current folder; the loop's registry restored afterwards."""
+    import sys
+
+    from rl.agent.tools import TOOLS
+
+    monkeypatch.setattr(TOOLS, "_tools", dict(TOOLS._tools))
+    (tmp_path / "my_tools.py").write_text(TOOL_MODULE)
+    (tmp_path / "no_tools.py").write_text("X = 1\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in ("my_tools", "no_tools"):
+        sys.modules.pop(name, None)
+
+
+def test_tool_modules_add_users_tools_to_the_demonstrations_and_rollouts(own_tools, capsys):
+    from rl.agent.tools import TOOLS, import_tool_modules
+    from rl.cli import main
+
+    train, test = _files(own_tools)
+    lines = [json.loads(x) for x in train.read_text().splitlines()]
+    for rec in lines:  # each demonstration asks its own tool first, then zooms
+        rec["demo"] = [{"name": "brightness", "image": 1}, *rec["demo"]]
+    train.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    out = own_tools / "run"
+    args = ["agent", "--config", str(TINY), "--out", str(out), "--set", "sft.steps=2", "grpo.steps=1",
+            "eval.n_boot=20", "perception.steps=0", f"data.file={train}", f"eval.file={test}",
+            f"policy.spec={ROOT / 'configs/mm/notevlm_tiny.yaml'}"]  # fmt: skip
+    assert main(args) == 2  # without the module the file's first call is an unknown tool, before any stage
+    assert "demo call 1" in capsys.readouterr().err and "brightness" not in TOOLS
+    assert not out.exists()  # nothing written: the fixed command starts afresh
+    assert main([*args, "tool_modules=[my_tools]"]) == 0
+    assert "brightness" in TOOLS
+    rows = [json.loads(x) for x in (out / "eval/tool_sft.jsonl").read_text().splitlines()]
+    assert len(rows) == 3
+    from rl.agent.loop import instructions
+
+    assert "brightness" in instructions(TOOLS)  # the policy is told about it
+    from mm.config import load_config
+    from rl.agent.config import AgentRunConfig
+    from rl.agent.stages import build_backend, demo_trajectories, train_tasks
+
+    cfg = load_config(AgentRunConfig, out / "config.yaml")
+    trajs = demo_trajectories(build_backend(cfg), cfg, train_tasks(cfg)[:2], tools=True)
+    assert all(
+        [c.call.name for c in t.calls] == ["brightness", "zoom"] and t.n_valid_calls == 2 for t in trajs
+    )
+    with pytest.raises(UserError, match="registered no tool"):
+        import_tool_modules(["no_tools"])
+    with pytest.raises(UserError, match="cannot be imported"):
+        import_tool_modules(["not_a_module_anywhere"])
+    assert import_tool_modules(["my_tools"]) == []  # imported before: nothing new, no error
+
+
+def test_a_demo_replays_a_users_tool(own_tools):
+    from rl.agent.tools import import_tool_modules
+
+    assert import_tool_modules(["my_tools"]) == ["brightness"]
+    path = _write(own_tools, {**GOOD, "image": "a.png", "demo": [{"name": "brightness", "image": 1}]})
+    Image.fromarray(np.full((4, 4, 3), 10, np.uint8)).save(own_tools / "a.png")
+    (task,) = read_task_file(path)
+    turns = qa_demo(task, loop_observation)
+    assert [t.role for t in turns] == ["user", "assistant", "tool", "assistant"]
+    assert turns[2].text == "mean brightness 10.0" and turns[3].text == "red"
