@@ -8,7 +8,8 @@
 Stages (``rl.agent.run``): policy init, tool SFT cold start, no-tool SFT baseline, multi-turn GRPO,
 held-out eval, report. Re-running with the same OUT resumes: finished stages are skipped and GRPO
 continues from its last checkpoint; ``--no-resume`` deletes OUT's stage folders first. Writes
-OUT/config.yaml, OUT/<stage>/result.json, OUT/report.md, OUT/report.json, OUT/transcripts.md,
+OUT/config.yaml, OUT/<stage>/result.json, OUT/export/tool_grpo/ (the trained policy, a model folder),
+OUT/report.md, OUT/report.json, OUT/transcripts.md,
 OUT/sft.png, OUT/grpo.png and each stage's metrics.jsonl.
 """
 

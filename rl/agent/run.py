@@ -18,8 +18,11 @@ another ``eval.n_boot`` rewrites the report alone:
 5. ``grpo``: multi-turn GRPO from ``sft_tool`` -> ``grpo/model.pt``
 6. ``ppo``: with ``ppo.steps > 0``, multi-turn PPO with a critic from ``sft_tool`` (:mod:`rl.agent.ppo`)
    -> ``ppo/model.pt``, ``ppo/value_head.pt``
-7. ``eval``: the models (three, four with PPO) on the held-out tasks -> ``eval/<model>.jsonl`` rows
-8. ``report``: ``report.md``, ``report.json``, ``transcripts.md``, ``*.png`` curves
+7. ``export``: the trained tool policies as complete model folders (weights, config, processor), which
+   ``policy.init``, ``mm.model.adapter.load_adapter`` and, for a transformers family,
+   ``AutoModelForImageTextToText.from_pretrained`` load -> ``export/tool_grpo/`` (and ``export/tool_ppo/``)
+8. ``eval``: the models (three, four with PPO) on the held-out tasks -> ``eval/<model>.jsonl`` rows
+9. ``report``: ``report.md``, ``report.json``, ``transcripts.md``, ``*.png`` curves
 
 The ``ppo`` section may change on a re-run until its stage has trained, so PPO can be added to a finished
 run: the PPO stage runs, then the eval of the missing model and the report. Likewise the ``grpo`` section
@@ -53,7 +56,18 @@ from rl.agent.stages import build_backend, run_grpo, run_sft, save_weights, trai
 from rl.agent.task_file import file_digest
 from rl.agent.tools import import_tool_modules
 
-STAGES = ("note_model", "init", "perception", "sft_tool", "sft_notool", "grpo", "ppo", "eval", "report")
+STAGES = (
+    "note_model",
+    "init",
+    "perception",
+    "sft_tool",
+    "sft_notool",
+    "grpo",
+    "ppo",
+    "export",
+    "eval",
+    "report",
+)
 """The stages of ``rl agent``, in order."""
 MODELS = {"notool_sft": ("sft_notool", False), "tool_sft": ("sft_tool", True), "tool_grpo": ("grpo", True)}
 """Evaluated model -> (the stage whose model.pt it is, whether it has tools); :func:`models_of` adds PPO's."""
@@ -186,6 +200,8 @@ def _done(out: Path, stage: str, cfg: AgentRunConfig) -> bool:
     path = result_path(out, stage)
     if not path.exists():
         return False
+    if stage == "export":  # PPO added to a finished run: its policy is exported too
+        return json.loads(path.read_text()).get("models") == exported(cfg)
     if stage not in ("eval", "report"):
         return True
     models = models_of(cfg)
@@ -279,11 +295,32 @@ def _run_stage(
         if cfg.ppo.steps == 0:
             return {"stage": "ppo", "steps": 0}
         return run_ppo(cfg, stage_dir, out / "sft_tool" / "model.pt", stop_after=ppo_stop_after)
+    if stage == "export":
+        return _export(cfg, out, stage_dir)
     if stage == "eval":
         return _eval(cfg, out, stage_dir)
     if stage == "report":
         return {**write_report(cfg, out, models_of(cfg)), "eval": _eval_stamp(out), "n_boot": cfg.eval.n_boot}
     raise ValueError(f"unknown stage {stage!r}; stages: {STAGES}")
+
+
+def exported(cfg: AgentRunConfig) -> list[str]:
+    """The models the ``export`` stage writes: the tool GRPO policy, and the tool PPO one when trained."""
+    return [m for m in ("tool_grpo", "tool_ppo") if m in models_of(cfg)]
+
+
+def _export(cfg: AgentRunConfig, out: Path, stage_dir: Path) -> dict[str, Any]:
+    """Each :func:`exported` model as a complete folder in ``export/<model>/``, written to a temporary
+    folder first and moved into place, so a folder there is whole."""
+    for name in exported(cfg):
+        stage, _ = models_of(cfg)[name]
+        backend = build_backend(cfg, out / stage / "model.pt")
+        tmp, final = stage_dir / f".{name}.tmp", stage_dir / name
+        shutil.rmtree(tmp, ignore_errors=True)
+        backend.adapter.merge_and_save(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+    return {"models": exported(cfg), "folders": [str(stage_dir / m) for m in exported(cfg)]}
 
 
 def _eval(cfg: AgentRunConfig, out: Path, stage_dir: Path) -> dict[str, Any]:

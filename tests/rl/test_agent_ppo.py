@@ -187,6 +187,7 @@ def test_ppo_added_to_a_finished_run(tmp_path, capsys):
     assert main(["agent", "--config", str(TINY), "--out", str(out), "--set", *SMALL, *PPO]) == 0
     log = capsys.readouterr().out
     assert "grpo: done before, skipped" in log and "ppo: done in" in log and "eval: done in" in log
+    assert "export: done in" in log and (out / "export/tool_ppo/config.json").exists()  # exported too
     assert {m: (out / f"eval/{m}.jsonl").read_bytes() for m in rows} == rows  # not evaluated again
     report = json.loads((out / "report.json").read_text())
     assert list(report["metrics"]) == ["notool_sft", "tool_sft", "tool_grpo", "tool_ppo"]

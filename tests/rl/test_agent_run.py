@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from mm.config import ConfigError, load_config
 from rl.agent.config import AgentRunConfig
@@ -95,6 +96,13 @@ def test_cli_runs_a_transformers_family_end_to_end(family, tmp_path, capsys):
     rows = [json.loads(x) for x in (out / "eval/tool_grpo.jsonl").read_text().splitlines()]
     assert sorted({r["kind"] for r in rows}) == ["caption", "change", "detail", "dialogue"]
     assert main(args) == 0 and "grpo: done before, skipped" in capsys.readouterr().out
+    # the trained policy is a folder transformers loads alone, with the GRPO stage's weights
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(out / "export/tool_grpo")
+    trained = torch.load(out / "grpo/model.pt", weights_only=True)
+    assert all(torch.equal(v, trained[k]) for k, v in model.state_dict().items() if k in trained)
+    assert len(trained.keys() & model.state_dict().keys()) > 0.9 * len(trained)
 
 
 def _rows_there(out: Path, models, text: str) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from mm.errors import UserError
@@ -232,6 +233,17 @@ def test_cli_trains_and_evaluates_on_task_files(tmp_path, capsys):
     md = (out / "report.md").read_text()
     assert f"The tasks of {test}" in md and "| accuracy/qa |" in md and "| accuracy/detail |" not in md
     assert main(args) == 0 and "grpo: done before, skipped" in capsys.readouterr().out
+    # the trained policy as a folder: loaded as any model, and the start of another run
+    from mm.model.adapter import load_adapter
+    from rl.agent.policy_init import load_policy
+
+    trained = torch.load(out / "grpo/model.pt", weights_only=True)
+    folder = out / "export/tool_grpo"
+    assert json.loads((out / "export/result.json").read_text())["models"] == ["tool_grpo"]
+    state = load_adapter(str(folder)).model.state_dict()
+    assert state.keys() == trained.keys() and all(torch.equal(state[k], trained[k]) for k in trained)
+    policy = load_policy(str(folder), ["max_images=8", "max_length=1024"]).model.state_dict()
+    assert all(torch.equal(policy[k], trained[k]) for k in trained)
     # another eval file at the same path: the eval runs again; another train file: the resume is refused
     test.write_text("\n".join(test.read_text().splitlines()[:2]) + "\n")
     assert main(args) == 0
