@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "distill": ("rl.trainers.distill_cli", "on-policy distillation from a teacher (reverse KL, GKD, KD)"),
     "rm": ("rl.trainers.rm_cli", "train a Bradley-Terry reward model on preference pairs"),
     "agent": ("rl.agent.cli", "a tool-using policy: tool SFT, no-tool baseline, multi-turn GRPO, report"),
+    "agent-eval": ("rl.agent.eval_cli", "a model's tool use on your task file, without training"),
     "pipeline": ("rl.pipeline", "the main job: data -> pretrain -> align -> SFT -> eval -> DPO/GRPO -> eval"),
 }
 

@@ -386,3 +386,27 @@ def test_a_demo_replays_a_users_tool(own_tools):
     turns = qa_demo(task, loop_observation)
     assert [t.role for t in turns] == ["user", "assistant", "tool", "assistant"]
     assert turns[2].text == "mean brightness 10.0" and turns[3].text == "red"
+
+
+def test_agent_eval_scores_a_model_on_a_task_file_without_training(tmp_path, capsys):
+    """``rl agent-eval`` on an exported policy: the rows equal the training run's eval of the same model,
+    and a bad task file is one error line."""
+    from rl.cli import main
+
+    train, test = _files(tmp_path)
+    out = tmp_path / "run"
+    args = ["agent", "--config", str(TINY), "--out", str(out), "--set", "sft.steps=2", "grpo.steps=1",
+            "eval.n_boot=20", "perception.steps=0", f"data.file={train}", f"eval.file={test}"]  # fmt: skip
+    assert main(args) == 0
+    capsys.readouterr()
+    rows = tmp_path / "rows.jsonl"
+    loop = ["--max-turns", "4", "--max-new-tokens", "64", "--max-tokens", "128", "--max-length", "1024"]
+    argv = ["agent-eval", "--model", str(out / "export/tool_grpo"), "--tasks", str(test), *loop]
+    assert main([*argv, "--rows-out", str(rows), "--json", "--n-boot", "20"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["n"] == 3 and "accuracy/qa" in result["metrics"]
+    assert rows.read_text() == (out / "eval/tool_grpo.jsonl").read_text()  # the run's own eval, again
+    assert main([*argv, "--no-tools", "--n-boot", "20"]) == 0
+    assert "accuracy/qa" in capsys.readouterr().out
+    assert main([*argv[:-8], "--tasks", str(tmp_path / "missing.jsonl")]) == 2
+    assert "not found" in capsys.readouterr().err

@@ -1,0 +1,93 @@
+"""``rl agent-eval``: a model's tool use on a task file, without training (the ``rl agent`` eval alone).
+
+    rl agent-eval --model runs/mine/export/tool_grpo --tasks tasks/test.jsonl --json
+    rl agent-eval --model models/my-vlm --tasks tasks/test.jsonl --no-tools --rows-out rows.jsonl
+
+Greedy multi-turn rollouts of every task of ``--tasks`` (``rl.agent.task_file``) with the loop's tools (and
+those of ``--tool-module``), or, with ``--no-tools``, answered at once; prints ``accuracy/qa``,
+``valid_call_rate``, ``calls_per_task`` and ``zoom_on_target/qa`` with bootstrap 95% intervals over tasks
+(``--json``: as JSON). ``--rows-out`` writes one JSON row per task, ``--transcripts-out`` the trajectories.
+``--model`` is any folder the agent loop takes (NoteVLM, LLaVA, LLaVA-NeXT, Qwen2-VL, Idefics3);
+``--limit max_images=N`` / ``max_length=N`` raise a NoteVLM's limits, as ``rl agent``'s ``policy.overrides``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+REPORTED = ("accuracy/qa", "score/qa", "valid_call_rate", "calls_per_task", "zoom_on_target/qa")
+"""The metrics printed (when defined)."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model folder (policy.init of rl agent)")
+    parser.add_argument("--tasks", required=True, help="task file (JSONL, rl.agent.task_file)")
+    parser.add_argument(
+        "--image-folder", default=None, help="folder of the task images (default: the file's)"
+    )
+    parser.add_argument("--max-side", type=int, default=1024, help="longest image side read (0 = whole)")
+    parser.add_argument(
+        "--no-tools", action="store_true", help="no tool instructions or tools: answer at once"
+    )
+    parser.add_argument("--tool-module", action="append", default=[], help="module registering your tools")
+    parser.add_argument(
+        "--limit", action="append", default=[], metavar="KEY=N", help="NoteVLM limit to raise"
+    )
+    parser.add_argument("--max-turns", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=384)
+    parser.add_argument(
+        "--max-length", type=int, default=1024, help="most ids of a trajectory (0 = no limit)"
+    )
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the intervals")
+    parser.add_argument("--rows-out", default=None, help="write one JSON row per task here")
+    parser.add_argument("--transcripts-out", default=None, help="write the trajectories here (text)")
+    parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from mm.errors import UserError
+    from mm.train.metrics import atomic_write_text
+    from rl.agent.backend import backend_for
+    from rl.agent.evaluate import summarise
+    from rl.agent.loop import LoopConfig, rollout
+    from rl.agent.policy_init import load_policy
+    from rl.agent.scoring import eval_row
+    from rl.agent.stages import NO_TOOLS
+    from rl.agent.task_file import read_task_file
+    from rl.agent.tools import TOOLS, import_tool_modules
+
+    if args.n_boot < 10:
+        raise UserError(f"--n-boot must be >= 10, got {args.n_boot}")
+    import_tool_modules(args.tool_module)
+    tasks = read_task_file(args.tasks, image_folder=args.image_folder, max_side=args.max_side)
+    try:
+        loop = LoopConfig(
+            max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, max_tokens=args.max_tokens,
+            max_length=args.max_length or None, batch_size=args.batch_size, instructions=not args.no_tools,
+        )  # fmt: skip
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    backend = backend_for(load_policy(args.model, list(args.limit)))
+    trajs = rollout(backend, tasks, loop, registry=NO_TOOLS if args.no_tools else TOOLS)
+    rows = [eval_row(t, seed=0) for t in trajs]
+    metrics = summarise(rows, n_boot=args.n_boot)
+    if args.rows_out:
+        atomic_write_text(Path(args.rows_out), "".join(json.dumps(r) + "\n" for r in rows))
+    if args.transcripts_out:
+        atomic_write_text(Path(args.transcripts_out), "\n\n".join(t.transcript() for t in trajs) + "\n")
+    shown = {k: metrics[k] for k in REPORTED if k in metrics}
+    if args.json:
+        print(
+            json.dumps({"model": args.model, "tasks": args.tasks, "n": len(rows), "metrics": shown}, indent=1)
+        )
+        return 0
+    mode = "no tools" if args.no_tools else "tools"
+    print(f"[agent-eval] {args.model} on {args.tasks}: {len(rows)} tasks, {mode}")
+    for name, m in shown.items():
+        band = f" [{m['low']:.3f}, {m['high']:.3f}]" if m.get("low") is not None else ""
+        print(f"  {name}: {m['value']:.3f}{band}")
+    return 0
