@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from mm.data.jsonio import read_jsonl, read_utf8
 from mm.errors import UserError
 from rl.agent.parse import ParseError, parse_call
 from rl.agent.qa import MATCHES
@@ -71,7 +72,7 @@ def file_digest(path: str | Path) -> str:
 
 def count_tasks(path: str | Path) -> int:
     """The number of tasks in the file: its non-blank lines (what :func:`read_task_file` gives)."""
-    return sum(1 for line in Path(path).read_text().splitlines() if line.strip())
+    return sum(1 for line in read_utf8(path).split("\n") if line.strip())
 
 
 def read_image(path: Path, max_side: int) -> np.ndarray:
@@ -116,16 +117,8 @@ def read_task_file(
         raise UserError(f"image folder {root} not found; set data.image_folder to the folder of the images")
     images: dict[Path, np.ndarray] = {}
     tasks, seen = [], {}
-    for n, line in enumerate(p.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
+    for n, rec in read_jsonl(p):
         where = f"{p}:{n}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{where}: not JSON ({e.msg})") from None
-        if not isinstance(rec, dict):
-            raise UserError(f"{where}: expected a JSON object, got {type(rec).__name__}")
         task = _task(rec, n, where, root, images, max_side, registry or TOOLS)
         if task.task_id in seen:
             raise UserError(

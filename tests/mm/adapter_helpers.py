@@ -87,6 +87,24 @@ def _text_config(tok: Any, model_type: str = "llama", **extra: Any) -> dict[str,
     }
 
 
+CLIP_TOWER = {
+    "model_type": "clip_vision_model", "hidden_size": HIDDEN, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "image_size": 16, "patch_size": 4, "projection_dim": HIDDEN,
+}  # fmt: skip
+"""The tiny CLIP tower of the LLaVA families (16 px images, 4 px patches)."""
+LLAVA_PROCESSOR = {
+    "patch_size": 4, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1,
+    "chat_template": LLAVA_TEMPLATE,
+}  # fmt: skip
+"""Processor settings of the LLaVA families that match :data:`CLIP_TOWER`."""
+
+
+def _llava_tokenizer() -> Any:
+    return tiny_tokenizer(
+        specials=["<image>", "<s>", "</s>"], bos="<s>", eos="</s>", pad="<pad>", chat_template=LLAVA_TEMPLATE
+    )
+
+
 def build_llava(seed: int = 0) -> tuple[Any, Any]:
     """LLaVA-1.5 layout: CLIP tower (16 px, 4 px patches) + MLP projector + Llama; 16 tokens per image."""
     from transformers import (
@@ -96,20 +114,9 @@ def build_llava(seed: int = 0) -> tuple[Any, Any]:
         LlavaProcessor,
     )
 
-    tok = tiny_tokenizer(
-        specials=["<image>", "<s>", "</s>"], bos="<s>", eos="</s>", pad="<pad>", chat_template=LLAVA_TEMPLATE
-    )
+    tok = _llava_tokenizer()
     config = LlavaConfig(
-        vision_config={
-            "model_type": "clip_vision_model",
-            "hidden_size": HIDDEN,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "image_size": 16,
-            "patch_size": 4,
-            "projection_dim": HIDDEN,
-        },
+        vision_config=CLIP_TOWER,
         text_config=_text_config(tok),
         image_token_index=tok.convert_tokens_to_ids("<image>"),
         vision_feature_select_strategy="default",
@@ -120,14 +127,7 @@ def build_llava(seed: int = 0) -> tuple[Any, Any]:
     image_processor = CLIPImageProcessor(
         size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}, do_center_crop=True
     )
-    processor = LlavaProcessor(
-        image_processor=image_processor,
-        tokenizer=tok,
-        patch_size=4,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,
-        chat_template=LLAVA_TEMPLATE,
-    )
+    processor = LlavaProcessor(image_processor=image_processor, tokenizer=tok, **LLAVA_PROCESSOR)
     return model, processor
 
 
@@ -142,21 +142,10 @@ def build_llava_next(seed: int = 0) -> tuple[Any, Any]:
         LlavaNextProcessor,
     )
 
-    tok = tiny_tokenizer(
-        specials=["<image>", "<s>", "</s>"], bos="<s>", eos="</s>", pad="<pad>", chat_template=LLAVA_TEMPLATE
-    )
+    tok = _llava_tokenizer()
     grids = [[16, 16], [16, 32], [32, 16], [32, 32]]
     config = LlavaNextConfig(
-        vision_config={
-            "model_type": "clip_vision_model",
-            "hidden_size": HIDDEN,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "image_size": 16,
-            "patch_size": 4,
-            "projection_dim": HIDDEN,
-        },
+        vision_config=CLIP_TOWER,
         text_config=_text_config(tok),
         image_token_index=tok.convert_tokens_to_ids("<image>"),
         vision_feature_select_strategy="default",
@@ -168,14 +157,7 @@ def build_llava_next(seed: int = 0) -> tuple[Any, Any]:
     image_processor = LlavaNextImageProcessor(
         size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}, image_grid_pinpoints=grids
     )
-    processor = LlavaNextProcessor(
-        image_processor=image_processor,
-        tokenizer=tok,
-        patch_size=4,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,
-        chat_template=LLAVA_TEMPLATE,
-    )
+    processor = LlavaNextProcessor(image_processor=image_processor, tokenizer=tok, **LLAVA_PROCESSOR)
     return model, processor
 
 

@@ -101,7 +101,7 @@ def test_image_folder_replaces_the_files_folder(folder, tmp_path):
 
 
 BAD = [
-    ("not json", "not JSON"),
+    ("not json", "not valid JSON"),
     ("[1, 2]", "expected a JSON object"),
     ({**GOOD, "image": []}, "'image' must be a path"),
     ({**GOOD, "image": "photos/missing.png"}, r"image\(s\) not found.*missing.png"),
