@@ -33,6 +33,7 @@ from mm.eval.claims import RuleExtractor
 from mm.eval.claims.generative import score_caption
 from mm.eval.claims.truth import NoteTruth, image_truth
 from mm.world import vocab
+from rl.agent.parse import answer_text
 from rl.agent.qa import score_qa
 from rl.agent.task import AgentTask
 
@@ -59,18 +60,10 @@ WEAK_CHANGE_WORDS: dict[str, tuple[str, ...]] = {
 CHANGE_WEIGHTS = {"kind": 0.4, "object": 0.4, "color": 0.2}
 """How a change answer's score splits between its parts."""
 
-_TOOL = re.compile(r"<tool>.*?(</tool>|$)", re.S)
-_ANSWER = re.compile(r"<answer>(.*?)(</answer>|$)", re.S)
 _WORD = re.compile(r"[a-z0-9]+")
 _NOT_COUNTS = re.compile(
     r"\b(?:photo|image|picture|img)s?\s*(?:#\s*)?(?:\d+|" + "|".join(NUMBER_WORDS) + r")\b|\[[^\]]*\]", re.I
 )
-
-
-def answer_text(text: str) -> str:
-    """``text`` without tool calls; only the ``<answer>`` block when there is one."""
-    m = _ANSWER.search(text)
-    return m.group(1) if m else _TOOL.sub(" ", text)
 
 
 def words(text: str) -> list[str]:

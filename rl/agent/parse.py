@@ -20,8 +20,19 @@ observation and goes on).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+_TOOL = re.compile(r"<tool>.*?(</tool>|$)", re.S)
+_ANSWER = re.compile(r"<answer>(.*?)(</answer>|$)", re.S)
+
+
+def answer_text(text: str) -> str:
+    """``text`` without tool calls; only the ``<answer>`` block when there is one."""
+    m = _ANSWER.search(text)
+    return m.group(1) if m else _TOOL.sub(" ", text)
+
 
 TOOL_OPEN = "<tool>"
 TOOL_CLOSE = "</tool>"

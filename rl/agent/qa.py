@@ -1,7 +1,6 @@
-"""Questions from users' task files (``rl.agent.task_file``): scoring an answer, replaying a demonstration.
+"""Scoring the answer to a question from a user's task file (``rl.agent.task_file``; pure).
 
     score_qa(task, "Red.")          # 1.0 when "red" is one of task.meta["answers"] (match "exact")
-    turns = qa_demo(task, run)      # the file's tool calls, each with its observation, then the answer
 
 Answers are compared after VQA-eval's normalisation (what lmms-eval and VLMEvalKit apply to VQAv2-style
 answers, :func:`normalise`): lower case, punctuation removed, number words as digits ("two" -> "2"),
@@ -13,12 +12,8 @@ the tasks that train. Only the ``<answer>`` block is read when there is one, and
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-import numpy as np
-
 from mm.eval.pope import vqa_process_punctuation
+from rl.agent.parse import answer_text
 from rl.agent.task import AgentTask
 
 MATCHES = ("exact", "contains")
@@ -51,23 +46,5 @@ def matches(answer: str, accepted: str, match: str) -> bool:
 
 def score_qa(task: AgentTask, text: str) -> float:
     """1.0 when ``text`` gives one of the task's accepted answers under its ``match``, else 0.0."""
-    from rl.agent.answers import answer_text
-
     reply = answer_text(text)
     return float(any(matches(reply, a, task.meta["match"]) for a in task.meta["answers"]))
-
-
-RunTool = Callable[[dict, AgentTask], tuple[str, "np.ndarray | None"]]
-
-
-def qa_demo(task: AgentTask, run_tool: RunTool) -> list[Any]:
-    """The file's demonstration of ``task``: each call of ``meta["demo"]`` with the observation the tools
-    give it, then ``meta["demo_answer"]``; a task without calls is answered at once."""
-    from rl.agent.world_demos import DemoTurn, tool_text
-
-    turns = [DemoTurn("user", task.question, False)]
-    for call in task.meta["demo"]:
-        turns.append(DemoTurn("assistant", tool_text(call), True, call))
-        text, image = run_tool(call, task)
-        turns.append(DemoTurn("tool", text, False, call, image))
-    return [*turns, DemoTurn("assistant", task.meta["demo_answer"], True)]

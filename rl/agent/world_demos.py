@@ -31,7 +31,7 @@ on the tray, then gives the reference caption; ``dialogue`` plays against
 :class:`rl.agent.simulator.UserSimulator`: zooms on the tray of each photo that holds the goal's
 objects (or of every photo: ``dialogue_zoom``), then answers each slot the user asks (and only that
 slot) until the user is satisfied; ``qa`` (a task from a user's file) replays the file's own calls, then
-its answer (:func:`rl.agent.qa.qa_demo`).
+its answer (:func:`qa_demo`).
 """
 
 from __future__ import annotations
@@ -318,10 +318,18 @@ def demonstration(
     if task.kind == "dialogue":
         return dialogue_demo(task, run, seed, bare_answers, dialogue_zoom, recovery, user)
     if task.kind == "qa":
-        from rl.agent.qa import qa_demo
-
         return qa_demo(task, run)
     raise ValueError(f"task {task.task_id!r}: no demonstration for kind {task.kind!r}")
+
+
+def qa_demo(task: AgentTask, run_tool: RunTool) -> list[DemoTurn]:
+    """The demonstration a user's task file gives (``rl.agent.task_file``): each call of ``meta["demo"]``
+    with the observation the tools give it, then ``meta["demo_answer"]``; a task without calls is answered
+    at once."""
+    turns = [DemoTurn("user", task.question, False)]
+    for call in task.meta["demo"]:
+        _use(turns, call, task, run_tool)
+    return [*turns, DemoTurn("assistant", task.meta["demo_answer"], True)]
 
 
 def policy_turns(turns: list[DemoTurn]) -> list[str]:

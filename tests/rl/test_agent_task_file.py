@@ -15,12 +15,12 @@ from PIL import Image
 
 from mm.errors import UserError
 from rl.agent.backend import Segment
-from rl.agent.qa import matches, normalise, qa_demo, score_qa
+from rl.agent.qa import matches, normalise, score_qa
 from rl.agent.scoring import eval_row, first_aim, trajectory_reward
 from rl.agent.task_export import export_tasks
 from rl.agent.task_file import count_tasks, read_task_file
 from rl.agent.trajectory import Trajectory
-from rl.agent.world_demos import demonstration, loop_observation
+from rl.agent.world_demos import demonstration, loop_observation, qa_demo
 from rl.agent.world_tasks import WorldTaskConfig, world_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
