@@ -29,9 +29,11 @@ ARTICLES = frozenset({"a", "an", "the"})
 
 
 def normalise(text: str) -> str:
-    """VQA-eval's ``processPunctuation`` then ``processDigitArticle`` (without its contraction table)."""
+    """VQA-eval's ``processPunctuation`` then ``processDigitArticle`` (without its contraction table), except
+    that an answer of articles alone keeps them: a multiple-choice "(A)" stays "a", not an empty answer."""
     words = vqa_process_punctuation(text.lower().replace("\n", " ").replace("\t", " ").strip()).split()
-    return " ".join(NUMBER_WORDS.get(w, w) for w in words if w not in ARTICLES)
+    words = [w for w in words if w not in ARTICLES] or words
+    return " ".join(NUMBER_WORDS.get(w, w) for w in words)
 
 
 def matches(answer: str, accepted: str, match: str) -> bool:

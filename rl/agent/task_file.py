@@ -45,7 +45,7 @@ import numpy as np
 from mm.data.jsonio import read_jsonl, read_utf8
 from mm.errors import UserError
 from rl.agent.parse import ParseError, parse_call
-from rl.agent.qa import MATCHES
+from rl.agent.qa import MATCHES, normalise
 from rl.agent.task import AgentTask
 from rl.agent.tools import TOOLS, ToolRegistry, box_pixels
 from rl.agent.world_demos import tool_text
@@ -171,6 +171,11 @@ def _task(
     ):
         raise UserError(
             f"{where}: 'answer' must be a non-empty string or list of them, got {rec.get('answer')!r}"
+        )
+    empty = [a for a in answers if not normalise(a)]
+    if empty:
+        raise UserError(
+            f"{where}: answer(s) {empty} have no words once normalised (rl.agent.qa); give words or numbers"
         )
     match = rec.get("match", "exact")
     if match not in MATCHES:

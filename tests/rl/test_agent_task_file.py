@@ -110,6 +110,7 @@ BAD = [
     ({**GOOD, "text": 3}, "'text' must be a string"),
     ({k: v for k, v in GOOD.items() if k != "answer"}, "'answer' must be"),
     ({**GOOD, "answer": ["red", ""]}, "'answer' must be"),
+    ({**GOOD, "answer": ["red", "?!"]}, "no words once normalised"),
     ({**GOOD, "match": "fuzzy"}, "'match' must be one of"),
     ({**GOOD, "demo_answer": ""}, "'demo_answer'"),
     ({**GOOD, "demo": {"name": "zoom"}}, "'demo' must be a list"),
@@ -146,7 +147,7 @@ def test_a_file_is_refused_whole(folder, tmp_path):
 @pytest.mark.parametrize(
     "text,expected",
     [("The Two cups!", "2 cups"), ("  It's RED. ", "it's red"), ("a 1,000 cats", "1000 cats"), ("None", "0"),
-     ("an apple; a pear", "apple pear")],
+     ("an apple; a pear", "apple pear"), ("(A)", "a"), ("The", "the")],
 )  # fmt: skip
 def test_normalise_is_vqa_evals(text, expected):
     assert normalise(text) == expected
@@ -164,6 +165,7 @@ def test_answers_are_scored_exact_or_contained(folder):
     assert score_qa(exact, "I think 3 <answer>two</answer>") == 1.0  # only the answer block
     assert score_qa(contains, "It is dark red.") == 1.0 and score_qa(contains, "It is red.") == 0.0
     assert not matches("darkred", "dark red", "contains")
+    assert matches("(A)", "A", "exact") and not matches("", "A", "exact")  # a choice letter is not empty
     with pytest.raises(ValueError, match="match"):
         matches("a", "a", "fuzzy")
 
