@@ -300,9 +300,12 @@ IMAGE_MARKERS = {
 class FlatImageBackend(AgentBackend):
     """Transformers families with per-image rows of ``pixel_values`` (+ ``image_grid_thw``), batch-flat."""
 
+    markers = IMAGE_MARKERS
+    """The families this backend takes, and the marker their processor expands into an image's tokens."""
+
     def __init__(self, adapter: VLMAdapter) -> None:
         super().__init__(adapter)
-        self.marker = {**IMAGE_MARKERS, **PATCHED_IMAGE_MARKERS}[adapter.family]
+        self.marker = self.markers[adapter.family]
 
     def _split(self, out: dict[str, Any], n: int) -> list[dict[str, torch.Tensor]]:
         """Processor image outputs for ``n`` images -> one dict per image."""
@@ -340,6 +343,10 @@ class FlatImageBackend(AgentBackend):
         return {k: torch.cat([im[k] for im in flat]) for k in flat[0]}
 
 
+PATCHED_IMAGE_MARKERS = {"llava_next": "<image>"}
+"""Families whose images are any-resolution patch stacks with ``image_sizes``, and the processor's marker."""
+
+
 class PatchedImageBackend(FlatImageBackend):
     """LLaVA-NeXT: an image is a stack of patches (its best grid's crops and a base view) with its size.
 
@@ -348,6 +355,8 @@ class PatchedImageBackend(FlatImageBackend):
     with zeros and concatenates them over the batch, as the processor does for several images; the
     model counts each image's patches from its size and drops the rest.
     """
+
+    markers = PATCHED_IMAGE_MARKERS
 
     def _split(self, out: dict[str, Any], n: int) -> list[dict[str, torch.Tensor]]:
         from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
@@ -379,8 +388,6 @@ class PatchedImageBackend(FlatImageBackend):
         return {"pixel_values": pixels, "image_sizes": torch.cat([im["image_sizes"] for im in flat])}
 
 
-PATCHED_IMAGE_MARKERS = {"llava_next": "<image>"}
-"""Families whose images are any-resolution patch stacks with ``image_sizes``, and the processor's marker."""
 TILED_IMAGE_MARKERS = {"idefics3": "<image>"}
 """Families whose images are tiles padded per row (``pixel_attention_mask``), and the processor's marker."""
 

@@ -186,7 +186,7 @@ def _task(
     meta: dict[str, Any] = {
         "answers": answers,
         "match": match,
-        "demo": _demo(rec.get("demo", []), where, len(sources), registry),
+        "demo": _demo(rec.get("demo", []), where),
         "demo_answer": demo_answer,
         "record": {k: v for k, v in rec.items() if k not in FIELDS},
     }
@@ -197,22 +197,20 @@ def _task(
         raise UserError(f"{where}: 'id' must be a string or an integer, got {task_id!r}")
     prompt = f"{text.strip()}\n{question.strip()}" if text.strip() else question.strip()
     task = AgentTask(str(task_id), "qa", sources, prompt, answers[0], meta)
-    for k, call in enumerate(meta["demo"], 1):  # a demonstration that shows an error would teach it
+    for k, call in enumerate(meta["demo"], 1):  # each call parsed and run once, as the loop would
         parsed = parse_call(tool_text(call), registry, n_images=len(sources))
+        if isinstance(parsed, ParseError):
+            raise UserError(f"{where}: demo call {k} {json.dumps(call)} is refused: {parsed.message}")
         obs = registry.run(parsed, task)
-        if obs.text.startswith("error:"):
+        if obs.text.startswith("error:"):  # a demonstration that shows an error would teach it
             raise UserError(f"{where}: demo call {k} {json.dumps(call)} fails: {obs.text}")
     return task
 
 
-def _demo(calls: Any, where: str, n_images: int, registry: ToolRegistry) -> list[dict[str, Any]]:
-    """The demonstration's calls, each checked as the loop would parse it."""
+def _demo(calls: Any, where: str) -> list[dict[str, Any]]:
+    """The demonstration's calls: a list of JSON objects (parsed and run once the task is built)."""
     if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
         raise UserError(f"{where}: 'demo' must be a list of tool calls (JSON objects), got {calls!r}")
-    for k, call in enumerate(calls, 1):
-        parsed = parse_call(tool_text(call), registry, n_images=n_images)
-        if isinstance(parsed, ParseError):
-            raise UserError(f"{where}: demo call {k} {json.dumps(call)} is refused: {parsed.message}")
     return calls
 
 
