@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from mm.data.images import open_rgb
 from mm.errors import UserError
 from mm.model.adapter import Sample
 from mm.model.adapter.base import NOT_MODEL_INPUTS
@@ -85,10 +86,8 @@ _DIGESTS: dict[int, tuple[weakref.ref, str]] = {}
 def image_digest(image: Any) -> str:
     """sha256 of an image's decoded pixels (mode, size, bytes): the same picture hashes the same whatever
     its file format. ``image``: a PIL image (not modified after its first digest) or a path."""
-    from PIL import Image
-
     if isinstance(image, (str, Path)):
-        image = Image.open(image)
+        image = open_rgb(image)
     known = _DIGESTS.get(id(image))
     if known is not None and known[0]() is image:
         return known[1]

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mm.data.images import open_rgb
 from mm.errors import UserError
 from rl.labeler import Labeler, LabelerConfig
 from rl.rewards import vocabulary
@@ -51,7 +52,6 @@ def labeler_agreement(
     seed: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     """:func:`agreement` of ``labeler`` on existence questions about ``notes`` (images under ``root``)."""
-    from PIL import Image
 
     v = vocabulary(vocab)
     rng = random.Random(seed)
@@ -61,7 +61,7 @@ def labeler_agreement(
         present = sorted({c for o in n.categories if (c := v.canonicalize(o)) is not None})
         if not present:
             continue
-        images = [Image.open(p if Path(p).is_absolute() else Path(root) / p).convert("RGB") for p in n.images]
+        images = [open_rgb(Path(root) / p) for p in n.images]
         absent = [c for c in everything if c not in present]
         asked = rng.sample(absent, min(negatives, len(absent)))
         for obj, yes in [(o, True) for o in present] + [(o, False) for o in asked]:
@@ -78,7 +78,6 @@ def colour_agreement(
     labeler: Labeler, notes: Sequence[Any], root: str | Path, *, seed: int = 0
 ) -> dict[str, Any]:
     """:func:`agreement` of ``labeler`` on colour questions about ``notes`` (module docstring)."""
-    from PIL import Image
 
     rng = random.Random(seed)
     questions, objects, truth = [], [], []
@@ -88,7 +87,7 @@ def colour_agreement(
             colours.setdefault(o.category, set()).add(o.color)
         if not any(None not in cs for cs in colours.values()):
             continue
-        images = [Image.open(p if Path(p).is_absolute() else Path(root) / p).convert("RGB") for p in n.images]
+        images = [open_rgb(Path(root) / p) for p in n.images]
         for obj in sorted(colours):
             own = colours[obj]
             if None in own:

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from mm.data.images import open_rgb
 from mm.eval.chair import Vocabulary
 from mm.eval.pope import parse_answer
 from rl.labeler import Labeler, LabelerConfig
@@ -126,12 +127,11 @@ class PromptImages:
 
     def __call__(self, prompt: Any) -> list[Any]:
         """The note's images, or its one image (``prompt.image``)."""
-        from PIL import Image
 
         if prompt.note not in self._images:
             note = self.prompts.notes[prompt.note]
             paths = [p if Path(p).is_absolute() else self.root / p for p in note.images]
-            self._images[prompt.note] = [Image.open(p).convert("RGB") for p in paths]
+            self._images[prompt.note] = [open_rgb(p) for p in paths]
         imgs = self._images[prompt.note]
         return imgs if prompt.image is None else imgs[prompt.image : prompt.image + 1]
 

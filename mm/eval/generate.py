@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from mm.errors import UserError
+from mm.data.images import open_rgb
 
 
 def note_images(item: Any, root: str | Path | None = None) -> list[Any]:
@@ -111,17 +111,6 @@ def answer_questions(
     )  # fmt: skip
 
 
-def open_image(path: str | Path, where: str = "") -> Any:
-    """An image file as an RGB PIL image; an unreadable file is a `UserError` naming ``where``."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as im:
-            return im.convert("RGB")
-    except (OSError, UnidentifiedImageError, ValueError) as e:
-        raise UserError(f"{where + ': ' if where else ''}cannot read image {path}: {e}") from None
-
-
 def adapter_generate(
     adapter: Any,
     images: Sequence[Sequence[str | Path]],
@@ -146,7 +135,7 @@ def adapter_generate(
     for start in range(0, len(images), batch_size):
         chunk = range(start, min(len(images), start + batch_size))
         samples = [
-            Sample(images=[open_image(p, where[i] if where else "") for p in images[i]], text=prompts[i])
+            Sample(images=[open_rgb(p, where[i] if where else "") for p in images[i]], text=prompts[i])
             for i in chunk
         ]
         out.extend(adapter.generate(samples, max_new_tokens=max_new_tokens))

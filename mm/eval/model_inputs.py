@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mm.data.images import check_image as header_check
 from mm.data.jsonio import read_json, read_jsonl
 from mm.errors import UserError
 from mm.eval.files import read_objects, read_pope_questions
@@ -55,16 +56,9 @@ class ChairItem:
 
 def check_image(path: Path, where: str, checked: set[Path]) -> None:
     """A `UserError` naming ``where`` unless ``path`` opens as an image (header only; once per path)."""
-    from PIL import Image, UnidentifiedImageError
-
-    if path in checked:
-        return
-    try:
-        with Image.open(path):
-            pass
-    except (OSError, UnidentifiedImageError) as e:
-        raise UserError(f"{where}: cannot read image {path}: {e}") from None
-    checked.add(path)
+    if path not in checked:
+        header_check(path, where)
+        checked.add(path)
 
 
 def default_image_folder(path: str | Path, image_folder: str | Path | None) -> Path:

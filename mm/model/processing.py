@@ -25,6 +25,7 @@ import torch
 from PIL import Image
 from transformers import PreTrainedTokenizerFast
 
+from mm.data.images import open_rgb
 from mm.errors import UserError
 
 IGNORE_INDEX = -100
@@ -103,8 +104,7 @@ class NoteProcessor:
         """One image (PIL image, path, HxWx3 uint8 array or (3, H, W) float tensor in [0, 1]) -> (3, S, S)."""
         S = self.image_size
         if isinstance(image, (str, Path)):
-            with Image.open(image) as im:
-                image = im.convert("RGB")
+            image = open_rgb(image)  # upright, 8-bit, as training decodes files
         if isinstance(image, Image.Image):
             image = image.convert("RGB")
             w, h = image.size

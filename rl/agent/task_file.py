@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from mm.data.images import open_rgb
 from mm.data.jsonio import read_jsonl, read_utf8
 from mm.errors import UserError
 from rl.agent.parse import ParseError, parse_call
@@ -75,17 +76,17 @@ def count_tasks(path: str | Path) -> int:
     return sum(1 for line in read_utf8(path).split("\n") if line.strip())
 
 
-def read_image(path: Path, max_side: int) -> np.ndarray:
-    """``(H, W, 3)`` uint8 RGB, EXIF orientation applied, the longest side at most ``max_side`` (0: any)."""
-    from PIL import Image, ImageOps
+def read_image(path: Path, max_side: int, where: str = "") -> np.ndarray:
+    """``(H, W, 3)`` uint8 RGB, upright (:func:`mm.data.images.open_rgb`), the longest side at most
+    ``max_side`` (0: any); an unreadable file is a ``UserError`` naming ``where``."""
+    from PIL import Image
 
-    with Image.open(path) as im:
-        im = ImageOps.exif_transpose(im).convert("RGB")
-        if max_side and max(im.size) > max_side:
-            scale = max_side / max(im.size)
-            size = (max(1, round(im.size[0] * scale)), max(1, round(im.size[1] * scale)))
-            im = im.resize(size, Image.Resampling.LANCZOS)
-        return np.asarray(im, dtype=np.uint8).copy()
+    im = open_rgb(path, where)
+    if max_side and max(im.size) > max_side:
+        scale = max_side / max(im.size)
+        size = (max(1, round(im.size[0] * scale)), max(1, round(im.size[1] * scale)))
+        im = im.resize(size, Image.Resampling.LANCZOS)
+    return np.asarray(im, dtype=np.uint8).copy()
 
 
 def load_task_file(path: str | Path, *, image_folder: str | Path | None, max_side: int) -> list[AgentTask]:
@@ -153,10 +154,7 @@ def _task(
         )
     for path in paths:
         if path not in images:
-            try:
-                images[path] = read_image(path, max_side)
-            except OSError as e:
-                raise UserError(f"{where}: cannot read image {path} ({e}); give a PNG or JPEG file") from None
+            images[path] = read_image(path, max_side, where)
     sources = tuple(images[x] for x in paths)
     question, text = rec.get("question"), rec.get("text", "")
     if not isinstance(question, str) or not question.strip():

@@ -25,9 +25,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mm.data.images import open_rgb
 from mm.eval import generate
 from mm.eval.claims import note_truth
-from mm.eval.generate import open_image
 from mm.world.text import _join, article
 from rl.pairs.correction import greedy_captions
 from rl.pairs.record import PreferencePair
@@ -135,7 +135,7 @@ def labeler_colour_judge(
         spans = _colour_spans(caption, vocab_name)
         if not spans:
             return []
-        images = [open_image(p) for p in generate.note_images(note, root)]
+        images = [open_rgb(p) for p in generate.note_images(note, root)]
         asked = sorted({f"{c} {o}" for _, _, o, c in spans.values()})
         p = labeler.verify_objects(images, asked)
         return [(s, e) for s, e, o, c in spans.values() if p[f"{c} {o}"] < threshold]
@@ -162,7 +162,7 @@ def self_colour_judge(
         spans = _colour_spans(caption, "world")
         if not spans:
             return []
-        images = [open_image(p) for p in generate.note_images(note, root)]
+        images = [open_rgb(p) for p in generate.note_images(note, root)]
         batch = processor.collate([processor.encode(images, prompt, caption)])
         batch = {k: v.to(device) for k, v in batch.items()}
         labels = batch.pop("labels")[0]  # (T,)

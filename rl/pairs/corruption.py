@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 
+from mm.data.images import open_rgb
 from mm.errors import UserError
 from rl.corrupt import KINDS, corrupt
 from rl.pairs.record import PreferencePair
@@ -22,8 +22,7 @@ from rl.pairs.record import PreferencePair
 
 def load_pixels(path: str | Path) -> Any:
     """An image file as a float tensor (3, H, W) in [0, 1]."""
-    with Image.open(path) as im:
-        arr = np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0  # (H, W, 3)
+    arr = np.asarray(open_rgb(path), dtype=np.float32) / 255.0  # (H, W, 3)
     return torch.from_numpy(arr).permute(2, 0, 1).contiguous()  # (3, H, W)
 
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mm.data.images import check_image, open_rgb
 from mm.errors import UserError
 
 PAIR_FORMATS = ("auto", "native", "rlaif-v", "rlhf-v")
@@ -116,12 +116,10 @@ def _hf_image(rec: dict[str, Any], folder: Path) -> Path | bytes:
 
 
 def _check_bytes(data: bytes) -> bytes:
-    from PIL import Image, UnidentifiedImageError
-
     try:
-        Image.open(io.BytesIO(data)).verify()
-    except (UnidentifiedImageError, OSError, SyntaxError):
-        raise RecordError("image 'bytes' are not an image PIL can read") from None
+        check_image(data, verify=True)
+    except UserError as e:
+        raise RecordError(f"image 'bytes': {e}") from None
     return data
 
 
@@ -236,15 +234,4 @@ def read_pair_file(
 
 def open_images(pair: FilePair) -> list[Any]:
     """The pair's images as RGB PIL images, in prompt order."""
-    from PIL import Image
-
-    out = []
-    for src in pair.images:
-        try:
-            img = Image.open(io.BytesIO(src) if isinstance(src, bytes) else src)
-            out.append(img.convert("RGB"))
-        except OSError as e:
-            raise UserError(
-                f"{pair.where}: cannot read image {src if isinstance(src, Path) else '<bytes>'}: {e}"
-            ) from None
-    return out
+    return [open_rgb(src, pair.where) for src in pair.images]

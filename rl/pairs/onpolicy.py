@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from mm.data.images import open_rgb
 from mm.errors import UserError
 from mm.eval.claims import note_truth
 from mm.eval.generate import note_images
@@ -90,7 +91,6 @@ def scene_scorer(reward_cfg: Any = None) -> Scorer:
 def labeler_scorer(labeler: Any, root: str | Path, reward_cfg: Any = None) -> Scorer:
     """Rewards from a labeler's verdicts on each caption's claims (:mod:`rl.labeler_reward`: supported
     claims minus unsupported ones), the note's images read from ``root``; no ground truth is read."""
-    from PIL import Image
 
     from rl.labeler_reward import caption_claims, claim_values, colour_claims, colour_values
 
@@ -103,7 +103,7 @@ def labeler_scorer(labeler: Any, root: str | Path, reward_cfg: Any = None) -> Sc
     }
 
     def scorer(note: Any, texts: Sequence[str]) -> list[float]:
-        images = [Image.open(p).convert("RGB") for p in note_images(note, root)]
+        images = [open_rgb(p) for p in note_images(note, root)]
         claims = sorted({c for t in texts for c in caption_claims(t, vocab)})
         support = {c: labeler.supported(p) for c, p in labeler.verify_objects(images, claims).items()}
         w = {"coverage_weight": cfg.coverage_weight, "hallucination_weight": cfg.hallucination_weight}

@@ -10,17 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from mm.data.format import read_notes
+from mm.data.images import open_rgb
 from mm.errors import UserError
 from mm.model.adapter import Sample
 from rl.trainers.distill_config import DistillDataConfig
 from rl.trainers.grpo_files_data import PromptImages, read_prompts
-
-
-def _open_rgb(path: Path) -> Any:
-    from PIL import Image
-
-    with Image.open(path) as im:
-        return im.convert("RGB")
 
 
 class NotePrompts:
@@ -44,7 +38,7 @@ class NotePrompts:
 
     def sample(self, i: int) -> Sample:
         if i not in self._images:
-            self._images[i] = [_open_rgb(self.root / p) for p in self.notes[i].images]
+            self._images[i] = [open_rgb(self.root / p) for p in self.notes[i].images]
         return Sample(images=self._images[i], text=self.prompt, answer=self.notes[i].text)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mm.data.images import open_rgb
 from mm.errors import UserError
 from mm.model.adapter import Sample
 
@@ -79,11 +80,8 @@ class PromptImages:
         self._cache: dict[Path, Any] = {}
 
     def _open(self, path: Path) -> Any:
-        from PIL import Image
-
         if path not in self._cache:
-            with Image.open(path) as im:
-                self._cache[path] = im.convert("RGB")
+            self._cache[path] = open_rgb(path)
         return self._cache[path]
 
     def sample(self, i: int) -> Sample:

@@ -102,12 +102,13 @@ def _manual_colour_probs(model, processor, images, prompt, caption):
 
 
 def test_self_judge_reads_the_policy_probability_of_each_colour(tiny):
-    from mm.eval.generate import note_images, open_image
+    from mm.data.images import open_rgb
+    from mm.eval.generate import note_images
 
     model, processor, data = tiny
     note = read_notes(data)[0]
     cap = "a red cup a blue fork"  # the tiny model's word vocabulary
-    images = [open_image(p) for p in note_images(note, data)]
+    images = [open_rgb(p) for p in note_images(note, data)]
     p = _manual_colour_probs(model, processor, images, "describe", cap)
     assert set(p) == {"red", "blue"} and p["red"] != p["blue"]
     lo, hi = sorted(p.values())

@@ -14,18 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mm.data.images import open_rgb
 from mm.data.prompts import CAPTION_PROMPT
 from mm.eval.claims.extract import ClaimExtractor
 from mm.eval.claims.generative import generative_scores
 from mm.eval.claims.questions import ClaimQuestionConfig, build_claim_questions, discriminative_scores
 from mm.eval.claims.truth import note_truth
-
-
-def _image(path: Path) -> Any:
-    from PIL import Image
-
-    with Image.open(path) as im:
-        return im.convert("RGB")
 
 
 def _generate(adapter: Any, samples: list[Any], batch_size: int, max_new_tokens: int) -> list[str]:
@@ -53,7 +47,7 @@ def run_claims(
     from mm.model.adapter import Sample
 
     root = Path(root)
-    images = {p: _image(root / p) for n in notes for p in n.images}
+    images = {p: open_rgb(root / p) for n in notes for p in n.images}
     caps = _generate(
         adapter, [Sample(images=[images[p] for p in n.images], text=CAPTION_PROMPT) for n in notes],
         batch_size, caption_tokens,
