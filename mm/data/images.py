@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,12 +87,26 @@ def _reading(source: ImageSource, where: str) -> Iterator[Any]:
         raise UserError(f"{at}cannot read image {name} ({e}); give a PNG or JPEG file") from None
 
 
-def open_rgb(source: ImageSource, where: str = "") -> Any:
+def open_rgb(source: ImageSource, where: str = "", *, max_side: int = 0) -> Any:
     """The image ``source`` holds as a decoded, upright (EXIF orientation), 8-bit RGB PIL image; any
-    failure to read it is a :class:`mm.errors.UserError` that starts with ``where`` (module docstring)."""
+    failure to read it is a :class:`mm.errors.UserError` that starts with ``where`` (module docstring).
+
+    ``max_side`` > 0 shrinks it (Lanczos) so its longest side is at most that; a JPEG is then decoded at
+    the smallest of libjpeg's 1/2, 1/4, 1/8 scales that is still at least that large (``draft``), which
+    makes a 12-megapixel photo read at 1024 several times faster, at nearly the same pixels."""
+    from PIL import Image
+
     with _reading(source, where) as im:
+        if max_side and max(im.size) > max_side:
+            scale = max_side / max(im.size)
+            im.draft(None, (math.ceil(im.size[0] * scale), math.ceil(im.size[1] * scale)))  # JPEG only
         im.load()  # decode now: a truncated file fails here, not inside a training step
-        return _to_rgb(_upright(im))
+        im = _to_rgb(_upright(im))
+        if max_side and max(im.size) > max_side:
+            scale = max_side / max(im.size)
+            size = (max(1, round(im.size[0] * scale)), max(1, round(im.size[1] * scale)))
+            im = im.resize(size, Image.Resampling.LANCZOS)
+        return im
 
 
 def check_image(source: ImageSource, where: str = "", *, verify: bool = False) -> None:

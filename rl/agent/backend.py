@@ -14,7 +14,7 @@ Families that take an image in the middle of a sequence (a zoom after the first 
 - ``llava`` (fixed tokens per image, ``pixel_values`` (n_images, 3, H, W) over the batch) and
   ``qwen2_vl`` / ``qwen2_5_vl`` (``pixel_values`` rows per image from ``image_grid_thw``; M-RoPE
   positions computed by the model from the ids and grids, so a mid-sequence image is placed right).
-- ``idefics3`` (tiles: each image is a few sub-image tiles plus a global view, ``pixel_values``
+- ``idefics3`` / ``smolvlm`` (tiles: each image is a few sub-image tiles plus a global view, ``pixel_values``
   (B, N_tiles, 3, H, W) padded per row with all-zero tiles, which the model drops, and
   ``pixel_attention_mask`` (B, N_tiles, H, W)).
 - ``llava_next`` (any resolution: each image is resized to its best grid and cut into patches plus a base
@@ -388,7 +388,7 @@ class PatchedImageBackend(FlatImageBackend):
         return {"pixel_values": pixels, "image_sizes": torch.cat([im["image_sizes"] for im in flat])}
 
 
-TILED_IMAGE_MARKERS = {"idefics3": "<image>"}
+TILED_IMAGE_MARKERS = {"idefics3": "<image>", "smolvlm": "<image>"}
 """Families whose images are tiles padded per row (``pixel_attention_mask``), and the processor's marker."""
 
 

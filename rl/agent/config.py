@@ -75,6 +75,11 @@ class DataConfig:
     max_side: int = 1024
     """Longest side, in pixels, a task file's image is read at (larger photos are shrunk on read; 0 keeps
     them whole): the full resolution ``zoom`` crops from."""
+    image_cache: str | None = None
+    """A folder where the task files' images are kept decoded (``mm.data.image_cache``), memory-mapped
+    instead of held in RAM: for files whose photos do not fit in memory (about ``3 * max_side**2`` bytes
+    each), and a resumed or repeated run maps them instead of decoding again. Shared safely between runs;
+    null keeps them in memory."""
     dialogue_recovery: float = 0.0
     """Share of dialogue demonstrations that start with a mistake kept out of the loss (zooms on all but the
     last of those photos, a wrong reply, the user's objection) and then recover (the missed zoom, the right

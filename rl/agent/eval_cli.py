@@ -7,8 +7,9 @@ Greedy multi-turn rollouts of every task of ``--tasks`` (``rl.agent.task_file``)
 those of ``--tool-module``), or, with ``--no-tools``, answered at once; prints ``accuracy/qa``,
 ``valid_call_rate``, ``calls_per_task`` and ``zoom_on_target/qa`` with bootstrap 95% intervals over tasks
 (``--json``: as JSON). ``--rows-out`` writes one JSON row per task, ``--transcripts-out`` the trajectories.
-``--model`` is any folder the agent loop takes (NoteVLM, LLaVA, LLaVA-NeXT, Qwen2-VL, Idefics3);
-``--limit max_images=N`` / ``max_length=N`` raise a NoteVLM's limits, as ``rl agent``'s ``policy.overrides``.
+``--model`` is any folder the agent loop takes (NoteVLM, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Idefics3,
+SmolVLM); ``--limit max_images=N`` / ``max_length=N`` raise a NoteVLM's limits, as ``rl agent``'s
+``policy.overrides``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--image-folder", default=None, help="folder of the task images (default: the file's)"
     )
     parser.add_argument("--max-side", type=int, default=1024, help="longest image side read (0 = whole)")
+    parser.add_argument(
+        "--image-cache",
+        default=None,
+        help="folder to keep decoded images in, memory-mapped (data.image_cache)",
+    )
     parser.add_argument(
         "--no-tools", action="store_true", help="no tool instructions or tools: answer at once"
     )
@@ -63,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
     if args.n_boot < 10:
         raise UserError(f"--n-boot must be >= 10, got {args.n_boot}")
     import_tool_modules(args.tool_module)
-    tasks = read_task_file(args.tasks, image_folder=args.image_folder, max_side=args.max_side)
+    tasks = read_task_file(
+        args.tasks, image_folder=args.image_folder, max_side=args.max_side, image_cache=args.image_cache
+    )
     try:
         loop = LoopConfig(
             max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, max_tokens=args.max_tokens,

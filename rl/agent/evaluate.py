@@ -29,7 +29,7 @@ from rl.agent.loop import rollout
 from rl.agent.scoring import HALLUCINATION_KINDS, eval_row
 from rl.agent.stages import NO_TOOLS, loop_config
 from rl.agent.task import AgentTask
-from rl.agent.task_file import count_tasks, load_task_file
+from rl.agent.task_file import count_tasks, data_tasks
 from rl.agent.tools import TOOLS
 from rl.agent.trajectory import Trajectory
 from rl.agent.world_tasks import WorldTaskConfig, world_tasks
@@ -51,9 +51,7 @@ def eval_sets(cfg: AgentRunConfig) -> list[tuple[int, list[AgentTask]]]:
     """(seed, tasks) of the eval: every task of ``eval.file`` (seed 0 in its rows), or each eval seed's
     :func:`heldout_tasks`."""
     if cfg.eval.file is not None:
-        return [
-            (0, load_task_file(cfg.eval.file, image_folder=cfg.data.image_folder, max_side=cfg.data.max_side))
-        ]
+        return [(0, data_tasks(cfg.eval.file, cfg.data))]
     return [(seed, heldout_tasks(cfg, seed)) for seed in cfg.eval.seeds]
 
 

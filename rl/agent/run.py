@@ -141,9 +141,12 @@ def _filled(recorded: Any, default: Any) -> Any:
 
 
 def _used(section: str, value: Any) -> Any:
-    """The part of a recorded section the stages read: a note-model recipe that is not built is not."""
+    """The part of a recorded section the stages read: a note-model recipe that is not built is not, and
+    where decoded images are kept (``data.image_cache``) changes no pixel."""
     if section == "note_model" and isinstance(value, dict) and not value.get("build"):
         return {"build": False}
+    if section == "data" and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k != "image_cache"}
     return value
 
 

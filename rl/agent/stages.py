@@ -35,7 +35,7 @@ from rl.agent.loop import LoopConfig, rollout, summary
 from rl.agent.policy_init import load_policy
 from rl.agent.scoring import trajectory_reward
 from rl.agent.task import AgentTask
-from rl.agent.task_file import load_task_file
+from rl.agent.task_file import data_tasks
 from rl.agent.tools import TOOLS, ToolRegistry
 from rl.agent.train import AgentGRPOConfig, grpo_loss, sft_loss
 from rl.agent.trajectory import Trajectory
@@ -99,7 +99,7 @@ def train_tasks(cfg: AgentRunConfig) -> list[AgentTask]:
     """The tasks of ``data.file`` (``rl.agent.task_file``), or ``data.train_tasks`` world tasks."""
     d = cfg.data
     if d.file is not None:
-        return load_task_file(d.file, image_folder=d.image_folder, max_side=d.max_side)
+        return data_tasks(d.file, d)
     return list(mixed_tasks(cfg.world, "train", d.train_tasks, tuple(d.kinds)))
 
 

@@ -13,7 +13,8 @@ One JSON object a line, the ``rl grpo --prompts`` file with the agent's fields::
   1), relative to ``image_folder`` (default: the file's folder) or absolute. Each is read once, turned
   upright by its EXIF orientation (phone photos), as RGB, and shrunk so its longest side is at most
   ``max_side`` (0 keeps it): that is the full resolution ``zoom`` crops from, so the memory a task file
-  takes is about ``3 * max_side**2`` bytes per distinct image.
+  takes is about ``3 * max_side**2`` bytes per distinct image, or, with ``image_cache``
+  (``data.image_cache``), that much disk, memory-mapped (:mod:`mm.data.image_cache`).
 - ``question`` (required) and ``text`` (the note's text, optional; the policy reads it before the
   question).
 - ``answer`` (required): the accepted answer, or a list of them; ``match``: ``"exact"`` (default) or
@@ -37,11 +38,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mm.data.image_cache import ImageCache
 from mm.data.images import open_rgb
 from mm.data.jsonio import read_jsonl, read_utf8
 from mm.errors import UserError
@@ -79,27 +82,31 @@ def count_tasks(path: str | Path) -> int:
 def read_image(path: Path, max_side: int, where: str = "") -> np.ndarray:
     """``(H, W, 3)`` uint8 RGB, upright (:func:`mm.data.images.open_rgb`), the longest side at most
     ``max_side`` (0: any); an unreadable file is a ``UserError`` naming ``where``."""
-    from PIL import Image
-
-    im = open_rgb(path, where)
-    if max_side and max(im.size) > max_side:
-        scale = max_side / max(im.size)
-        size = (max(1, round(im.size[0] * scale)), max(1, round(im.size[1] * scale)))
-        im = im.resize(size, Image.Resampling.LANCZOS)
-    return np.asarray(im, dtype=np.uint8).copy()
+    return np.asarray(open_rgb(path, where, max_side=max_side), dtype=np.uint8).copy()
 
 
-def load_task_file(path: str | Path, *, image_folder: str | Path | None, max_side: int) -> list[AgentTask]:
+def load_task_file(
+    path: str | Path, *, image_folder: str | Path | None, max_side: int, image_cache: str | Path | None = None
+) -> list[AgentTask]:
     """:func:`read_task_file` read once per process for the same file contents and settings (every stage of
     ``rl agent`` asks for the tasks; the images are decoded once)."""
-    return list(
-        _cached(str(path), file_digest(path), None if image_folder is None else str(image_folder), max_side)
+    folder, cache = (None if x is None else str(x) for x in (image_folder, image_cache))
+    return list(_cached(str(path), file_digest(path), folder, max_side, cache))
+
+
+def data_tasks(path: str | Path, data: Any) -> list[AgentTask]:
+    """:func:`load_task_file` with the settings of ``data``, an ``rl agent`` config's ``data`` section
+    (``image_folder``, ``max_side``, ``image_cache``)."""
+    return load_task_file(
+        path, image_folder=data.image_folder, max_side=data.max_side, image_cache=data.image_cache
     )
 
 
 @functools.lru_cache(maxsize=4)
-def _cached(path: str, digest: str, image_folder: str | None, max_side: int) -> tuple[AgentTask, ...]:
-    return tuple(read_task_file(path, image_folder=image_folder, max_side=max_side))
+def _cached(
+    path: str, digest: str, image_folder: str | None, max_side: int, image_cache: str | None
+) -> tuple[AgentTask, ...]:
+    return tuple(read_task_file(path, image_folder=image_folder, max_side=max_side, image_cache=image_cache))
 
 
 def read_task_file(
@@ -108,19 +115,28 @@ def read_task_file(
     image_folder: str | Path | None = None,
     max_side: int = 1024,
     registry: ToolRegistry | None = None,
+    image_cache: str | Path | None = None,
 ) -> list[AgentTask]:
     """Every task of ``path`` (module docstring), in file order; ``registry`` checks the demonstrations'
-    calls (default: the loop's :data:`rl.agent.tools.TOOLS`)."""
+    calls (default: the loop's :data:`rl.agent.tools.TOOLS`); with ``image_cache`` (a folder) the images
+    are decoded once into it and memory-mapped (:mod:`mm.data.image_cache`) instead of held in RAM."""
     p = Path(path)
     _need_file(p)
     root = Path(image_folder) if image_folder else p.parent
     if not root.is_dir():
         raise UserError(f"image folder {root} not found; set data.image_folder to the folder of the images")
     images: dict[Path, np.ndarray] = {}
+    cache = None if image_cache is None else ImageCache(image_cache)
+
+    def decode(path: Path, where: str) -> np.ndarray:
+        if cache is None:
+            return read_image(path, max_side, where)
+        return cache.get(path, f"max_side={max_side}", lambda: read_image(path, max_side, where))
+
     tasks, seen = [], {}
     for n, rec in read_jsonl(p):
         where = f"{p}:{n}"
-        task = _task(rec, n, where, root, images, max_side, registry or TOOLS)
+        task = _task(rec, n, where, root, images, decode, registry or TOOLS)
         if task.task_id in seen:
             raise UserError(
                 f"{where}: id {task.task_id!r} is on line {seen[task.task_id]} too; ids must be unique"
@@ -138,7 +154,7 @@ def _task(
     where: str,
     root: Path,
     images: dict[Path, np.ndarray],
-    max_side: int,
+    decode: Callable[[Path, str], np.ndarray],
     registry: ToolRegistry,
 ) -> AgentTask:
     names = [rec.get("image")] if isinstance(rec.get("image"), str) else rec.get("image")
@@ -154,7 +170,7 @@ def _task(
         )
     for path in paths:
         if path not in images:
-            images[path] = read_image(path, max_side, where)
+            images[path] = decode(path, where)
     sources = tuple(images[x] for x in paths)
     question, text = rec.get("question"), rec.get("text", "")
     if not isinstance(question, str) or not question.strip():

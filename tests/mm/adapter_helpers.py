@@ -211,6 +211,59 @@ def build_qwen2_vl(seed: int = 0) -> tuple[Any, Any]:
     return model, processor
 
 
+def build_qwen2_5_vl(seed: int = 0) -> tuple[Any, Any]:
+    """Qwen2.5-VL layout: Qwen2-VL's (4 px patches merged 2x2, M-RoPE) with a windowed-attention tower
+    (windows of 2 x 2 merged patches; block 0 windowed, block 1 full) and an RMSNorm / SwiGLU merger."""
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2_5_VLProcessor,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+    )
+
+    specials = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                "<|video_pad|>", "<|endoftext|>"]  # fmt: skip
+    tok = tiny_tokenizer(
+        specials=specials, bos="<|endoftext|>", eos="<|im_end|>", pad="<|endoftext|>",
+        chat_template=QWEN2_VL_TEMPLATE,
+    )  # fmt: skip
+    ids = {t: tok.convert_tokens_to_ids(t) for t in specials}
+    text = _text_config(
+        tok, "qwen2_5_vl_text", rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                 "mrope_section": [2, 1, 1]},
+    )  # fmt: skip
+    config = Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config={
+            "depth": 2,
+            "hidden_size": HIDDEN,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": HIDDEN,
+            "patch_size": 4,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "window_size": 16,  # pixels: 16 / 2 / 4 = 2 merged patches a side
+            "fullatt_block_indexes": [1],
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    pixels = {"shortest_edge": 8 * 8, "longest_edge": 32 * 32}
+    image_processor = Qwen2VLImageProcessor(size=pixels, patch_size=4, merge_size=2, temporal_patch_size=2)
+    video_processor = Qwen2VLVideoProcessor(size=pixels, patch_size=4, merge_size=2, temporal_patch_size=2)
+    processor = Qwen2_5_VLProcessor(
+        image_processor=image_processor, tokenizer=tok, video_processor=video_processor,
+        chat_template=QWEN2_VL_TEMPLATE,
+    )  # fmt: skip
+    return model, processor
+
+
 def build_idefics3(seed: int = 0) -> tuple[Any, Any]:
     """Idefics3/SmolVLM layout: SigLIP-like tower (16 px tiles, 8 px patches), pixel shuffle x2, Llama LM.
 
@@ -253,11 +306,56 @@ def build_idefics3(seed: int = 0) -> tuple[Any, Any]:
     return model, processor
 
 
+def build_smolvlm(seed: int = 0) -> tuple[Any, Any]:
+    """SmolVLM layout: Idefics3's (tiles of 16 px plus a global view, pixel shuffle x2, Llama LM) with
+    SmolVLM's own classes, processor (with its video processor) and tower config."""
+    from transformers import (
+        SmolVLMConfig,
+        SmolVLMForConditionalGeneration,
+        SmolVLMImageProcessor,
+        SmolVLMProcessor,
+        SmolVLMVideoProcessor,
+    )
+
+    specials = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>", "<|im_start|>"]
+    specials += [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)]
+    tok = tiny_tokenizer(
+        specials=specials, bos="<|im_start|>", eos="<end_of_utterance>", pad="<pad>",
+        chat_template=IDEFICS3_TEMPLATE,
+    )  # fmt: skip
+    config = SmolVLMConfig(
+        vision_config={
+            "hidden_size": HIDDEN,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": 16,
+            "patch_size": 8,
+        },
+        text_config=_text_config(tok),
+        scale_factor=2,
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+    )
+    torch.manual_seed(seed)
+    model = SmolVLMForConditionalGeneration(config).eval()
+    sizes = {"size": {"longest_edge": 32}, "max_image_size": {"longest_edge": 16}}
+    processor = SmolVLMProcessor(
+        image_processor=SmolVLMImageProcessor(**sizes, do_image_splitting=True),
+        video_processor=SmolVLMVideoProcessor(**sizes),
+        tokenizer=tok,
+        image_seq_len=1,
+        chat_template=IDEFICS3_TEMPLATE,
+    )
+    return model, processor
+
+
 BUILDERS: dict[str, Callable[[int], tuple[Any, Any]]] = {
     "llava": build_llava,
     "llava_next": build_llava_next,
     "qwen2_vl": build_qwen2_vl,
+    "qwen2_5_vl": build_qwen2_5_vl,
     "idefics3": build_idefics3,
+    "smolvlm": build_smolvlm,
 }
 """Family name -> builder of a tiny random (model, processor)."""
 

@@ -207,3 +207,25 @@ def test_a_bad_image_in_a_pair_file_names_its_line(tmp_path):
     )
     with pytest.raises(UserError, match=r"^pairs\.jsonl:4: cannot read image .*bad\.png"):
         open_images(pair)
+
+
+def test_max_side_shrinks_upright_and_jpegs_decode_at_a_reduced_scale(tmp_path):
+    big = np.kron(PIXELS, np.ones((20, 20, 1), np.uint8))  # (480, 720, 3): smooth blocks
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(big).save(tmp_path / "big.jpg", quality=95, exif=exif)
+    Image.fromarray(big).save(tmp_path / "big.png", exif=exif)
+
+    def full_then_lanczos(path, side):
+        im = open_rgb(path)
+        scale = side / max(im.size)
+        return np.asarray(im.resize((round(im.size[0] * scale), round(im.size[1] * scale)), Image.LANCZOS))
+
+    png = np.asarray(open_rgb(tmp_path / "big.png", max_side=100))
+    assert png.shape == (100, 67, 3)  # upright: 480 wide x 720 high, longest side 100
+    np.testing.assert_array_equal(png, full_then_lanczos(tmp_path / "big.png", 100))
+    jpg = np.asarray(open_rgb(tmp_path / "big.jpg", max_side=100))  # decoded at 1/4 scale first
+    assert jpg.shape == (100, 67, 3)
+    diff = np.abs(jpg.astype(int) - full_then_lanczos(tmp_path / "big.jpg", 100))
+    assert 0 < diff.mean() < 3.0  # other pixels than a full decode (~1.7 levels on these hard-edged blocks)
+    assert np.asarray(open_rgb(tmp_path / "big.png", max_side=1000)).shape == (720, 480, 3)  # never enlarged

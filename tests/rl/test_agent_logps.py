@@ -74,7 +74,7 @@ def test_notevlm_trajectory_logps_equal_one_forward(notevlm):
     _assert_one_forward_parity(notevlm, backend, trajs)
 
 
-@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "qwen2_5_vl"])
 def test_hf_family_trajectory_logps_equal_one_forward(family, tmp_path):
     adapter = load_adapter(build_family(family, tmp_path / family))
     assert isinstance(backend_for(adapter), FlatImageBackend)
@@ -85,10 +85,11 @@ def test_hf_family_trajectory_logps_equal_one_forward(family, tmp_path):
     _assert_one_forward_parity(adapter, backend, trajs)
 
 
-def test_idefics3_tiles_trajectory_logps_equal_one_forward(tmp_path):
-    """Idefics3: every image is a run of tiles (2 x 2 sub-images + a global view of 16 px here); a batch
-    pads rows with all-zero tiles, which the model drops."""
-    adapter = load_adapter(build_family("idefics3", tmp_path / "idefics3"))
+@pytest.mark.parametrize("family", ["idefics3", "smolvlm"])
+def test_tiled_families_trajectory_logps_equal_one_forward(family, tmp_path):
+    """Idefics3 / SmolVLM: every image is a run of tiles (2 x 2 sub-images + a global view of 16 px here); a
+    batch pads rows with all-zero tiles, which the model drops."""
+    adapter = load_adapter(build_family(family, tmp_path / family))
     assert isinstance(backend_for(adapter), TiledImageBackend)
     backend, trajs = _forced_rollout(adapter, TiledImageBackend)
     per_image = [im["pixel_values"].shape[0] for t in trajs for im in t.images]
@@ -131,7 +132,7 @@ def test_unsupported_family_is_named(notevlm):
         backend_for(Other())
 
 
-@pytest.mark.parametrize("family", ["llava", "llava_next", "idefics3"])
+@pytest.mark.parametrize("family", ["llava", "llava_next", "idefics3", "smolvlm"])
 def test_image_placeholders_are_never_generated(family, tmp_path):
     """A policy that prefers the image placeholder above every other token still never emits it: one
     would be an image token with no image, and the next forward fails or misplaces the features. (A

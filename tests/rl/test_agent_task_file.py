@@ -91,6 +91,27 @@ def test_images_are_shrunk_to_max_side_and_read_once(folder):
     assert read_task_file(path, max_side=0)[0].sources[0].shape == (300, 500, 3)
 
 
+def test_an_image_cache_maps_the_same_pixels_and_decodes_once(folder, tmp_path, monkeypatch):
+    import rl.agent.task_file as task_file
+
+    path = _write(folder, GOOD, {**GOOD, "image": ["photos/c.png", "photos/a.png"]})
+    cache = tmp_path / "cache"
+    plain, cached = read_task_file(path), read_task_file(path, image_cache=cache)
+    for a, b in zip(plain, cached, strict=True):
+        assert len(a.sources) == len(b.sources)
+        for x, y in zip(a.sources, b.sources, strict=True):
+            assert isinstance(y, np.memmap) and np.array_equal(x, y)
+    assert cached[0].sources[0] is cached[1].sources[1]  # one map per distinct image
+    assert len(list(cache.glob("*.npy"))) == 3
+
+    def no_decode(*args):
+        raise AssertionError("decoded again")
+
+    monkeypatch.setattr(task_file, "read_image", no_decode)
+    again = read_task_file(path, image_cache=cache)
+    assert np.array_equal(again[1].sources[0], plain[1].sources[0])
+
+
 def test_image_folder_replaces_the_files_folder(folder, tmp_path):
     elsewhere = tmp_path / "lists"
     elsewhere.mkdir()
@@ -234,7 +255,9 @@ def test_cli_trains_and_evaluates_on_task_files(tmp_path, capsys):
     assert {r["kind"] for r in rows} == {"qa"} and all("aim" in r for r in rows)
     md = (out / "report.md").read_text()
     assert f"The tasks of {test}" in md and "| accuracy/qa |" in md and "| accuracy/detail |" not in md
-    assert main(args) == 0 and "grpo: done before, skipped" in capsys.readouterr().out
+    cached = [*args, f"data.image_cache={tmp_path / 'cache'}"]  # where images are kept is no new run
+    assert main(cached) == 0 and "grpo: done before, skipped" in capsys.readouterr().out
+    assert len(list((tmp_path / "cache").glob("*.npy"))) > 0
     # the trained policy as a folder: loaded as any model, and the start of another run
     from mm.model.adapter import load_adapter
     from rl.agent.policy_init import load_policy
@@ -408,6 +431,10 @@ def test_agent_eval_scores_a_model_on_a_task_file_without_training(tmp_path, cap
     result = json.loads(capsys.readouterr().out)
     assert result["n"] == 3 and "accuracy/qa" in result["metrics"]
     assert rows.read_text() == (out / "eval/tool_grpo.jsonl").read_text()  # the run's own eval, again
+    cache = ["--image-cache", str(tmp_path / "cache")]
+    assert main([*argv, *cache, "--rows-out", str(rows), "--n-boot", "20"]) == 0
+    assert rows.read_text() == (out / "eval/tool_grpo.jsonl").read_text()  # mapped images: the same rows
+    assert len(list((tmp_path / "cache").glob("*.npy"))) > 0
     assert main([*argv, "--no-tools", "--n-boot", "20"]) == 0
     assert "accuracy/qa" in capsys.readouterr().out
     assert main([*argv[:-8], "--tasks", str(tmp_path / "missing.jsonl")]) == 2
