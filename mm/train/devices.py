@@ -33,30 +33,31 @@ def launched_processes() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, key: str = "train.device") -> torch.device:
     """The ``torch.device`` of a ``train.device`` value, made current when it is a GPU.
 
     ``auto`` is cuda when a GPU is visible, else cpu. ``cuda`` (or ``auto`` on a GPU machine) under a
     multi-process launch takes the GPU of the process's ``LOCAL_RANK``; ``cuda:N`` pins GPU N and is
-    refused under a multi-process launch (every process would share one GPU).
+    refused under a multi-process launch (every process would share one GPU). ``key`` names the setting in
+    errors.
     """
     if not DEVICE_PATTERN.fullmatch(name):
-        raise UserError(f"train.device must be auto, cpu, cuda or cuda:N, got {name!r}")
+        raise UserError(f"{key} must be auto, cpu, cuda or cuda:N, got {name!r}")
     if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise UserError(f"train.device={name} but no CUDA device is visible; use train.device=auto or cpu")
+        raise UserError(f"{key}={name} but no CUDA device is visible; use {key}=auto or cpu")
     count = torch.cuda.device_count()
     if name.startswith("cuda:"):
         index = int(name.split(":")[1])
         if index >= count:
             raise UserError(
-                f"train.device={name} but only {count} CUDA device(s) are visible; use cuda:0..{count - 1}"
+                f"{key}={name} but only {count} CUDA device(s) are visible; use cuda:0..{count - 1}"
             )
         if launched_processes() > 1:
             raise UserError(
-                f"train.device={name} pins one GPU for every process of a multi-process launch; use "
-                "train.device=cuda or auto (each process takes the GPU of its LOCAL_RANK)"
+                f"{key}={name} pins one GPU for every process of a multi-process launch; use "
+                f"{key}=cuda or auto (each process takes the GPU of its LOCAL_RANK)"
             )
     else:
         index = int(os.environ.get("LOCAL_RANK", "0")) % count

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mm.train.devices import DEVICE_PATTERN
 from rl.advantages import ADVANTAGE_SCALES
 from rl.agent.perception import PERCEPTION_VIEWS
 from rl.agent.simulator import SimulatorConfig
@@ -18,6 +19,7 @@ from rl.agent.world_demos import CAPTION_ZOOMS, CHANGE_ZOOMS, DETAIL_ZOOMS, DIAL
 from rl.agent.world_tasks import SPLITS, WorldTaskConfig
 from rl.losses import AGG_MODES
 from rl.pipeline import StageSpec
+from rl.trainers.grpo_files_config import DTYPES, FilesLoraConfig
 from rl.trainers.ppo_config import PPOSection
 
 
@@ -36,6 +38,18 @@ class PolicyConfig:
     """A model folder (NoteVLM or a transformers family the agent backend supports) instead of the spec."""
     seed: int = 0
     """Seed of the random init (and of fresh index rows added to a loaded model)."""
+    device: str = "cpu"
+    """Where every stage runs the policy: cpu, cuda (the current GPU), cuda:N or auto (cuda when a GPU is
+    visible). Not part of what a resumed run must keep."""
+    dtype: str = "auto"
+    """The policy's weights: auto (as saved), float32, bfloat16 or float16. bfloat16 halves the memory; under
+    full fine-tuning AdamW then updates bfloat16 weights, so train large models with ``lora.enabled``."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"policy.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not DEVICE_PATTERN.fullmatch(self.device):
+            raise ValueError(f"policy.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 
 
 @dataclass(kw_only=True)
@@ -411,6 +425,10 @@ class AgentRunConfig:
     """The PPO stage (off unless ppo.steps > 0)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """The held-out eval."""
+    lora: FilesLoraConfig = field(default_factory=FilesLoraConfig)
+    """LoRA on the policy's LM (``VLMAdapter.apply_lora``) instead of training every weight: each stage's
+    ``model.pt`` then holds the adapters (and a NoteVLM's image index rows) only, and ``export`` merges
+    them into a complete model folder (the adapters in its ``adapter/``)."""
     tool_modules: list[str] = field(default_factory=list)
     """Python modules imported before the run, each registering its own tools with
     ``rl.agent.tools.register_tool`` when imported (from the current folder or ``PYTHONPATH``): they join

@@ -48,6 +48,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--max-length", type=int, default=1024, help="most ids of a trajectory (0 = no limit)"
     )
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (policy.device)")
+    parser.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="policy.dtype"
+    )
     parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the intervals")
     parser.add_argument("--rows-out", default=None, help="write one JSON row per task here")
     parser.add_argument("--transcripts-out", default=None, help="write the trajectories here (text)")
@@ -55,7 +59,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from mm.errors import UserError
+    from mm.train.devices import resolve_device
     from mm.train.metrics import atomic_write_text
     from rl.agent.backend import backend_for
     from rl.agent.evaluate import summarise
@@ -68,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.n_boot < 10:
         raise UserError(f"--n-boot must be >= 10, got {args.n_boot}")
+    device = resolve_device(args.device, key="--device")
     import_tool_modules(args.tool_module)
     tasks = read_task_file(
         args.tasks, image_folder=args.image_folder, max_side=args.max_side, image_cache=args.image_cache
@@ -79,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except ValueError as e:
         raise UserError(str(e)) from None
-    backend = backend_for(load_policy(args.model, list(args.limit)))
+    dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+    adapter = load_policy(args.model, list(args.limit), dtype=dtype)
+    adapter.model.to(device)
+    backend = backend_for(adapter)
     trajs = rollout(backend, tasks, loop, registry=NO_TOOLS if args.no_tools else TOOLS)
     rows = [eval_row(t, seed=0) for t in trajs]
     metrics = summarise(rows, n_boot=args.n_boot)

@@ -169,12 +169,14 @@ def check_agent_texts(tokenizer: Any) -> None:
             )
 
 
-def load_policy(folder: str, overrides: Sequence[str], *, seed: int = 0) -> VLMAdapter:
-    """The adapter of a model folder, with a NoteVLM's limits raised by ``overrides`` (``key=N``; fresh
-    index rows drawn under ``seed``)."""
+def load_policy(
+    folder: str, overrides: Sequence[str], *, seed: int = 0, dtype: torch.dtype | None = None
+) -> VLMAdapter:
+    """The adapter of a model folder (on the CPU, in ``dtype``: None keeps the saved one), with a NoteVLM's
+    limits raised by ``overrides`` (``key=N``; fresh index rows drawn under ``seed``)."""
     from mm.model.adapter.load import load_adapter
 
-    adapter = load_adapter(folder)
+    adapter = load_adapter(folder, dtype=dtype)
     check_agent_texts(adapter.tokenizer)
     limits = parse_limits(overrides)
     if not limits:

@@ -45,6 +45,7 @@ import torch
 
 from mm.config import to_dict
 from mm.errors import UserError
+from mm.train.devices import launched_processes, resolve_device
 from mm.train.metrics import atomic_write_text
 from rl.agent.config import AgentRunConfig
 from rl.agent.evaluate import eval_model, eval_sets, eval_size
@@ -75,7 +76,7 @@ MODELS = {"notool_sft": ("sft_notool", False), "tool_sft": ("sft_tool", True), "
 
 TRAINING_SECTIONS = (
     "policy", "note_model", "world", "data", "rollout", "perception", "sft", "grpo", "ppo", "seed",
-    "tool_modules",
+    "tool_modules", "lora",
 )  # fmt: skip
 """Config sections a resumed run must keep (the trained models depend on them)."""
 LATE_SECTIONS = {"ppo": ("ppo",), "grpo": ("grpo", "ppo")}
@@ -84,9 +85,16 @@ one of them has trained, so post-training can be re-tuned on the run's SFT model
 
 
 def check_inputs(cfg: AgentRunConfig) -> None:
-    """What can be checked before anything is written: the tool modules import and register their tools,
-    and every line of the task files reads (its images, its demonstration's calls)."""
+    """What can be checked before anything is written: one process, the tool modules import and register
+    their tools, the policy's device is there, and every line of the task files reads (its images, its
+    demonstration's calls)."""
+    if launched_processes() > 1:
+        raise UserError(
+            "rl agent runs in one process (its stages are not sharded over ranks: every process would train "
+            "and write the same OUT); launch it without torchrun / accelerate launch (WORLD_SIZE=1)"
+        )
     import_tool_modules(cfg.tool_modules)
+    resolve_device(cfg.policy.device, key="policy.device")
     if cfg.data.file is not None:
         train_tasks(cfg)
     if cfg.eval.file is not None:
@@ -142,11 +150,13 @@ def _filled(recorded: Any, default: Any) -> Any:
 
 def _used(section: str, value: Any) -> Any:
     """The part of a recorded section the stages read: a note-model recipe that is not built is not, and
-    where decoded images are kept (``data.image_cache``) changes no pixel."""
+    where decoded images are kept (``data.image_cache``) or the policy runs (``policy.device``) are not what
+    it learns."""
     if section == "note_model" and isinstance(value, dict) and not value.get("build"):
         return {"build": False}
-    if section == "data" and isinstance(value, dict):
-        return {k: v for k, v in value.items() if k != "image_cache"}
+    ignored = {"data": "image_cache", "policy": "device"}.get(section)
+    if ignored and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k != ignored}
     return value
 
 

@@ -27,18 +27,20 @@ from typing import Any
 import torch
 
 from mm.errors import UserError
+from mm.train.devices import resolve_device
 from mm.train.metrics import MetricsLogger, read_metrics
 from rl.agent.backend import AgentBackend, Sampling, backend_for
 from rl.agent.config import AgentRunConfig
 from rl.agent.demos import scripted_policy
 from rl.agent.loop import LoopConfig, rollout, summary
-from rl.agent.policy_init import load_policy
+from rl.agent.policy_init import INDEX_WEIGHT, load_policy
 from rl.agent.scoring import trajectory_reward
 from rl.agent.task import AgentTask
 from rl.agent.task_file import data_tasks
 from rl.agent.tools import TOOLS, ToolRegistry
 from rl.agent.train import AgentGRPOConfig, grpo_loss, sft_loss
 from rl.agent.trajectory import Trajectory
+from rl.agent.weights import load_policy_state, policy_state
 from rl.agent.world_demos import answer_turns, demonstration, policy_turns, unlearned
 from rl.agent.world_tasks import mixed_tasks
 
@@ -52,19 +54,32 @@ def step_seed(cfg: AgentRunConfig, stage: str, step: int) -> int:
 
 
 def build_backend(cfg: AgentRunConfig, weights: Path | None = None) -> AgentBackend:
-    """The policy of ``cfg.policy`` behind its agent backend, with ``weights`` (a state_dict) loaded."""
-    if cfg.policy.init is not None:
-        adapter = load_policy(cfg.policy.init, list(cfg.policy.overrides), seed=cfg.policy.seed)
+    """The policy of ``cfg.policy`` behind its agent backend: on ``policy.device`` in ``policy.dtype``, with
+    LoRA adapters when ``lora.enabled`` (seeded by ``policy.seed``), and ``weights`` (a stage's
+    ``model.pt``, :mod:`rl.agent.weights`) loaded."""
+    p = cfg.policy
+    dtype = None if p.dtype == "auto" else getattr(torch, p.dtype)
+    device = resolve_device(p.device, key="policy.device")
+    if p.init is not None:
+        adapter = load_policy(p.init, list(p.overrides), seed=p.seed, dtype=dtype)
     else:
         from mm.model.adapter.notevlm import NoteVLMAdapter
         from mm.model.factory import build_notevlm, load_notevlm_spec
 
-        spec = load_notevlm_spec(cfg.policy.spec, list(cfg.policy.overrides))
-        torch.manual_seed(cfg.policy.seed)
+        spec = load_notevlm_spec(p.spec, list(p.overrides))
+        torch.manual_seed(p.seed)
         model, processor = build_notevlm(spec)
-        adapter = NoteVLMAdapter(model=model, processor=processor)
+        adapter = NoteVLMAdapter(model=model.to(dtype=dtype) if dtype else model, processor=processor)
+    adapter.model.to(device)
+    if cfg.lora.enabled:
+        torch.manual_seed(p.seed)  # the adapters' init: every stage builds the same ones
+        lo = cfg.lora
+        adapter.apply_lora(r=lo.r, alpha=lo.alpha, dropout=lo.dropout, target_modules=lo.target_modules)
+        for name, param in adapter.model.named_parameters():  # fresh index rows (policy.overrides) train
+            if name.endswith(INDEX_WEIGHT.removeprefix("model.")):
+                param.requires_grad_(True)
     if weights is not None:
-        adapter.model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+        load_policy_state(adapter.model, torch.load(weights, map_location="cpu", weights_only=True))
     if adapter.family == "notevlm":
         check_context(adapter.base_model.config, cfg.rollout.max_length)
     return backend_for(adapter)
@@ -169,9 +184,9 @@ def optimizer_for(backend: AgentBackend, lr: float, weight_decay: float = 0.0) -
 
 
 def save_weights(backend: AgentBackend, path: Path) -> None:
-    """``state_dict`` of the policy, written atomically."""
+    """What a stage keeps of the policy (:func:`rl.agent.weights.policy_state`), written atomically."""
     tmp = path.with_suffix(".tmp")
-    torch.save(backend.adapter.model.state_dict(), tmp)
+    torch.save(policy_state(backend.adapter.model), tmp)
     tmp.replace(path)
 
 
@@ -280,9 +295,10 @@ def run_grpo(
 def save_checkpoint(
     path: Path, step: int, optimizer: torch.optim.Optimizer, modules: dict[str, torch.nn.Module]
 ) -> None:
-    """``modules``' state dicts, the optimizer's and ``step`` in one file, written atomically."""
+    """``modules``' states (:func:`rl.agent.weights.policy_state`), the optimizer's and ``step`` in one file,
+    written atomically."""
     tmp = path.with_suffix(".tmp")
-    state = {name: m.state_dict() for name, m in modules.items()}
+    state = {name: policy_state(m) for name, m in modules.items()}
     torch.save(state | {"optimizer": optimizer.state_dict(), "step": step}, tmp)
     tmp.replace(path)
 
@@ -293,6 +309,6 @@ def load_checkpoint(path: Path, optimizer: torch.optim.Optimizer, modules: dict[
         return 0
     state = torch.load(path, map_location="cpu", weights_only=True)
     for name, m in modules.items():
-        m.load_state_dict(state[name])
+        load_policy_state(m, state[name])
     optimizer.load_state_dict(state["optimizer"])
     return int(state["step"])

@@ -431,7 +431,7 @@ def test_agent_eval_scores_a_model_on_a_task_file_without_training(tmp_path, cap
     result = json.loads(capsys.readouterr().out)
     assert result["n"] == 3 and "accuracy/qa" in result["metrics"]
     assert rows.read_text() == (out / "eval/tool_grpo.jsonl").read_text()  # the run's own eval, again
-    cache = ["--image-cache", str(tmp_path / "cache")]
+    cache = ["--image-cache", str(tmp_path / "cache"), "--device", "cpu", "--dtype", "float32"]
     assert main([*argv, *cache, "--rows-out", str(rows), "--n-boot", "20"]) == 0
     assert rows.read_text() == (out / "eval/tool_grpo.jsonl").read_text()  # mapped images: the same rows
     assert len(list((tmp_path / "cache").glob("*.npy"))) > 0
