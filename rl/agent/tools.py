@@ -224,19 +224,41 @@ COMPARE_ZOOM_PAD = 3
 """Pixels of context around the changed area that ``compare`` with ``zoom`` shows."""
 
 
-def compare(task: AgentTask, images: list[int], zoom: bool = False) -> str | Observation:
-    """imgdiff (robust mode) on two note images: the changed regions, largest first, normalised.
+COMPARE_ASPECT_TOLERANCE = 0.01
+"""Two photos of different sizes are compared when their aspect ratios differ by at most this share (one is
+a resized copy of the other's view, e.g. sent through a messenger); else the call is an error."""
 
-    ``zoom``: also the smallest square around every listed region (padded by ``COMPARE_ZOOM_PAD`` px),
-    cut from both images at full resolution, the first image's crop first: what two zoom calls on that
-    box would show, without copying its numbers."""
+
+def same_view(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray] | str:
+    """``a`` and ``b`` at one size: as they are, or the larger resized (area-averaged) to the smaller's
+    size when their aspect ratios agree within ``COMPARE_ASPECT_TOLERANCE``; else why not (a message)."""
+    (ha, wa), (hb, wb) = a.shape[:2], b.shape[:2]
+    if (ha, wa) == (hb, wb):
+        return a, b
+    if abs((wa / ha) / (wb / hb) - 1) > COMPARE_ASPECT_TOLERANCE:
+        return f"{wa}x{ha} vs {wb}x{hb}: other shapes, so not one view"
+    import cv2
+
+    if ha * wa > hb * wb:
+        return cv2.resize(np.asarray(a), (wb, hb), interpolation=cv2.INTER_AREA), b
+    return a, cv2.resize(np.asarray(b), (wa, ha), interpolation=cv2.INTER_AREA)
+
+
+def compare(task: AgentTask, images: list[int], zoom: bool = False) -> str | Observation:
+    """imgdiff (robust mode) on two note images: the changed regions, largest first, normalised (fractions
+    of either image). Photos of one view at two sizes are compared at the smaller size (:func:`same_view`).
+
+    ``zoom``: also the smallest square around every listed region (padded by ``COMPARE_ZOOM_PAD`` px of
+    the compared size), cut from both images at their own full resolution, the first image's crop first:
+    what two zoom calls on that box would show, without copying its numbers."""
     import imgdiff
 
     i, j = images
-    a, b = task.sources[i - 1], task.sources[j - 1]
-    if a.shape != b.shape:
-        sizes = f"{a.shape[1]}x{a.shape[0]} vs {b.shape[1]}x{b.shape[0]}"
-        return f"error: images {i} and {j} differ in size ({sizes}); compare needs photos of one size"
+    src = task.sources[i - 1], task.sources[j - 1]
+    pair = same_view(*src)
+    if isinstance(pair, str):
+        return f"error: images {i} and {j} differ in size ({pair}); compare needs two photos of one view"
+    a, b = pair
     result = imgdiff.diff(a, b)
     if result.same:
         return f"no change between image {i} and image {j}"
@@ -251,9 +273,20 @@ def compare(task: AgentTask, images: list[int], zoom: bool = False) -> str | Obs
     if not zoom:
         return text
     x0, y0, x1, y1 = changed_square([r.bbox for r in regions], W, H)  # pixel bounds, ends exclusive
-    crops = [np.ascontiguousarray(src[y0:y1, x0:x1]) for src in (a, b)]  # 2 x (h, w, 3)
+    crops = [np.ascontiguousarray(s[_scaled((x0, y0, x1, y1), (W, H), s)]) for s in src]  # 2 x (h, w, 3)
     box = format_box([x0 / W, y0 / H, x1 / W, y1 / H])
     return Observation(f"{text}; image {i} then image {j} at {box}:", crops[0], (crops[1],))
+
+
+def _scaled(box: tuple[int, ...], size: tuple[int, int], image: np.ndarray) -> tuple[slice, slice]:
+    """Row and column slices in ``image`` of pixel ``box`` (ends exclusive) of an image of ``size`` (W, H)
+    showing the same view: the box itself at that size, else scaled and rounded outwards."""
+    (W, H), (h, w) = size, image.shape[:2]
+    x0, y0, x1, y1 = box
+    if (w, h) != (W, H):
+        x0, y0 = x0 * w // W, y0 * h // H
+        x1, y1 = min(-(-x1 * w // W), w), min(-(-y1 * h // H), h)
+    return slice(y0, y1), slice(x0, x1)
 
 
 def changed_square(bboxes: list[tuple[int, int, int, int]], width: int, height: int) -> tuple[int, ...]:

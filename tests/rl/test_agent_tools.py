@@ -117,7 +117,37 @@ def test_compare_lists_changed_regions_largest_first_in_zoom_coordinates():
     same = registry.run(ToolCall("compare", {"images": [1, 2]}), _task(a, a.copy()))
     assert same.text == "no change between image 1 and image 2"
     small = registry.run(ToolCall("compare", {"images": [1, 2]}), _task(a, a[:20]))
-    assert small.text.startswith("error: images 1 and 2 differ in size (80x40 vs 80x20)")
+    assert small.text == (
+        "error: images 1 and 2 differ in size (80x40 vs 80x20: other shapes, so not one view); "
+        "compare needs two photos of one view"
+    )
+
+
+def test_compare_takes_one_view_at_two_sizes():
+    """A photo and a resized copy of its view (a messenger's, with another filter and JPEG noise): the change
+    is found where it is, as fractions of either photo, and the zoom cuts each photo at its own size."""
+    import io
+
+    from PIL import Image
+
+    from tests.imgdiff.photos import photo
+
+    big = np.ascontiguousarray(photo("astronaut")[:480, :400])  # (480, 400, 3)
+    small = np.asarray(Image.fromarray(big).resize((200, 240), Image.LANCZOS)).copy()
+    small[100:120, 50:70] = [255, 0, 0]  # x 50..69, y 100..119 of 200 x 240
+    buf = io.BytesIO()
+    Image.fromarray(small).save(buf, "JPEG", quality=90)
+    small = np.asarray(Image.open(buf).convert("RGB")).copy()
+    registry = default_registry()
+    for order in ([1, 2], [2, 1]):
+        out = registry.run(ToolCall("compare", {"images": order, "zoom": True}), _task(big, small))
+        assert out.text.startswith("1 region changed: [0.25, 0.42, 0.35, 0.50];"), out.text
+        crops = dict(zip(order, out.images))
+        assert crops[1].shape[0] == 2 * crops[2].shape[0] and crops[1].shape[1] == 2 * crops[2].shape[1]
+        red = (crops[2][..., 0] > 200) & (crops[2][..., 1] < 60)
+        assert red.sum() > 300  # the changed patch is in the small photo's crop
+    skewed = registry.run(ToolCall("compare", {"images": [1, 2]}), _task(big, small[:, :190]))
+    assert skewed.text.startswith("error: images 1 and 2 differ in size (400x480 vs 190x240: other shapes")
 
 
 def test_compare_with_zoom_shows_the_changed_area_of_both_images():
