@@ -5,6 +5,12 @@
 
 Folders only (never hub ids): download a checkpoint first, e.g.
 ``huggingface-cli download llava-hf/llava-1.5-7b-hf --local-dir models/llava-1.5-7b-hf``.
+
+A PEFT adapter folder (``adapter_config.json`` and the adapter's weights, what TRL's trainers and
+``PeftModel.save_pretrained`` write under LoRA) loads too: its base model (the config's
+``base_model_name_or_path``, a local folder) is loaded, the adapter put on it and merged, so every command
+sees one plain model. The processor comes from the adapter folder when it holds one (TRL saves it there),
+else from the base's.
 """
 
 from __future__ import annotations
@@ -68,6 +74,8 @@ def load_adapter(
         folder = Path(path_or_model)
         if processor is not None:
             raise UserError("pass a processor only with a loaded model; a folder brings its own processor")
+        if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
+            return _peft_folder(folder, device=device, dtype=dtype)
         if _model_type(folder) == NOTEVLM_TYPE:
             return NoteVLMAdapter.from_folder(folder, device=device, dtype=dtype)
         return TransformersAdapter.from_folder(folder, device=device, dtype=dtype)
@@ -82,3 +90,56 @@ def load_adapter(
     if base.config.model_type == NOTEVLM_TYPE:
         return NoteVLMAdapter(model=model, processor=processor)
     return TransformersAdapter(model=model, processor=processor)
+
+
+def _peft_folder(folder: Path, *, device: str | torch.device, dtype: torch.dtype | None) -> VLMAdapter:
+    """A PEFT adapter folder on its local base model, merged (module docstring)."""
+    from peft import PeftModel
+    from peft.utils import get_peft_model_state_dict
+
+    config = json.loads((folder / "adapter_config.json").read_text())
+    base = config.get("base_model_name_or_path")
+    where = Path(base) if base else None
+    if where is not None and not where.is_absolute() and not where.is_dir():
+        where = folder / base  # a path relative to the adapter folder
+    if where is None or not (where / "config.json").is_file():
+        raise UserError(
+            f"{folder} is a PEFT adapter whose base model {base!r} is not a local model folder; download the "
+            "base (`huggingface-cli download REPO --local-dir DIR`) and set base_model_name_or_path in "
+            f"{folder / 'adapter_config.json'} to that folder"
+        )
+    adapter = load_adapter(where, device=device, dtype=dtype)
+    try:
+        peft = PeftModel.from_pretrained(adapter.model, str(folder))
+    except (ValueError, RuntimeError, KeyError) as e:
+        why = " ".join(str(e).split())[:300]
+        raise UserError(f"{folder}: the PEFT adapter does not fit its base {where} ({why})") from None
+    saved, used = _adapter_keys(folder), set(get_peft_model_state_dict(peft))
+    if saved is not None and saved != used:  # PEFT only warns: the adapter's weights would be left out
+        unused = sorted(saved - used)
+        raise UserError(
+            f"{folder}: the PEFT adapter does not fit its base {where}: {len(unused)} of its {len(saved)} "
+            f"tensors name no module there (e.g. {unused[:2]}); set base_model_name_or_path to the model it "
+            "was trained on"
+        )
+    processor = adapter.processor
+    if adapter.family == NOTEVLM_TYPE and (folder / "note_processor.json").is_file():
+        from mm.model import NoteProcessor
+
+        processor = NoteProcessor.from_pretrained(folder)
+    elif any((folder / f).is_file() for f in ("processor_config.json", "preprocessor_config.json")):
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(str(folder), local_files_only=True)
+    return load_adapter(peft.merge_and_unload().eval(), processor, device=device, dtype=dtype)
+
+
+def _adapter_keys(folder: Path) -> set[str] | None:
+    """The tensor names of the adapter's weights file (None: saved another way, not checked)."""
+    path = folder / "adapter_model.safetensors"
+    if not path.is_file():
+        return None
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return set(f.keys())
