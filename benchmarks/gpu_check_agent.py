@@ -2,11 +2,11 @@
 
 Builds a tiny random Qwen2.5-VL (``tests/mm/adapter_helpers.py``: windowed tower, M-RoPE), then runs
 ``rl agent`` from it (``configs/rl/agent_tiny.yaml``: tool SFT, no-tool SFT, GRPO, PPO, export, eval) with
-``policy.device``, ``policy.dtype=bfloat16`` and ``lora.enabled=true``. Checks, each a failure (exit 1)
-when it does not hold: the run writes its report; the policy was on the asked device with bfloat16 frozen
-weights and trainable adapters only; every stage's losses are finite; the exported folder loads with
-transformers alone and its greedy answers to a few eval prompts equal the adapter policy's. Prints one JSON
-line: stage seconds, peak GPU memory, the checks.
+``policy.device``, ``policy.dtype=bfloat16``, ``policy.gradient_checkpointing`` and ``lora.enabled=true``.
+Checks, each a failure (exit 1) when it does not hold: the run writes its report; the policy was on the
+asked device with bfloat16 frozen weights and trainable adapters only; every stage's losses are finite;
+the exported folder loads with transformers alone and its greedy answers to a few eval prompts equal the
+adapter policy's. Prints one JSON line: stage seconds, peak GPU memory, the checks.
 
 Usage::
 
@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(args.out or tmp)
         folder = build_family("qwen2_5_vl", root / "qwen2_5_vl")
         sets = [*STEPS, f"policy.init={folder}", "policy.overrides=[]", f"policy.device={args.device}",
-                "policy.dtype=bfloat16", "lora.enabled=true", "lora.r=8"]  # fmt: skip
+                "policy.dtype=bfloat16", "policy.gradient_checkpointing=true", "lora.enabled=true",
+                "lora.r=8"]  # fmt: skip
         cfg = load_config(AgentRunConfig, ROOT / "configs/rl/agent_tiny.yaml", sets)
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()

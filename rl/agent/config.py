@@ -44,6 +44,9 @@ class PolicyConfig:
     dtype: str = "auto"
     """The policy's weights: auto (as saved), float32, bfloat16 or float16. bfloat16 halves the memory; under
     full fine-tuning AdamW then updates bfloat16 weights, so train large models with ``lora.enabled``."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (transformers' non-reentrant checkpointing): less memory
+    for long trajectories of a large model, the same gradients, more time."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from mm.errors import UserError
-from mm.train.devices import resolve_device
+from mm.train.devices import enable_gradient_checkpointing, resolve_device
 from mm.train.metrics import MetricsLogger, read_metrics
 from rl.agent.backend import AgentBackend, Sampling, backend_for
 from rl.agent.config import AgentRunConfig
@@ -80,6 +80,8 @@ def build_backend(cfg: AgentRunConfig, weights: Path | None = None) -> AgentBack
                 param.requires_grad_(True)
     if weights is not None:
         load_policy_state(adapter.model, torch.load(weights, map_location="cpu", weights_only=True))
+    if p.gradient_checkpointing:
+        enable_gradient_checkpointing(adapter.model)
     if adapter.family == "notevlm":
         check_context(adapter.base_model.config, cfg.rollout.max_length)
     return backend_for(adapter)

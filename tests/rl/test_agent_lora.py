@@ -164,3 +164,30 @@ def test_a_multi_process_launch_is_refused_before_anything_is_written(tmp_path, 
     out = tmp_path / "run"
     assert main(["agent", "--config", str(TINY), "--out", str(out), "--set", *SMALL]) == 2
     assert "rl agent runs in one process" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_gradient_checkpointing_gives_the_same_gradients(lora):
+    """policy.gradient_checkpointing: the SFT loss's gradients on demonstrations equal those without it."""
+    from rl.agent.stages import demo_trajectories, train_tasks
+    from rl.agent.train import sft_loss
+
+    extra = LORA if lora else []
+    grads = []
+    for gc in (False, True):
+        cfg = _cfg(
+            *extra,
+            f"policy.gradient_checkpointing={str(gc).lower()}",
+            "policy.overrides=[max_images=8,max_length=1024]",
+        )
+        backend = build_backend(cfg)
+        assert gc is False or backend.adapter.base_model.is_gradient_checkpointing
+        demos = demo_trajectories(backend, cfg, train_tasks(cfg)[:3], tools=True)
+        backend.adapter.model.train()
+        sft_loss(backend, demos).backward()
+        grads.append(
+            {n: p.grad.clone() for n, p in backend.adapter.model.named_parameters() if p.grad is not None}
+        )
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, atol=1e-6, rtol=1e-5)
