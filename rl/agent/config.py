@@ -209,8 +209,16 @@ class SFTConfig:
     """How many times each token of a turn that calls a tool counts in the token mean (the photo and the
     box are a few tokens beside long answers); 1 = a plain token mean. No-tool demonstrations make no
     calls, so it changes only the tool SFT."""
+    micro_batch_size: int = 0
+    """Trajectories per forward and backward pass, the gradients accumulated to the whole step's
+    (``rl.agent.micro``; the same gradient, tested): what a large policy's memory allows. 0 = the whole
+    step at once."""
 
     def __post_init__(self) -> None:
+        if self.micro_batch_size < 0:
+            raise ValueError(
+                f"sft.micro_batch_size must be >= 0 (0 = the whole batch), got {self.micro_batch_size}"
+            )
         if self.steps < 1 or self.batch_size < 1 or self.log_every < 1:
             raise ValueError(
                 f"sft.steps, sft.batch_size and sft.log_every must be >= 1, got "
@@ -266,8 +274,16 @@ class GRPOStageConfig:
     ``rl.agent.train.turn_advantages``), so a right first reply is credited apart from a wrong second."""
     checkpoint_every: int = 5
     """Steps between resumable checkpoints (model, optimizer, step)."""
+    micro_batch_size: int = 0
+    """Trajectories per forward and backward pass, the gradients accumulated to the whole step's
+    (``rl.agent.micro``; the same gradient, tested): what a large policy's memory allows. 0 = the whole
+    step at once."""
 
     def __post_init__(self) -> None:
+        if self.micro_batch_size < 0:
+            raise ValueError(
+                f"grpo.micro_batch_size must be >= 0 (0 = the whole batch), got {self.micro_batch_size}"
+            )
         if self.steps < 0 or self.tasks_per_step < 1 or self.group_size < 2 or self.checkpoint_every < 1:
             raise ValueError(
                 "grpo needs steps >= 0, tasks_per_step >= 1, group_size >= 2 and checkpoint_every >= 1; got "

@@ -33,12 +33,13 @@ from rl.agent.backend import AgentBackend, Sampling, backend_for
 from rl.agent.config import AgentRunConfig
 from rl.agent.demos import scripted_policy
 from rl.agent.loop import LoopConfig, rollout, summary
+from rl.agent.micro import grpo_backward, sft_backward
 from rl.agent.policy_init import INDEX_WEIGHT, load_policy
 from rl.agent.scoring import trajectory_reward
 from rl.agent.task import AgentTask
 from rl.agent.task_file import data_tasks
 from rl.agent.tools import TOOLS, ToolRegistry
-from rl.agent.train import AgentGRPOConfig, grpo_loss, sft_loss
+from rl.agent.train import AgentGRPOConfig
 from rl.agent.trajectory import Trajectory
 from rl.agent.weights import load_policy_state, policy_state
 from rl.agent.world_demos import answer_turns, demonstration, policy_turns, unlearned
@@ -169,15 +170,16 @@ def sft_step(
     seed: int,
     grad_clip: float,
     call_weight: float = 1.0,
+    micro: int = 0,
 ) -> tuple[float, float]:
-    """One supervised step on the policy turns of ``trajs``, torch seeded with ``seed``: (loss, grad norm)."""
+    """One supervised step on the policy turns of ``trajs``, torch seeded with ``seed``, ``micro``
+    trajectories a forward (:mod:`rl.agent.micro`; 0 = all): (loss, grad norm)."""
     torch.manual_seed(seed)
     optimizer.zero_grad(set_to_none=True)
-    loss = sft_loss(backend, trajs, call_weight=call_weight)
-    loss.backward()
+    loss = sft_backward(backend, trajs, call_weight=call_weight, micro=micro)
     norm = clip_grads(backend, grad_clip)
     optimizer.step()
-    return float(loss.detach()), norm
+    return loss, norm
 
 
 def optimizer_for(backend: AgentBackend, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
@@ -209,7 +211,13 @@ def run_sft(cfg: AgentRunConfig, stage_dir: Path, init: Path, *, tools: bool, st
         batch, order = [demos[i] for i in order[: s.batch_size]], order[s.batch_size :]
         seed = step_seed(cfg, stage, step)
         loss, norm = sft_step(
-            backend, optimizer, batch, seed=seed, grad_clip=s.grad_clip, call_weight=s.call_weight
+            backend,
+            optimizer,
+            batch,
+            seed=seed,
+            grad_clip=s.grad_clip,
+            call_weight=s.call_weight,
+            micro=s.micro_batch_size,
         )
         if step % s.log_every == 0 or step == s.steps:
             log.log({"step": step, "loss": loss, "grad_norm": norm})
@@ -278,12 +286,12 @@ def run_grpo(
         )  # fmt: skip
         rewards = torch.tensor([reward(t) for t in trajs], dtype=torch.float32)  # (B,)
         optimizer.zero_grad(set_to_none=True)
-        loss, metrics = grpo_loss(backend, trajs, rewards, algo, temperature=g.temperature)
-        loss.backward()
+        loss, metrics = grpo_backward(
+            backend, trajs, rewards, algo, temperature=g.temperature, micro=g.micro_batch_size
+        )
         norm = clip_grads(backend, g.grad_clip)
         optimizer.step()
-        record = {"step": step, "loss": float(loss.detach()), "grad_norm": norm}
-        record |= {k: float(v) for k, v in metrics.items()} | summary(trajs)
+        record = {"step": step, "loss": loss, "grad_norm": norm} | metrics | summary(trajs)
         log.log(record)
         if step % g.checkpoint_every == 0 or step == g.steps:
             save_checkpoint(ckpt, step, optimizer, {"model": backend.adapter.model})
