@@ -2,11 +2,15 @@
 
     rl agent-eval --model runs/mine/export/tool_grpo --tasks tasks/test.jsonl --json
     rl agent-eval --model models/my-vlm --tasks tasks/test.jsonl --no-tools --rows-out rows.jsonl
+    rl agent-eval --model runs/mine/export/tool_grpo --tasks tasks/test.jsonl --baseline models/my-vlm \\
+        --baseline-no-tools                                          # paired gains over the base model
 
 Greedy multi-turn rollouts of every task of ``--tasks`` (``rl.agent.task_file``) with the loop's tools (and
 those of ``--tool-module``), or, with ``--no-tools``, answered at once; prints ``accuracy/qa``,
 ``valid_call_rate``, ``calls_per_task`` and ``zoom_on_target/qa`` with bootstrap 95% intervals over tasks
 (``--json``: as JSON). ``--rows-out`` writes one JSON row per task, ``--transcripts-out`` the trajectories.
+``--baseline DIR`` (``--baseline-no-tools``: answering at once) runs another model on the same tasks and
+adds the paired gains of ``--model`` over it, with paired bootstrap intervals (as ``rl agent``'s report).
 ``--model`` is any folder the agent loop takes (NoteVLM, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Idefics3,
 SmolVLM); ``--limit max_images=N`` / ``max_length=N`` raise a NoteVLM's limits, as ``rl agent``'s
 ``policy.overrides``.
@@ -56,6 +60,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows-out", default=None, help="write one JSON row per task here")
     parser.add_argument("--transcripts-out", default=None, help="write the trajectories here (text)")
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    parser.add_argument(
+        "--baseline", default=None, help="another model on the same tasks: paired gains of --model over it"
+    )
+    parser.add_argument("--baseline-no-tools", action="store_true", help="the baseline answers without tools")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,14 +72,10 @@ def run(args: argparse.Namespace) -> int:
     from mm.errors import UserError
     from mm.train.devices import resolve_device
     from mm.train.metrics import atomic_write_text
-    from rl.agent.backend import backend_for
-    from rl.agent.evaluate import summarise
-    from rl.agent.loop import LoopConfig, rollout
-    from rl.agent.policy_init import load_policy
-    from rl.agent.scoring import eval_row
-    from rl.agent.stages import NO_TOOLS
+    from rl.agent.evaluate import paired_gains, summarise
+    from rl.agent.loop import LoopConfig
     from rl.agent.task_file import read_task_file
-    from rl.agent.tools import TOOLS, import_tool_modules
+    from rl.agent.tools import import_tool_modules
 
     if args.n_boot < 10:
         raise UserError(f"--n-boot must be >= 10, got {args.n_boot}")
@@ -83,30 +87,71 @@ def run(args: argparse.Namespace) -> int:
     try:
         loop = LoopConfig(
             max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, max_tokens=args.max_tokens,
-            max_length=args.max_length or None, batch_size=args.batch_size, instructions=not args.no_tools,
+            max_length=args.max_length or None, batch_size=args.batch_size,
         )  # fmt: skip
     except ValueError as e:
         raise UserError(str(e)) from None
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
-    adapter = load_policy(args.model, list(args.limit), dtype=dtype)
-    adapter.model.to(device)
-    backend = backend_for(adapter)
-    trajs = rollout(backend, tasks, loop, registry=NO_TOOLS if args.no_tools else TOOLS)
-    rows = [eval_row(t, seed=0) for t in trajs]
-    metrics = summarise(rows, n_boot=args.n_boot)
+
+    def evaluate(model: str, tools: bool) -> tuple[list[dict], list]:
+        return _rows(model, tools, tasks, loop, args.limit, device, dtype)
+
+    rows, trajs = evaluate(args.model, not args.no_tools)
     if args.rows_out:
         atomic_write_text(Path(args.rows_out), "".join(json.dumps(r) + "\n" for r in rows))
     if args.transcripts_out:
         atomic_write_text(Path(args.transcripts_out), "\n\n".join(t.transcript() for t in trajs) + "\n")
-    shown = {k: metrics[k] for k in REPORTED if k in metrics}
+    result = {
+        "model": args.model,
+        "tasks": args.tasks,
+        "n": len(rows),
+        "metrics": _shown(summarise(rows, n_boot=args.n_boot)),
+    }
+    if args.baseline is not None:
+        base_rows, _ = evaluate(args.baseline, not args.baseline_no_tools)
+        result["baseline"] = {"model": args.baseline, "tools": not args.baseline_no_tools,
+                              "metrics": _shown(summarise(base_rows, n_boot=args.n_boot))}  # fmt: skip
+        result["gains"] = paired_gains(base_rows, rows, REPORTED, n_boot=args.n_boot)
     if args.json:
-        print(
-            json.dumps({"model": args.model, "tasks": args.tasks, "n": len(rows), "metrics": shown}, indent=1)
-        )
+        print(json.dumps(result, indent=1))
         return 0
     mode = "no tools" if args.no_tools else "tools"
     print(f"[agent-eval] {args.model} on {args.tasks}: {len(rows)} tasks, {mode}")
-    for name, m in shown.items():
-        band = f" [{m['low']:.3f}, {m['high']:.3f}]" if m.get("low") is not None else ""
-        print(f"  {name}: {m['value']:.3f}{band}")
+    _print(result["metrics"])
+    if args.baseline is not None:
+        base_mode = "no tools" if args.baseline_no_tools else "tools"
+        print(f"[agent-eval] baseline {args.baseline}, {base_mode}:")
+        _print(result["baseline"]["metrics"])
+        print("[agent-eval] model - baseline, paired over the same tasks:")
+        _print(result["gains"], signed=True)
     return 0
+
+
+def _rows(model: str, tools: bool, tasks, loop, limits, device, dtype) -> tuple[list[dict], list]:
+    """Greedy rollouts of ``model`` on ``tasks`` (with the loop's tools or none): eval rows, trajectories."""
+    from dataclasses import replace
+
+    from rl.agent.backend import backend_for
+    from rl.agent.loop import rollout
+    from rl.agent.policy_init import load_policy
+    from rl.agent.scoring import eval_row
+    from rl.agent.stages import NO_TOOLS
+    from rl.agent.tools import TOOLS
+
+    adapter = load_policy(model, list(limits), dtype=dtype)
+    adapter.model.to(device)
+    trajs = rollout(
+        backend_for(adapter), tasks, replace(loop, instructions=tools), registry=TOOLS if tools else NO_TOOLS
+    )
+    return [eval_row(t, seed=0) for t in trajs], trajs
+
+
+def _shown(metrics: dict) -> dict:
+    return {k: metrics[k] for k in REPORTED if k in metrics}
+
+
+def _print(metrics: dict, *, signed: bool = False) -> None:
+    for name, m in metrics.items():
+        band = f" [{m['low']:+.3f}, {m['high']:+.3f}]" if signed else f" [{m['low']:.3f}, {m['high']:.3f}]"
+        value = f"{m['value']:+.3f}" if signed else f"{m['value']:.3f}"
+        print(f"  {name}: {value}{band if m.get('low') is not None else ''}")

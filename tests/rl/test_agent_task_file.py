@@ -437,5 +437,16 @@ def test_agent_eval_scores_a_model_on_a_task_file_without_training(tmp_path, cap
     assert len(list((tmp_path / "cache").glob("*.npy"))) > 0
     assert main([*argv, "--no-tools", "--n-boot", "20"]) == 0
     assert "accuracy/qa" in capsys.readouterr().out
+    # against a baseline: the same model with tools gains exactly nothing; the paired gain over the model
+    # without tools is the difference of the two evals' accuracies
+    assert main([*argv, "--baseline", argv[2], "--json", "--n-boot", "20"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert same["gains"]["accuracy/qa"]["value"] == 0.0 and same["baseline"]["tools"] is True
+    assert main([*argv, "--baseline", argv[2], "--baseline-no-tools", "--json", "--n-boot", "20"]) == 0
+    vs = json.loads(capsys.readouterr().out)
+    acc = vs["metrics"]["accuracy/qa"]["value"] - vs["baseline"]["metrics"]["accuracy/qa"]["value"]
+    assert vs["gains"]["accuracy/qa"]["value"] == pytest.approx(acc) and vs["baseline"]["tools"] is False
+    assert main([*argv, "--baseline", argv[2], "--baseline-no-tools", "--n-boot", "20"]) == 0
+    assert "model - baseline, paired over the same tasks:" in capsys.readouterr().out
     assert main([*argv[:-8], "--tasks", str(tmp_path / "missing.jsonl")]) == 2
     assert "not found" in capsys.readouterr().err
