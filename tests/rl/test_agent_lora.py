@@ -191,3 +191,20 @@ def test_gradient_checkpointing_gives_the_same_gradients(lora):
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name, g in grads[0].items():
         torch.testing.assert_close(grads[1][name], g, atol=1e-6, rtol=1e-5)
+
+
+def test_a_peft_adapter_folder_is_a_policy_to_start_from(tmp_path):
+    """policy.init = what TRL writes under LoRA (an adapter folder on a local base): merged on load, then
+    trained with fresh adapters of its own."""
+    from mm.model.adapter import load_adapter
+    from rl.agent.run import run_agent
+    from tests.mm.adapter_helpers import build_family
+
+    base = load_adapter(str(build_family("qwen2_vl", tmp_path / "base")))
+    base.apply_lora(r=4)
+    base.model.save_pretrained(str(tmp_path / "trl_lora"))  # adapter_config.json + adapter_model.safetensors
+    cfg = _cfg(*LORA, f"policy.init={tmp_path / 'trl_lora'}", "policy.overrides=[]",
+               "rollout.max_new_tokens=16", "rollout.max_tokens=32", "grpo.steps=1")  # fmt: skip
+    assert build_backend(cfg).adapter.family == "qwen2_vl"
+    assert run_agent(cfg, tmp_path / "run", log=lambda _: None) is not None
+    assert (tmp_path / "run/export/tool_grpo/config.json").is_file()
