@@ -161,16 +161,15 @@ def build_llava_next(seed: int = 0) -> tuple[Any, Any]:
     return model, processor
 
 
-def build_qwen2_vl(seed: int = 0) -> tuple[Any, Any]:
-    """Qwen2-VL layout: 4 px patches merged 2x2 (an H x W image -> H*W/64 tokens), M-RoPE Qwen2 LM."""
-    from transformers import (
-        Qwen2VLConfig,
-        Qwen2VLForConditionalGeneration,
-        Qwen2VLImageProcessor,
-        Qwen2VLProcessor,
-        Qwen2VLVideoProcessor,
-    )
+def _qwen_family(
+    seed: int, classes: tuple[Any, Any, Any], text_type: str, vision: dict[str, Any]
+) -> tuple[Any, Any]:
+    """The Qwen2-VL layout's tokenizer, tiny random model and processor: 4 px patches merged 2x2 (an H x W
+    image -> H*W/64 tokens), M-RoPE Qwen2 LM; ``classes`` (config, model, processor) and ``vision`` (the
+    tower's config) are the version's."""
+    from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
+    config_cls, model_cls, processor_cls = classes
     specials = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
                 "<|video_pad|>", "<|endoftext|>"]  # fmt: skip
     tok = tiny_tokenizer(
@@ -178,111 +177,70 @@ def build_qwen2_vl(seed: int = 0) -> tuple[Any, Any]:
         chat_template=QWEN2_VL_TEMPLATE,
     )  # fmt: skip
     ids = {t: tok.convert_tokens_to_ids(t) for t in specials}
-    text = _text_config(
-        tok, "qwen2_vl_text", rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                               "mrope_section": [2, 1, 1]},
-    )  # fmt: skip
-    config = Qwen2VLConfig(
-        text_config=text,
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
+    config = config_cls(
+        text_config=_text_config(tok, text_type, rope_parameters=rope),
         vision_config={
             "depth": 2,
-            "embed_dim": HIDDEN,
-            "hidden_size": HIDDEN,
             "num_heads": 2,
-            "mlp_ratio": 2,
             "patch_size": 4,
             "spatial_merge_size": 2,
             "temporal_patch_size": 2,
-        },
+            **vision,
+        },  # fmt: skip
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
     )
     torch.manual_seed(seed)
-    model = Qwen2VLForConditionalGeneration(config).eval()
+    model = model_cls(config).eval()
     pixels = {"shortest_edge": 8 * 8, "longest_edge": 32 * 32}
     image_processor = Qwen2VLImageProcessor(size=pixels, patch_size=4, merge_size=2, temporal_patch_size=2)
     video_processor = Qwen2VLVideoProcessor(size=pixels, patch_size=4, merge_size=2, temporal_patch_size=2)
-    processor = Qwen2VLProcessor(
+    processor = processor_cls(
         image_processor=image_processor, tokenizer=tok, video_processor=video_processor,
         chat_template=QWEN2_VL_TEMPLATE,
     )  # fmt: skip
     return model, processor
+
+
+def build_qwen2_vl(seed: int = 0) -> tuple[Any, Any]:
+    """Qwen2-VL (:func:`_qwen_family`)."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
+
+    classes = (Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor)
+    return _qwen_family(
+        seed, classes, "qwen2_vl_text", {"embed_dim": HIDDEN, "hidden_size": HIDDEN, "mlp_ratio": 2}
+    )
 
 
 def build_qwen2_5_vl(seed: int = 0) -> tuple[Any, Any]:
-    """Qwen2.5-VL layout: Qwen2-VL's (4 px patches merged 2x2, M-RoPE) with a windowed-attention tower
-    (windows of 2 x 2 merged patches; block 0 windowed, block 1 full) and an RMSNorm / SwiGLU merger."""
-    from transformers import (
-        Qwen2_5_VLConfig,
-        Qwen2_5_VLForConditionalGeneration,
-        Qwen2_5_VLProcessor,
-        Qwen2VLImageProcessor,
-        Qwen2VLVideoProcessor,
-    )
+    """Qwen2.5-VL: Qwen2-VL's layout with a windowed-attention tower (windows of 2 x 2 merged patches; block
+    0 windowed, block 1 full) and an RMSNorm / SwiGLU merger."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
 
-    specials = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-                "<|video_pad|>", "<|endoftext|>"]  # fmt: skip
-    tok = tiny_tokenizer(
-        specials=specials, bos="<|endoftext|>", eos="<|im_end|>", pad="<|endoftext|>",
-        chat_template=QWEN2_VL_TEMPLATE,
-    )  # fmt: skip
-    ids = {t: tok.convert_tokens_to_ids(t) for t in specials}
-    text = _text_config(
-        tok, "qwen2_5_vl_text", rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                 "mrope_section": [2, 1, 1]},
-    )  # fmt: skip
-    config = Qwen2_5_VLConfig(
-        text_config=text,
-        vision_config={
-            "depth": 2,
-            "hidden_size": HIDDEN,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": HIDDEN,
-            "patch_size": 4,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "window_size": 16,  # pixels: 16 / 2 / 4 = 2 merged patches a side
-            "fullatt_block_indexes": [1],
-        },
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-    )
-    torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).eval()
-    pixels = {"shortest_edge": 8 * 8, "longest_edge": 32 * 32}
-    image_processor = Qwen2VLImageProcessor(size=pixels, patch_size=4, merge_size=2, temporal_patch_size=2)
-    video_processor = Qwen2VLVideoProcessor(size=pixels, patch_size=4, merge_size=2, temporal_patch_size=2)
-    processor = Qwen2_5_VLProcessor(
-        image_processor=image_processor, tokenizer=tok, video_processor=video_processor,
-        chat_template=QWEN2_VL_TEMPLATE,
-    )  # fmt: skip
-    return model, processor
+    classes = (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor)
+    vision = {
+        "hidden_size": HIDDEN,
+        "intermediate_size": 64,
+        "out_hidden_size": HIDDEN,
+        "window_size": 16,
+        "fullatt_block_indexes": [1],
+    }  # fmt: skip  (window: 16 / 2 / 4 = 2 merged)
+    return _qwen_family(seed, classes, "qwen2_5_vl_text", vision)
 
 
-def build_idefics3(seed: int = 0) -> tuple[Any, Any]:
-    """Idefics3/SmolVLM layout: SigLIP-like tower (16 px tiles, 8 px patches), pixel shuffle x2, Llama LM.
-
-    Images are split into up to 2 x 2 tiles of 16 px plus a global view (one token per tile).
-    """
-    from transformers import (
-        Idefics3Config,
-        Idefics3ForConditionalGeneration,
-        Idefics3ImageProcessor,
-        Idefics3Processor,
-    )
-
+def _tiled_family(seed: int, config_cls: Any, model_cls: Any) -> tuple[Any, Any]:
+    """The Idefics3 layout's tokenizer and tiny random model (``config_cls``, ``model_cls``: Idefics3's or
+    SmolVLM's): SigLIP-like tower (16 px tiles, 8 px patches), pixel shuffle x2, Llama LM."""
     specials = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>", "<|im_start|>"]
     specials += [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)]
     tok = tiny_tokenizer(
         specials=specials, bos="<|im_start|>", eos="<end_of_utterance>", pad="<pad>",
         chat_template=IDEFICS3_TEMPLATE,
     )  # fmt: skip
-    config = Idefics3Config(
+    config = config_cls(
         vision_config={
             "hidden_size": HIDDEN,
             "intermediate_size": 64,
@@ -296,19 +254,32 @@ def build_idefics3(seed: int = 0) -> tuple[Any, Any]:
         image_token_id=tok.convert_tokens_to_ids("<image>"),
     )
     torch.manual_seed(seed)
-    model = Idefics3ForConditionalGeneration(config).eval()
-    image_processor = Idefics3ImageProcessor(
-        size={"longest_edge": 32}, max_image_size={"longest_edge": 16}, do_image_splitting=True
+    return tok, model_cls(config).eval()
+
+
+TILED_SIZES = {"size": {"longest_edge": 32}, "max_image_size": {"longest_edge": 16}}
+"""Images split into up to 2 x 2 tiles of 16 px plus a global view (one token per tile)."""
+
+
+def build_idefics3(seed: int = 0) -> tuple[Any, Any]:
+    """Idefics3 layout (:func:`_tiled_family`), images split into tiles (:data:`TILED_SIZES`)."""
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessor,
+        Idefics3Processor,
     )
+
+    tok, model = _tiled_family(seed, Idefics3Config, Idefics3ForConditionalGeneration)
     processor = Idefics3Processor(
-        image_processor=image_processor, tokenizer=tok, image_seq_len=1, chat_template=IDEFICS3_TEMPLATE
-    )
+        image_processor=Idefics3ImageProcessor(**TILED_SIZES, do_image_splitting=True), tokenizer=tok,
+        image_seq_len=1, chat_template=IDEFICS3_TEMPLATE,
+    )  # fmt: skip
     return model, processor
 
 
 def build_smolvlm(seed: int = 0) -> tuple[Any, Any]:
-    """SmolVLM layout: Idefics3's (tiles of 16 px plus a global view, pixel shuffle x2, Llama LM) with
-    SmolVLM's own classes, processor (with its video processor) and tower config."""
+    """SmolVLM: Idefics3's layout with SmolVLM's own classes and processor (with its video processor)."""
     from transformers import (
         SmolVLMConfig,
         SmolVLMForConditionalGeneration,
@@ -317,35 +288,12 @@ def build_smolvlm(seed: int = 0) -> tuple[Any, Any]:
         SmolVLMVideoProcessor,
     )
 
-    specials = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>", "<|im_start|>"]
-    specials += [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)]
-    tok = tiny_tokenizer(
-        specials=specials, bos="<|im_start|>", eos="<end_of_utterance>", pad="<pad>",
+    tok, model = _tiled_family(seed, SmolVLMConfig, SmolVLMForConditionalGeneration)
+    processor = SmolVLMProcessor(
+        image_processor=SmolVLMImageProcessor(**TILED_SIZES, do_image_splitting=True),
+        video_processor=SmolVLMVideoProcessor(**TILED_SIZES), tokenizer=tok, image_seq_len=1,
         chat_template=IDEFICS3_TEMPLATE,
     )  # fmt: skip
-    config = SmolVLMConfig(
-        vision_config={
-            "hidden_size": HIDDEN,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "image_size": 16,
-            "patch_size": 8,
-        },
-        text_config=_text_config(tok),
-        scale_factor=2,
-        image_token_id=tok.convert_tokens_to_ids("<image>"),
-    )
-    torch.manual_seed(seed)
-    model = SmolVLMForConditionalGeneration(config).eval()
-    sizes = {"size": {"longest_edge": 32}, "max_image_size": {"longest_edge": 16}}
-    processor = SmolVLMProcessor(
-        image_processor=SmolVLMImageProcessor(**sizes, do_image_splitting=True),
-        video_processor=SmolVLMVideoProcessor(**sizes),
-        tokenizer=tok,
-        image_seq_len=1,
-        chat_template=IDEFICS3_TEMPLATE,
-    )
     return model, processor
 
 
