@@ -35,21 +35,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mm.train.devices import resolve_device
     from rl.agent.config import AgentRunConfig
+    from rl.agent.parallel import barrier, is_writer, join
     from rl.agent.run import STAGES, check_inputs, check_training_config, run_agent
 
     cfg = load_config(AgentRunConfig, args.config, list(args.overrides))
     check_inputs(cfg)  # before OUT is written: a bad task file or tool module leaves nothing behind
+    join(resolve_device(cfg.policy.device, key="policy.device"))  # under torchrun: rank 0 writes
     out = Path(args.out) if args.out else Path("runs/rl") / Path(args.config).stem
-    if args.no_resume:
+    if args.no_resume and is_writer():
         for stage in STAGES:
             shutil.rmtree(out / stage, ignore_errors=True)
         (out / "training_config.json").unlink(missing_ok=True)
+    barrier()
     out.mkdir(parents=True, exist_ok=True)
     check_training_config(cfg, out)  # before OUT/config.yaml is rewritten
-    (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    barrier()
+    if is_writer():
+        (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     report = run_agent(cfg, out)
-    if report is not None:
+    if report is not None and is_writer():
         held = sum(bool(t["held"]) for t in report["targets"])
         targets = (
             f"{held}/{len(report['targets'])} targets held"

@@ -1,7 +1,7 @@
 """Held-out eval of ``rl agent``: greedy rollouts on the test split (or a task file), per-task rows, metrics
 with intervals.
 
-    rows, trajs = eval_model(backend, cfg, tools=True)        # one row per test task (rl.agent.scoring)
+    rows, shown = eval_model(backend, cfg, tools=True)        # one row per test task (rl.agent.scoring)
     metrics = summarise(rows, n_boot=1000)                      # {name: Interval.to_json()}
 
 Metrics (each a ratio of per-task sums, so :func:`mm.eval.bootstrap.ratio_interval` resamples tasks):
@@ -26,12 +26,12 @@ from mm.eval.bootstrap import paired_change_interval, ratio_interval
 from rl.agent.backend import AgentBackend
 from rl.agent.config import AgentRunConfig
 from rl.agent.loop import rollout
+from rl.agent.parallel import interleaved, strided
 from rl.agent.scoring import HALLUCINATION_KINDS, eval_row
 from rl.agent.stages import NO_TOOLS, loop_config
 from rl.agent.task import AgentTask
 from rl.agent.task_file import count_tasks, data_tasks
 from rl.agent.tools import TOOLS
-from rl.agent.trajectory import Trajectory
 from rl.agent.world_tasks import WorldTaskConfig, world_tasks
 
 
@@ -63,18 +63,27 @@ def eval_size(cfg: AgentRunConfig) -> int:
 
 
 def eval_model(
-    backend: AgentBackend, cfg: AgentRunConfig, *, tools: bool
-) -> tuple[list[dict[str, Any]], list[Trajectory]]:
-    """Greedy rollouts of every eval task (:func:`eval_sets`): rows and trajectories, in task order."""
-    rows, trajs = [], []
+    backend: AgentBackend, cfg: AgentRunConfig, *, tools: bool, transcripts: int = 0
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Greedy rollouts of every eval task (:func:`eval_sets`): rows in task order, and the transcripts of the
+    first ``transcripts`` trajectories of each kind. Under data parallel each rank rolls out every
+    world-th task (:mod:`rl.agent.parallel`) and every rank gets all the rows, in task order."""
+    rows, shown, seen = [], [], {}
     loop = loop_config(cfg, tools=tools)
     for seed, tasks in eval_sets(cfg):
         out = rollout(
-            backend, tasks, loop, registry=TOOLS if tools else NO_TOOLS, users=cfg.rollout.simulator()
+            backend,
+            strided(tasks),
+            loop,
+            registry=TOOLS if tools else NO_TOOLS,
+            users=cfg.rollout.simulator(),
         )
-        rows += [eval_row(t, seed) for t in out]
-        trajs += out
-    return rows, trajs
+        for row, kind, text in interleaved([(eval_row(t, seed), t.task.kind, t.transcript()) for t in out]):
+            rows.append(row)
+            if seen.get(kind, 0) < transcripts:
+                seen[kind] = seen.get(kind, 0) + 1
+                shown.append(text)
+    return rows, shown
 
 
 def metric_units(rows: Sequence[dict[str, Any]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -19,6 +19,7 @@ import torch
 from rl.advantages import group_advantages
 from rl.agent.backend import AgentBackend
 from rl.agent.loop import trajectory_batch
+from rl.agent.parallel import most, rank_world, total
 from rl.agent.train import (
     AgentGRPOConfig,
     call_token_weights,
@@ -28,6 +29,7 @@ from rl.agent.train import (
 )
 from rl.agent.trajectory import Trajectory
 from rl.losses import policy_loss
+from rl.trainers.grpo_shard import gather_rewards
 
 
 def micro_batches(n: int, micro: int) -> list[slice]:
@@ -51,20 +53,24 @@ def sft_weight(trajs: Sequence[Trajectory], call_weight: float) -> float:
 def sft_backward(
     backend: AgentBackend, trajs: Sequence[Trajectory], *, call_weight: float, micro: int
 ) -> float:
-    """Backward of the whole batch's :func:`sft_loss`, ``micro`` trajectories a forward; its value."""
+    """Backward of the whole batch's :func:`sft_loss`, ``micro`` trajectories a forward; its value. Under
+    data parallel (:mod:`rl.agent.parallel`) ``trajs`` is this rank's share: its loss is its share of the
+    global batch's, times the ranks (the gradients are then averaged over them), and the value returned is
+    the global batch's loss."""
+    world = rank_world()[1]
     parts = micro_batches(len(trajs), micro)
-    if len(parts) == 1:
+    if len(parts) == 1 and world == 1:
         loss = sft_loss(backend, trajs, call_weight=call_weight)
         loss.backward()
         return float(loss.detach())
-    total = sft_weight(trajs, call_weight)
+    whole = total(sft_weight(trajs, call_weight))
     value = 0.0
     for part in parts:
         chunk = trajs[part]
-        loss = sft_loss(backend, chunk, call_weight=call_weight) * (sft_weight(chunk, call_weight) / total)
-        loss.backward()
+        loss = sft_loss(backend, chunk, call_weight=call_weight) * (sft_weight(chunk, call_weight) / whole)
+        (loss * world).backward()
         value += float(loss.detach())
-    return value
+    return total(value)
 
 
 def _shares(trajs: Sequence[Trajectory]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,19 +93,24 @@ def grpo_backward(
     metrics (token-weighted means of the micro-batches')."""
     from rl.agent.train import grpo_loss
 
+    rank, world = rank_world()
     parts = micro_batches(len(trajs), micro)
-    if len(parts) == 1:
+    if len(parts) == 1 and world == 1:
         loss, metrics = grpo_loss(backend, trajs, rewards, cfg, temperature=temperature)
         loss.backward()
         return float(loss.detach()), {k: float(v) for k, v in metrics.items()}
-    advantages = group_advantages(rewards.float(), group_size=cfg.group_size, scale=cfg.scale)  # (B,)
+    G = cfg.group_size
+    everyone = gather_rewards(rewards.float().view(-1, G), world=world).flatten()  # (world * B,)
+    advantages = group_advantages(everyone, group_size=G, scale=cfg.scale)  # (world * B,)
+    advantages = advantages[rank * len(trajs) : (rank + 1) * len(trajs)]  # this rank's rows (B,)
+    rewards = everyone
     if cfg.turn_credit:
         turns = turn_advantages(trajs, group_size=cfg.group_size, scale=cfg.scale)
         advantages = advantages[:, None] + cfg.turn_credit * turn_token_advantages(trajs, turns)  # (B, T)
     tokens, seqs = _shares(trajs)
     by_tokens = cfg.agg == "token-mean"
-    total = float((tokens if by_tokens else seqs).sum()) or 1.0
-    horizon = max(len(t.ids) for t in trajs)  # seq-mean-token-sum-norm divides by the whole batch's T
+    whole = total(float((tokens if by_tokens else seqs).sum())) or 1.0
+    horizon = int(most(max(len(t.ids) for t in trajs)))  # seq-mean-token-sum-norm: the global batch's T
     value, sums = 0.0, {}
     for part in parts:
         chunk = trajs[part]
@@ -112,13 +123,14 @@ def grpo_backward(
             logps, old, adv.to(logps.device), mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high, agg=cfg.agg,
             horizon=horizon,
         )  # fmt: skip
-        share = float((tokens if by_tokens else seqs)[part].sum()) / total
-        (loss * share).backward()
-        value += float(loss.detach()) * share
+        part_share = float((tokens if by_tokens else seqs)[part].sum()) / whole
+        (loss * part_share * world).backward()
+        value += float(loss.detach()) * part_share
         weight = float(tokens[part].sum())
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + float(v) * weight
-    out = {k: v / max(float(tokens.sum()), 1.0) for k, v in sums.items()}
+    all_tokens = max(total(float(tokens.sum())), 1.0)
+    out = {k: total(v) / all_tokens for k, v in sorted(sums.items())}
     out["reward_mean"] = float(rewards.float().mean())
-    out["advantage_abs_mean"] = float(advantages.abs().mean())
-    return value, out
+    out["advantage_abs_mean"] = total(float(advantages.abs().sum())) / total(advantages.numel())
+    return total(value), out

@@ -50,6 +50,7 @@ from mm.train.metrics import atomic_write_text
 from rl.agent.config import AgentRunConfig
 from rl.agent.evaluate import eval_model, eval_sets, eval_size
 from rl.agent.note_model import run_note_model, starting_from_it
+from rl.agent.parallel import barrier, check_parallel, is_writer, join
 from rl.agent.perception_stage import run_perception
 from rl.agent.ppo import run_ppo
 from rl.agent.report import write_report
@@ -85,14 +86,10 @@ one of them has trained, so post-training can be re-tuned on the run's SFT model
 
 
 def check_inputs(cfg: AgentRunConfig) -> None:
-    """What can be checked before anything is written: one process, the tool modules import and register
-    their tools, the policy's device is there, and every line of the task files reads (its images, its
-    demonstration's calls)."""
-    if launched_processes() > 1:
-        raise UserError(
-            "rl agent runs in one process (its stages are not sharded over ranks: every process would train "
-            "and write the same OUT); launch it without torchrun / accelerate launch (WORLD_SIZE=1)"
-        )
+    """What can be checked before anything is written: what a multi-process launch can run, the tool
+    modules import and register their tools, the policy's device is there, and every line of the task
+    files reads (its images, its demonstration's calls)."""
+    check_parallel(cfg, launched_processes())
     import_tool_modules(cfg.tool_modules)
     resolve_device(cfg.policy.device, key="policy.device")
     if cfg.data.file is not None:
@@ -114,7 +111,8 @@ def check_training_config(cfg: AgentRunConfig, out: Path) -> None:
         mine["data"] = {**mine["data"], "file_sha256": file_digest(cfg.data.file)}
     path = out / "training_config.json"
     if not path.exists():
-        atomic_write_text(path, json.dumps(mine, indent=1))
+        if is_writer():
+            atomic_write_text(path, json.dumps(mine, indent=1))
         return
     # a section or key added to the config after the run started was at its default in that run
     default = json.loads(json.dumps(to_dict(AgentRunConfig())))
@@ -182,6 +180,9 @@ def run_agent(
     """Run (or resume) every stage; returns the report's JSON, or None when ``grpo_stop_after`` (or
     ``ppo_stop_after``) stopped the GRPO (PPO) stage early (a simulated interruption, for tests)."""
     check_inputs(cfg)
+    join(resolve_device(cfg.policy.device, key="policy.device"))  # a torchrun launch: data parallel
+    if not is_writer():
+        log = _silent
     out.mkdir(parents=True, exist_ok=True)
     check_training_config(cfg, out)
     if cfg.threads:
@@ -189,6 +190,7 @@ def run_agent(
     for stage in STAGES:
         if stage == "init" and cfg.note_model.build:  # every stage from here starts from the note model
             cfg = starting_from_it(cfg, out / "note_model")
+        barrier()  # every rank decides from what rank 0 wrote
         if _done(out, stage, cfg):
             log(f"[agent] {stage}: done before, skipped")
             continue
@@ -200,9 +202,15 @@ def run_agent(
             log(f"[agent] {stage}: stopped before the end (re-run to resume)")
             return None
         result["seconds"] = round(time.perf_counter() - t0, 1)
-        write_result(out, stage, result)
+        if is_writer():
+            write_result(out, stage, result)
         log(f"[agent] {stage}: done in {result['seconds']} s")
+    barrier()
     return json.loads((out / "report.json").read_text())
+
+
+def _silent(_: str) -> None:
+    """The log of ranks other than 0."""
 
 
 def _done(out: Path, stage: str, cfg: AgentRunConfig) -> bool:
@@ -285,6 +293,8 @@ def _run_stage(
         if not cfg.note_model.build:
             return {"build": False}
         return run_note_model(cfg, stage_dir)
+    if not is_writer() and stage in WRITER_ONLY:
+        return {}
     if stage == "init":
         backend = build_backend(cfg)
         save_weights(backend, stage_dir / "model.pt")
@@ -317,6 +327,11 @@ def _run_stage(
     raise ValueError(f"unknown stage {stage!r}; stages: {STAGES}")
 
 
+WRITER_ONLY = ("note_model", "init", "perception", "export", "report")
+"""Stages rank 0 runs alone under data parallel (they train nothing, or not in parallel: ``check_parallel``
+refuses a note model or a perception stage there); the others wait at the next stage's barrier."""
+
+
 def exported(cfg: AgentRunConfig) -> list[str]:
     """The models the ``export`` stage writes: the tool GRPO policy, and the tool PPO one when trained."""
     return [m for m in ("tool_grpo", "tool_ppo") if m in models_of(cfg)]
@@ -340,35 +355,29 @@ def _eval(cfg: AgentRunConfig, out: Path, stage_dir: Path) -> dict[str, Any]:
     """Held-out rows of every model; a model whose rows are there from before, made with the same eval
     settings (``eval/settings.json``) and as many as those settings make, is not evaluated again (rows
     of another count were cut short, or copied from another eval)."""
-    if not _rows_match(out, cfg):
-        for path in [*stage_dir.glob("*.jsonl"), *stage_dir.glob("*.transcripts.md")]:
-            path.unlink()  # rows of other eval settings: every model is evaluated again
-    atomic_write_text(stage_dir / "settings.json", json.dumps(row_settings(cfg), indent=1))
-    counts = {}
     expected = eval_size(cfg)
+    done = {  # decided by every rank before rank 0 deletes or writes anything
+        name: _rows_match(out, cfg) and (stage_dir / f"{name}.jsonl").exists()
+        and len((stage_dir / f"{name}.jsonl").read_text().splitlines()) == expected
+        for name in models_of(cfg)
+    }  # fmt: skip
+    barrier()
+    if is_writer():
+        if not _rows_match(out, cfg):
+            for path in [*stage_dir.glob("*.jsonl"), *stage_dir.glob("*.transcripts.md")]:
+                path.unlink()  # rows of other eval settings: every model is evaluated again
+        atomic_write_text(stage_dir / "settings.json", json.dumps(row_settings(cfg), indent=1))
+    counts = {}
     for name, (stage, tools) in models_of(cfg).items():
-        rows_path = stage_dir / f"{name}.jsonl"
-        if rows_path.exists() and len(rows_path.read_text().splitlines()) == expected:
+        if done[name]:
             counts[name] = expected
             continue
         backend = build_backend(cfg, out / stage / "model.pt")
-        rows, trajs = eval_model(backend, cfg, tools=tools)
-        lines = "".join(json.dumps(r) + "\n" for r in rows)
-        atomic_write_text(stage_dir / f"{name}.jsonl", lines)
-        shown = _shown(trajs, cfg.eval.transcripts)
-        atomic_write_text(stage_dir / f"{name}.transcripts.md", "\n\n".join(t.transcript() for t in shown))
+        rows, shown = eval_model(backend, cfg, tools=tools, transcripts=cfg.eval.transcripts)
+        if is_writer():
+            atomic_write_text(stage_dir / f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+            atomic_write_text(stage_dir / f"{name}.transcripts.md", "\n\n".join(shown))
         counts[name] = len(rows)
     # a fresh id per eval: two evals with equal rows and equal rounded seconds would otherwise write equal
     # result.json files, and a report written from the first would pass for one written from the second
     return {"rows": counts, "seeds": list(cfg.eval.seeds), "id": uuid.uuid4().hex}
-
-
-def _shown(trajs: list, per_kind: int) -> list:
-    """The first ``per_kind`` trajectories of each kind."""
-    seen: dict[str, int] = {}
-    picked = []
-    for t in trajs:
-        if seen.get(t.task.kind, 0) < per_kind:
-            seen[t.task.kind] = seen.get(t.task.kind, 0) + 1
-            picked.append(t)
-    return picked

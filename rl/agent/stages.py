@@ -28,12 +28,14 @@ import torch
 
 from mm.errors import UserError
 from mm.train.devices import enable_gradient_checkpointing, resolve_device
+from mm.train.loop import average_gradients
 from mm.train.metrics import MetricsLogger, read_metrics
 from rl.agent.backend import AgentBackend, Sampling, backend_for
 from rl.agent.config import AgentRunConfig
 from rl.agent.demos import scripted_policy
 from rl.agent.loop import LoopConfig, rollout, summary
 from rl.agent.micro import grpo_backward, sft_backward
+from rl.agent.parallel import barrier, check_in_sync, is_writer, rank_world, share
 from rl.agent.policy_init import INDEX_WEIGHT, load_policy
 from rl.agent.scoring import trajectory_reward
 from rl.agent.task import AgentTask
@@ -157,7 +159,9 @@ def demo_trajectories(backend: AgentBackend, cfg: AgentRunConfig, tasks: Sequenc
 
 
 def clip_grads(backend: AgentBackend, limit: float) -> float:
+    """Average the gradients over data-parallel ranks (none alone), clip their global norm; the norm."""
     params = [p for p in backend.adapter.model.parameters() if p.requires_grad]
+    average_gradients(params)
     norm = torch.nn.utils.clip_grad_norm_(params, limit if limit > 0 else float("inf"))
     return float(norm)
 
@@ -172,11 +176,12 @@ def sft_step(
     call_weight: float = 1.0,
     micro: int = 0,
 ) -> tuple[float, float]:
-    """One supervised step on the policy turns of ``trajs``, torch seeded with ``seed``, ``micro``
-    trajectories a forward (:mod:`rl.agent.micro`; 0 = all): (loss, grad norm)."""
+    """One supervised step on the policy turns of ``trajs`` (the global batch: under data parallel this rank
+    takes its share, :mod:`rl.agent.parallel`), torch seeded with ``seed``, ``micro`` trajectories a
+    forward (:mod:`rl.agent.micro`; 0 = all): (loss, grad norm)."""
     torch.manual_seed(seed)
     optimizer.zero_grad(set_to_none=True)
-    loss = sft_backward(backend, trajs, call_weight=call_weight, micro=micro)
+    loss = sft_backward(backend, share(trajs), call_weight=call_weight, micro=micro)
     norm = clip_grads(backend, grad_clip)
     optimizer.step()
     return loss, norm
@@ -201,7 +206,7 @@ def run_sft(cfg: AgentRunConfig, stage_dir: Path, init: Path, *, tools: bool, st
     demos = demo_trajectories(backend, cfg, tasks, tools=tools)
     s = cfg.sft
     optimizer = optimizer_for(backend, s.lr, s.weight_decay)
-    log = MetricsLogger(stage_dir / "metrics.jsonl")
+    log = MetricsLogger(stage_dir / "metrics.jsonl") if is_writer() else None
     backend.adapter.model.train()
     order: list[int] = []
     for step in range(1, s.steps + 1):
@@ -219,8 +224,11 @@ def run_sft(cfg: AgentRunConfig, stage_dir: Path, init: Path, *, tools: bool, st
             call_weight=s.call_weight,
             micro=s.micro_batch_size,
         )
-        if step % s.log_every == 0 or step == s.steps:
+        if log is not None and (step % s.log_every == 0 or step == s.steps):
             log.log({"step": step, "loss": loss, "grad_norm": norm})
+    check_in_sync(backend.adapter.model, stage)
+    if not is_writer():
+        return {"stage": stage}
     save_weights(backend, stage_dir / "model.pt")
     demo_stats = summary(demos)
     return {"stage": stage, "steps": s.steps, "demos": len(demos), "demo_summary": demo_stats,
@@ -253,10 +261,10 @@ def step_rollout(
 ) -> list[Trajectory]:
     """The sampled trajectories of one RL step: the next ``tasks_per_step`` train tasks in order (cycling),
     each ``per_task`` times in a row, torch seeded from ``(seed, stage, step)``; dialogues with the user
-    simulator."""
+    simulator. Under data parallel, this rank's share of the tasks, seeded with its rank added."""
     first = (step - 1) * tasks_per_step
-    chosen = [tasks[(first + i) % len(tasks)] for i in range(tasks_per_step)]
-    torch.manual_seed(step_seed(cfg, stage, step))
+    chosen = share([tasks[(first + i) % len(tasks)] for i in range(tasks_per_step)])
+    torch.manual_seed(step_seed(cfg, stage, step) + rank_world()[0])
     return rollout(backend, [t for t in chosen for _ in range(per_task)], loop, users=cfg.rollout.simulator())
 
 
@@ -270,7 +278,11 @@ def run_grpo(
     optimizer = optimizer_for(backend, g.lr)
     ckpt = stage_dir / "checkpoint.pt"
     start = load_checkpoint(ckpt, optimizer, {"model": backend.adapter.model})
-    log = MetricsLogger(stage_dir / "metrics.jsonl", resume_step=start if start else None)
+    log = (
+        MetricsLogger(stage_dir / "metrics.jsonl", resume_step=start if start else None)
+        if is_writer()
+        else None
+    )
     tasks = train_tasks(cfg)
     algo = AgentGRPOConfig(
         group_size=g.group_size, scale=g.scale, eps_low=g.eps_low, eps_high=g.eps_high, agg=g.agg,
@@ -291,12 +303,17 @@ def run_grpo(
         )
         norm = clip_grads(backend, g.grad_clip)
         optimizer.step()
-        record = {"step": step, "loss": loss, "grad_norm": norm} | metrics | summary(trajs)
-        log.log(record)
+        if log is not None:  # the rollout counts are this rank's share's (all of them alone)
+            log.log({"step": step, "loss": loss, "grad_norm": norm} | metrics | summary(trajs))
         if step % g.checkpoint_every == 0 or step == g.steps:
-            save_checkpoint(ckpt, step, optimizer, {"model": backend.adapter.model})
+            if is_writer():
+                save_checkpoint(ckpt, step, optimizer, {"model": backend.adapter.model})
+            barrier()
             if stop_after is not None and step >= stop_after:
                 return None
+    check_in_sync(backend.adapter.model, "grpo")
+    if not is_writer():
+        return {"stage": "grpo"}
     save_weights(backend, stage_dir / "model.pt")
     records = read_metrics(stage_dir / "metrics.jsonl")
     return {"stage": "grpo", "steps": g.steps, "last": records[-1] if records else None}

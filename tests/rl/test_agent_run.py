@@ -155,7 +155,7 @@ def test_other_eval_settings_redo_the_eval_and_another_n_boot_the_report(tmp_pat
 
     evaluated = []
 
-    def eval_model(model_path, cfg, tools):
+    def eval_model(model_path, cfg, tools, transcripts):
         evaluated.append(model_path.parent.name)
         return [], []
 
@@ -190,7 +190,9 @@ def test_a_run_from_before_the_settings_record_is_judged_by_its_seeds_and_row_co
     import rl.agent.run as run
 
     monkeypatch.setattr(run, "build_backend", lambda cfg, path=None: path)
-    monkeypatch.setattr(run, "eval_model", lambda backend, cfg, tools: ([{"kind": "detail"}], []))
+    monkeypatch.setattr(
+        run, "eval_model", lambda backend, cfg, tools, transcripts: ([{"kind": "detail"}], [])
+    )
     assert set(run._eval(_cfg("eval.tasks_per_kind=3"), tmp_path, tmp_path / "eval")["rows"].values()) == {1}
 
 
@@ -207,7 +209,7 @@ def test_rows_of_another_count_are_evaluated_again(tmp_path, monkeypatch):
     (tmp_path / "eval" / "settings.json").write_text(json.dumps(run.row_settings(cfg)))
     evaluated = []
 
-    def eval_model(model_path, cfg, tools):
+    def eval_model(model_path, cfg, tools, transcripts):
         evaluated.append(model_path.parent.name)
         return [{"kind": "detail"}] * 4, []
 

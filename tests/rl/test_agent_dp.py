@@ -1,0 +1,83 @@
+"""``rl agent`` data parallel: 2 gloo processes under ``torchrun``. The SFT stages equal one process on the
+global batch, GRPO trains with every rank's share of the tasks, the eval rows come back in task order,
+only rank 0 writes, and a re-run resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from rl.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs/rl/agent_tiny.yaml"
+SETS = [
+    "data.train_tasks=4", "sft.steps=2", "sft.batch_size=4", "grpo.steps=2", "grpo.tasks_per_step=2",
+    "grpo.checkpoint_every=1", "perception.steps=0", "eval.n_boot=20", "eval.tasks_per_kind=3",
+]  # fmt: skip
+
+
+def _launch(*args: str) -> subprocess.CompletedProcess:
+    """2 CPU processes of ``python -m rl ARGS`` under torchrun, from the repository (the configs' paths)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
+    head = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+            "127.0.0.1", "--master_port", str(port)]  # fmt: skip
+    return subprocess.run(
+        [*head, "-m", "rl", *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)
+
+
+def test_two_processes_train_and_evaluate_as_one(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    threads = torch.get_num_threads()
+    try:
+        assert main(["agent", "--config", str(TINY), "--out", str(one), "--set", *SETS]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    args = ["agent", "--config", str(TINY), "--out", str(two), "--set", *SETS]
+    proc = _launch(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("targets held") == 1  # rank 0 speaks, rank 1 does not
+    assert proc.stdout.count("sft_tool: done") == 1
+    # SFT: the global batch split over the ranks is one process's step on it
+    for stage in ("sft_tool", "sft_notool"):
+        a, b = _weights(one / stage / "model.pt"), _weights(two / stage / "model.pt")
+        assert a.keys() == b.keys()
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], atol=2e-5, rtol=1e-4)
+        steps = [json.loads(x)["step"] for x in (two / stage / "metrics.jsonl").read_text().splitlines()]
+        assert steps == [1, 2]  # one writer
+    # GRPO: each rank sampled its share (other samples than one process's), the same update on both ranks
+    grpo = _weights(two / "grpo/model.pt")
+    assert all(torch.isfinite(v).all() for v in grpo.values())
+    records = [json.loads(x) for x in (two / "grpo/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2] and all("reward_mean" in r for r in records)
+    # eval: every task once, in task order; the SFT model (the same weights) gives the same rows
+    for name in ("tool_sft", "notool_sft", "tool_grpo"):
+        rows_one = [json.loads(x) for x in (one / "eval" / f"{name}.jsonl").read_text().splitlines()]
+        rows_two = [json.loads(x) for x in (two / "eval" / f"{name}.jsonl").read_text().splitlines()]
+        assert [r["task_id"] for r in rows_two] == [r["task_id"] for r in rows_one]
+    tool_sft = (two / "eval/tool_sft.jsonl").read_text()
+    assert tool_sft == (one / "eval/tool_sft.jsonl").read_text()
+    report = json.loads((two / "report.json").read_text())
+    assert set(report["metrics"]) == {"notool_sft", "tool_sft", "tool_grpo"}
+    assert (two / "export/tool_grpo/config.json").is_file()
+    # a re-run finds every stage done
+    again = _launch(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "grpo: done before, skipped" in again.stdout and "eval: done before, skipped" in again.stdout
