@@ -71,17 +71,23 @@ def eval_model(
     rows, shown, seen = [], [], {}
     loop = loop_config(cfg, tools=tools)
     for seed, tasks in eval_sets(cfg):
+        wanted = set()  # the first ``transcripts`` tasks of each kind (over the sets): only theirs are made
+        for k, task in enumerate(tasks):
+            if seen.get(task.kind, 0) < transcripts:
+                seen[task.kind] = seen.get(task.kind, 0) + 1
+                wanted.add(k)
+        mine = strided(list(range(len(tasks))))
         out = rollout(
             backend,
-            strided(tasks),
+            [tasks[k] for k in mine],
             loop,
             registry=TOOLS if tools else NO_TOOLS,
             users=cfg.rollout.simulator(),
         )
-        for row, kind, text in interleaved([(eval_row(t, seed), t.task.kind, t.transcript()) for t in out]):
+        local = [(eval_row(t, seed), t.transcript() if k in wanted else None) for k, t in zip(mine, out)]
+        for row, text in interleaved(local):
             rows.append(row)
-            if seen.get(kind, 0) < transcripts:
-                seen[kind] = seen.get(kind, 0) + 1
+            if text is not None:
                 shown.append(text)
     return rows, shown
 

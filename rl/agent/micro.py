@@ -20,13 +20,7 @@ from rl.advantages import group_advantages
 from rl.agent.backend import AgentBackend
 from rl.agent.loop import trajectory_batch
 from rl.agent.parallel import most, rank_world, total
-from rl.agent.train import (
-    AgentGRPOConfig,
-    call_token_weights,
-    sft_loss,
-    turn_advantages,
-    turn_token_advantages,
-)
+from rl.agent.train import AgentGRPOConfig, call_token_weights, grpo_loss, sft_loss, trajectory_advantages
 from rl.agent.trajectory import Trajectory
 from rl.losses import policy_loss
 from rl.trainers.grpo_shard import gather_rewards
@@ -91,22 +85,17 @@ def grpo_backward(
     """Backward of :func:`rl.agent.train.grpo_loss` on the whole batch, ``micro`` trajectories a forward
     (whole groups need not stay together: the advantages are the whole batch's); the loss value and its
     metrics (token-weighted means of the micro-batches')."""
-    from rl.agent.train import grpo_loss
-
     rank, world = rank_world()
     parts = micro_batches(len(trajs), micro)
     if len(parts) == 1 and world == 1:
         loss, metrics = grpo_loss(backend, trajs, rewards, cfg, temperature=temperature)
         loss.backward()
         return float(loss.detach()), {k: float(v) for k, v in metrics.items()}
-    G = cfg.group_size
-    everyone = gather_rewards(rewards.float().view(-1, G), world=world).flatten()  # (world * B,)
-    advantages = group_advantages(everyone, group_size=G, scale=cfg.scale)  # (world * B,)
-    advantages = advantages[rank * len(trajs) : (rank + 1) * len(trajs)]  # this rank's rows (B,)
+    everyone = gather_rewards(rewards.float().view(-1, cfg.group_size), world=world).flatten()  # (world*B,)
+    sequence = group_advantages(everyone, group_size=cfg.group_size, scale=cfg.scale)  # (world * B,)
+    rows = slice(rank * len(trajs), (rank + 1) * len(trajs))  # this rank's rows
+    advantages = trajectory_advantages(trajs, rewards, cfg, sequence=sequence[rows])  # (B,) or (B, T)
     rewards = everyone
-    if cfg.turn_credit:
-        turns = turn_advantages(trajs, group_size=cfg.group_size, scale=cfg.scale)
-        advantages = advantages[:, None] + cfg.turn_credit * turn_token_advantages(trajs, turns)  # (B, T)
     tokens, seqs = _shares(trajs)
     by_tokens = cfg.agg == "token-mean"
     whole = total(float((tokens if by_tokens else seqs).sum())) or 1.0

@@ -160,6 +160,24 @@ def turn_advantages(
     return out
 
 
+def trajectory_advantages(
+    trajs: Sequence[Trajectory],
+    rewards: torch.Tensor,
+    cfg: AgentGRPOConfig,
+    *,
+    sequence: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """GRPO group advantages of ``rewards`` (B,) (or ``sequence``, (B,), computed elsewhere: from a larger
+    batch's rewards), plus ``cfg.turn_credit`` times :func:`turn_advantages` on each turn's tokens, which
+    makes them (B, T), left padded like :func:`rl.agent.loop.trajectory_batch`."""
+    if sequence is None:
+        sequence = group_advantages(rewards.float(), group_size=cfg.group_size, scale=cfg.scale)  # (B,)
+    if not cfg.turn_credit:
+        return sequence
+    turns = turn_advantages(trajs, group_size=cfg.group_size, scale=cfg.scale)
+    return sequence[:, None] + cfg.turn_credit * turn_token_advantages(trajs, turns)  # (B, T)
+
+
 def grpo_loss(
     backend: AgentBackend,
     trajs: Sequence[Trajectory],
@@ -179,10 +197,7 @@ def grpo_loss(
             f"got {len(trajs)} trajectories, {rewards.shape[0]} rewards"
         )
     if advantages is None:
-        advantages = group_advantages(rewards.float(), group_size=cfg.group_size, scale=cfg.scale)  # (B,)
-        if cfg.turn_credit:
-            turns = turn_advantages(trajs, group_size=cfg.group_size, scale=cfg.scale)
-            advantages = advantages[:, None] + cfg.turn_credit * turn_token_advantages(trajs, turns)  # (B, T)
+        advantages = trajectory_advantages(trajs, rewards, cfg)
     batch, old = trajectory_batch(backend, trajs)  # (B, T) inputs, (B, T) old log-probs
     logps, mask = backend.adapter.token_logps(batch, temperature=temperature)  # (B, T)
     advantages = advantages.to(logps.device)
