@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 STEPS = [
     "data.train_tasks=8", "sft.steps=4", "grpo.steps=2", "grpo.checkpoint_every=1", "ppo.steps=2",
     "eval.n_boot=20", "eval.tasks_per_kind=2", "rollout.max_new_tokens=16", "rollout.max_tokens=32",
-    "sft.micro_batch_size=2", "grpo.micro_batch_size=4",
+    "sft.micro_batch_size=2", "grpo.micro_batch_size=4", "ppo.micro_batch_size=4",
 ]  # fmt: skip
 
 

@@ -327,9 +327,17 @@ class AgentPPOConfig(PPOSection):
     """Token-loss aggregation of the policy loss (``rl.losses.aggregate_loss``)."""
     checkpoint_every: int = 5
     """Steps between resumable checkpoints (model, value head, optimizer, step)."""
+    micro_batch_size: int = 0
+    """Trajectories per forward pass, in the rollout's value pass and in each update, the gradients
+    accumulated to the minibatch's (``rl.agent.ppo``; the same gradient, tested). 0 = a whole minibatch
+    at once."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.micro_batch_size < 0:
+            raise ValueError(
+                f"ppo.micro_batch_size must be >= 0 (0 = the whole minibatch), got {self.micro_batch_size}"
+            )
         if (
             self.steps < 0
             or self.tasks_per_step < 1

@@ -16,6 +16,11 @@ One step (Schulman et al. 2017, Algorithm 1, on whole trajectories as verl's mul
    (:func:`rl.losses.value_loss`), both on policy tokens only: prompts, observations and user messages get
    exactly zero gradient from either term.
 
+``micro_batch_size`` runs both the value pass of step 2 and each update a few trajectories at a time: the
+values are the same, and each micro-batch's policy and value losses are weighted by its share of the
+minibatch's normaliser (tokens, or sequences for the ``seq-mean-*`` aggregations, whose horizon stays the
+minibatch's), so the accumulated gradient is the minibatch's (tested against one pass).
+
 The critic is a value head on the policy's trunk (``shared`` in ``rl ppo``), trained at ``lr *
 critic_lr_scale``. Saved as ``OUT/ppo/model.pt`` (the policy's state dict) and ``OUT/ppo/value_head.pt``.
 """
@@ -34,6 +39,7 @@ from rl.advantages import gae, masked_mean, masked_whiten
 from rl.agent.backend import AgentBackend
 from rl.agent.config import AgentPPOConfig, AgentRunConfig
 from rl.agent.loop import summary, trajectory_batch
+from rl.agent.micro import micro_batches
 from rl.agent.stages import (
     build_backend,
     load_checkpoint,
@@ -96,10 +102,9 @@ def prepare_rollout(
         raise ValueError(
             f"need one reward per trajectory: {len(trajs)} trajectories, {rewards.shape[0]} rewards"
         )
-    batch, old = trajectory_batch(backend, trajs)  # (B, T) inputs, (B, T) sampling-time log-probs
-    with torch.no_grad():
-        _, mask, values = values_of(backend, head, batch, temperature=temperature)
-    values = values.float()
+    old, mask, values = rollout_values(
+        backend, head, trajs, temperature=temperature, micro=cfg.micro_batch_size
+    )
     r = token_rewards(rewards.float().to(values.device), mask)  # (B, T): the reward on each last policy token
     adv, returns = gae(r, values, mask, gamma=cfg.gamma, lam=cfg.lam)  # (B, T) each
     if cfg.whiten_advantages:
@@ -117,6 +122,39 @@ def prepare_rollout(
     )  # fmt: skip
 
 
+def rollout_values(
+    backend: AgentBackend,
+    head: torch.nn.Module,
+    trajs: Sequence[Trajectory],
+    *,
+    temperature: float,
+    micro: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(old_logps, mask, values)``, each (B, T) left padded to the batch's longest trajectory: the
+    sampling-time log-probs, the policy-token mask and the critic's float values, ``micro`` trajectories a
+    forward (0: one), without gradients."""
+    parts = []
+    for part in micro_batches(len(trajs), micro):
+        batch, old = trajectory_batch(backend, trajs[part])  # (b, T') inputs, (b, T') sampling-time log-probs
+        with torch.no_grad():
+            _, mask, values = values_of(backend, head, batch, temperature=temperature)
+        parts.append((old, mask, values.float()))
+    if len(parts) == 1:
+        return parts[0]
+    T = max(old.shape[1] for old, _, _ in parts)
+
+    def stack(i: int) -> torch.Tensor:  # every part's rows, right-aligned: (B, T)
+        out = parts[0][i].new_zeros(len(trajs), T)
+        row = 0
+        for part in parts:
+            t = part[i]
+            out[row : row + t.shape[0], T - t.shape[1] :] = t
+            row += t.shape[0]
+        return out
+
+    return stack(0), stack(1), stack(2)
+
+
 def update_loss(
     backend: AgentBackend,
     head: torch.nn.Module,
@@ -128,6 +166,22 @@ def update_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one update on trajectories ``rows`` of ``roll``: clipped policy loss + ``vf_coef`` x
     clipped value loss, and detached metrics."""
+    pg, vl, metrics = update_terms(backend, head, roll, rows, cfg, temperature=temperature)
+    return pg + cfg.vf_coef * vl, metrics
+
+
+def update_terms(
+    backend: AgentBackend,
+    head: torch.nn.Module,
+    roll: PPORollout,
+    rows: torch.Tensor,
+    cfg: AgentPPOConfig,
+    *,
+    temperature: float = 1.0,
+    horizon: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """``(policy loss, value loss, metrics)`` of trajectories ``rows`` of ``roll``; ``horizon``: the padded
+    length ``seq-mean-token-sum-norm`` divides by (default: these rows' own)."""
     sub = [roll.trajs[int(i)] for i in rows]
     batch, _ = trajectory_batch(backend, sub)  # (b, T'): left padded, so the last T' columns of the rollout
     width = batch["input_ids"].shape[1]
@@ -138,13 +192,55 @@ def update_loss(
     logps, mask, values = values_of(backend, head, batch, temperature=temperature)
     pg, metrics = policy_loss(
         logps, pick(roll.old_logps), pick(roll.advantages), mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-        agg=cfg.agg,
+        agg=cfg.agg, horizon=horizon,
     )  # fmt: skip
     vl, vclip = value_loss(
         values.float(), pick(roll.old_values), pick(roll.returns), mask, clip_range=cfg.vf_clip
     )
     metrics.update(policy_loss=pg.detach(), value_loss=vl.detach(), value_clip_frac=vclip)
-    return pg + cfg.vf_coef * vl, metrics
+    return pg, vl, metrics
+
+
+def update_backward(
+    backend: AgentBackend,
+    head: torch.nn.Module,
+    roll: PPORollout,
+    rows: torch.Tensor,
+    cfg: AgentPPOConfig,
+    *,
+    temperature: float = 1.0,
+) -> tuple[float, dict[str, float]]:
+    """Backward of :func:`update_loss` on ``rows``, ``cfg.micro_batch_size`` trajectories a forward; the
+    loss value and its metrics (the losses exact, the other metrics token-weighted means of the
+    micro-batches')."""
+    parts = micro_batches(len(rows), cfg.micro_batch_size)
+    if len(parts) == 1:
+        loss, metrics = update_loss(backend, head, roll, rows, cfg, temperature=temperature)
+        loss.backward()
+        return float(loss.detach()), {k: float(v) for k, v in metrics.items()}
+    sub = [roll.trajs[int(i)] for i in rows]
+    tokens = torch.tensor([float(sum(t.response_mask)) for t in sub])  # (b,) policy tokens per trajectory
+    seqs = (tokens > 0).float()  # (b,) whether a trajectory counts in a sequence mean
+    by_tokens = cfg.agg == "token-mean"
+    pg_whole = float((tokens if by_tokens else seqs).sum()) or 1.0
+    vl_whole = float(tokens.sum()) or 1.0
+    horizon = max(len(t.ids) for t in sub)  # the whole minibatch's padded length
+    pg_value = vl_value = 0.0
+    sums: dict[str, float] = {}
+    for part in parts:
+        pg, vl, metrics = update_terms(
+            backend, head, roll, rows[part], cfg, temperature=temperature, horizon=horizon
+        )
+        pg_share = float((tokens if by_tokens else seqs)[part].sum()) / pg_whole
+        vl_share = float(tokens[part].sum()) / vl_whole  # the value loss is a token mean
+        (pg * pg_share + cfg.vf_coef * vl * vl_share).backward()
+        pg_value += float(pg.detach()) * pg_share
+        vl_value += float(vl.detach()) * vl_share
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + float(v) * float(tokens[part].sum())
+    out = {k: v / vl_whole for k, v in sorted(sums.items())}
+    out.update(policy_loss=pg_value, value_loss=vl_value)
+    return pg_value + cfg.vf_coef * vl_value, out
 
 
 def ppo_optimizer(backend: AgentBackend, head: torch.nn.Module, cfg: AgentPPOConfig) -> torch.optim.Optimizer:
@@ -179,12 +275,11 @@ def ppo_step(
     params = [*backend.adapter.model.parameters(), *head.parameters()]
     for rows in plan:
         optimizer.zero_grad(set_to_none=True)
-        loss, metrics = update_loss(backend, head, roll, rows, cfg, temperature=temperature)
-        loss.backward()
+        loss, metrics = update_backward(backend, head, roll, rows, cfg, temperature=temperature)
         limit = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.requires_grad], limit)
         optimizer.step()
-        for k, v in {**metrics, "loss": loss.detach(), "grad_norm": norm}.items():
+        for k, v in {**metrics, "loss": loss, "grad_norm": norm}.items():
             sums[k] = sums.get(k, 0.0) + float(v)
     return {**roll.metrics, **{k: v / len(plan) for k, v in sums.items()}}
 
