@@ -5,9 +5,14 @@
 Answers are compared after VQA-eval's normalisation (what lmms-eval and VLMEvalKit apply to VQAv2-style
 answers, :func:`normalise`): lower case, punctuation removed, number words as digits ("two" -> "2"),
 articles dropped. A task's ``match`` is ``"exact"`` (the answer, normalised, equals an accepted answer) or
-``"contains"`` (an accepted answer appears in it as whole words: "There are 3 cups." for "3"). Under
-``contains`` a hedge that lists several values passes, which GRPO learns to exploit: keep ``exact`` for
-the tasks that train. Only the ``<answer>`` block is read when there is one, and tool calls never are.
+``"contains"`` (an accepted answer appears in it as whole words: "There are 3 cups." for "3").
+
+A hedge that lists several values ("2 or 3 cups") would pass ``contains``, and GRPO learns to exploit
+that, so under ``contains`` the reply must not give a rival value either, outside the accepted answer's
+own words (:func:`rival_in`): one of the task's ``choices`` that is not accepted, or, without
+``choices``, any other number when every accepted answer is a number, and the other of yes / no when
+every accepted answer is yes or no. ``choices: []`` turns the check off. Only the ``<answer>`` block is
+read when there is one, and tool calls never are.
 """
 
 from __future__ import annotations
@@ -46,7 +51,29 @@ def matches(answer: str, accepted: str, match: str) -> bool:
     raise ValueError(f"match must be one of {MATCHES}, got {match!r}")
 
 
+def rival_in(answer: str, accepted: list[str], choices: list[str] | None) -> str | None:
+    """The first rival value ``answer`` gives besides the accepted answers' words (module docstring), or
+    None; ``choices`` None: the number and yes / no rules."""
+    rest = f" {normalise(answer)} "
+    ok = sorted({normalise(a) for a in accepted}, key=len, reverse=True)  # "dark red" before "red"
+    for a in ok:
+        while f" {a} " in rest:
+            rest = rest.replace(f" {a} ", " ")
+    words = rest.split()
+    if choices is not None:
+        rivals = [c for c in dict.fromkeys(normalise(c) for c in choices) if c and c not in ok]
+        return next((r for r in rivals if f" {r} " in f" {' '.join(words)} "), None)
+    if all(a.isdigit() for a in ok):
+        return next((w for w in words if w.isdigit()), None)
+    if set(ok) <= {"yes", "no"}:
+        return next((w for w in words if w in {"yes", "no"}), None)
+    return None
+
+
 def score_qa(task: AgentTask, text: str) -> float:
-    """1.0 when ``text`` gives one of the task's accepted answers under its ``match``, else 0.0."""
-    reply = answer_text(text)
-    return float(any(matches(reply, a, task.meta["match"]) for a in task.meta["answers"]))
+    """1.0 when ``text`` gives one of the task's accepted answers under its ``match`` (and, under
+    ``contains``, no rival value: :func:`rival_in`), else 0.0."""
+    reply, accepted, match = answer_text(text), task.meta["answers"], task.meta["match"]
+    if not any(matches(reply, a, match) for a in accepted):
+        return 0.0
+    return float(match == "exact" or rival_in(reply, accepted, task.meta.get("choices")) is None)

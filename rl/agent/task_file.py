@@ -18,7 +18,8 @@ One JSON object a line, the ``rl grpo --prompts`` file with the agent's fields::
 - ``question`` (required) and ``text`` (the note's text, optional; the policy reads it before the
   question).
 - ``answer`` (required): the accepted answer, or a list of them; ``match``: ``"exact"`` (default) or
-  ``"contains"`` (:mod:`rl.agent.qa`).
+  ``"contains"`` (:mod:`rl.agent.qa`); ``choices`` (``contains`` only): the values an answer picks from,
+  so a reply that also names another one is a hedge and wrong (default: numbers and yes / no).
 - ``demo``: the tool calls a demonstration makes before it answers, each as the policy writes them
   (``rl.agent.parse``; boxes normalised to [0, 1]); the tool SFT replays them through the real tools, the
   no-tool SFT answers at once. Absent: both answer at once. ``demo_answer``: the demonstration's answer
@@ -54,7 +55,7 @@ from rl.agent.task import AgentTask
 from rl.agent.tools import TOOLS, ToolRegistry, box_pixels
 from rl.agent.world_demos import tool_text
 
-FIELDS = ("id", "image", "text", "question", "answer", "match", "demo", "demo_answer", "where")
+FIELDS = ("id", "image", "text", "question", "answer", "match", "choices", "demo", "demo_answer", "where")
 """The fields the reader reads; others go to ``meta["record"]``."""
 
 
@@ -194,12 +195,23 @@ def _task(
     match = rec.get("match", "exact")
     if match not in MATCHES:
         raise UserError(f"{where}: 'match' must be one of {list(MATCHES)}, got {match!r}")
+    choices = rec.get("choices")
+    if choices is not None:
+        if match != "contains":
+            raise UserError(
+                f'{where}: \'choices\' is read under "match": "contains" only; drop it or set match'
+            )
+        if not isinstance(choices, list) or not all(isinstance(c, str) and normalise(c) for c in choices):
+            raise UserError(
+                f"{where}: 'choices' must be a list of answers with words (rl.agent.qa), got {choices!r}"
+            )
     demo_answer = rec.get("demo_answer", answers[0])
     if not isinstance(demo_answer, str) or not demo_answer.strip():
         raise UserError(f"{where}: 'demo_answer' must be a non-empty string, got {demo_answer!r}")
     meta: dict[str, Any] = {
         "answers": answers,
         "match": match,
+        "choices": choices,
         "demo": _demo(rec.get("demo", []), where),
         "demo_answer": demo_answer,
         "record": {k: v for k, v in rec.items() if k not in FIELDS},

@@ -15,7 +15,7 @@ from PIL import Image
 
 from mm.errors import UserError
 from rl.agent.backend import Segment
-from rl.agent.qa import matches, normalise, score_qa
+from rl.agent.qa import matches, normalise, rival_in, score_qa
 from rl.agent.scoring import eval_row, first_aim, trajectory_reward
 from rl.agent.task_export import export_tasks
 from rl.agent.task_file import count_tasks, read_task_file
@@ -133,6 +133,9 @@ BAD = [
     ({**GOOD, "answer": ["red", ""]}, "'answer' must be"),
     ({**GOOD, "answer": ["red", "?!"]}, "no words once normalised"),
     ({**GOOD, "match": "fuzzy"}, "'match' must be one of"),
+    ({**GOOD, "choices": ["red", "blue"]}, "'choices' is read under"),
+    ({**GOOD, "match": "contains", "choices": "red"}, "'choices' must be a list"),
+    ({**GOOD, "match": "contains", "choices": ["red", "?"]}, "'choices' must be a list"),
     ({**GOOD, "demo_answer": ""}, "'demo_answer'"),
     ({**GOOD, "demo": {"name": "zoom"}}, "'demo' must be a list"),
     ({**GOOD, "demo": [{"name": "zoom", "image": 3, "box": [0, 0, 1, 1]}]}, "demo call 1 .* refused"),
@@ -189,6 +192,29 @@ def test_answers_are_scored_exact_or_contained(folder):
     assert matches("(A)", "A", "exact") and not matches("", "A", "exact")  # a choice letter is not empty
     with pytest.raises(ValueError, match="match"):
         matches("a", "a", "fuzzy")
+
+
+def test_contains_refuses_a_hedge(folder):
+    count, yes, colour, dark, free = read_task_file(
+        _write(
+            folder,
+            {**GOOD, "answer": "3", "match": "contains"},
+            {**GOOD, "answer": "yes", "match": "contains"},
+            {**GOOD, "answer": "red", "match": "contains", "choices": ["red", "blue", "green"]},
+            {**GOOD, "answer": ["dark red"], "match": "contains", "choices": ["red", "dark red", "blue"]},
+            {**GOOD, "answer": "3", "match": "contains", "choices": []},
+        )
+    )
+    assert score_qa(count, "There are three cups.") == score_qa(count, "3") == 1.0
+    assert score_qa(count, "There are 2 or 3 cups.") == score_qa(count, "3, maybe four") == 0.0
+    assert score_qa(yes, "Yes, it is.") == 1.0 and score_qa(yes, "Yes or no.") == 0.0
+    assert score_qa(colour, "It is red.") == 1.0 and score_qa(colour, "Red, 2 of them.") == 1.0
+    assert score_qa(colour, "red or blue") == score_qa(colour, "It is blue.") == 0.0
+    assert score_qa(dark, "It is dark red.") == 1.0  # "red" inside the accepted answer is not a rival
+    assert score_qa(dark, "Dark red and red.") == score_qa(dark, "dark red or blue") == 0.0
+    assert score_qa(free, "2 or 3") == 1.0  # choices: [] turns the check off
+    assert rival_in("3 or 4 or 5", ["3"], None) == "4" and rival_in("the 3", ["3"], None) is None
+    assert rival_in("cat or dog", ["cat"], None) is None  # no rule for free text without choices
 
 
 def test_qa_trajectories_are_rewarded_and_rowed_like_world_tasks(folder):
