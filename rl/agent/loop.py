@@ -213,19 +213,32 @@ def trajectory_batch(
     return batch, old.to(batch["input_ids"].device)
 
 
+def trajectory_counts(t: Trajectory) -> dict[str, Any]:
+    """What :func:`summary` reads of a trajectory (small: what data-parallel ranks gather)."""
+    return {
+        "turns": len(t.turns), "answered": t.answer is not None, "calls": len(t.calls),
+        "valid": t.n_valid_calls, "satisfied": t.satisfied, "truncation": t.truncation,
+    }  # fmt: skip
+
+
 def summary(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """Counts over trajectories: answered, truncations, calls and the valid-call rate, mean turns."""
-    calls = sum(len(t.calls) for t in trajs)
+    return summarise([trajectory_counts(t) for t in trajs])
+
+
+def summarise(counts: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """:func:`summary` of trajectories' :func:`trajectory_counts`."""
+    calls = sum(c["calls"] for c in counts)
     out = {
-        "trajectories": float(len(trajs)),
-        "answered": float(sum(t.answer is not None for t in trajs)),
-        "mean_turns": sum(len(t.turns) for t in trajs) / max(len(trajs), 1),
+        "trajectories": float(len(counts)),
+        "answered": float(sum(c["answered"] for c in counts)),
+        "mean_turns": sum(c["turns"] for c in counts) / max(len(counts), 1),
         "tool_calls": float(calls),
-        "valid_call_rate": sum(t.n_valid_calls for t in trajs) / calls if calls else float("nan"),
+        "valid_call_rate": sum(c["valid"] for c in counts) / calls if calls else float("nan"),
     }
-    dialogues = [t for t in trajs if t.satisfied is not None]
+    dialogues = [c for c in counts if c["satisfied"] is not None]
     if dialogues:
-        out["goal_reached"] = sum(bool(t.satisfied) for t in dialogues) / len(dialogues)
+        out["goal_reached"] = sum(bool(c["satisfied"]) for c in dialogues) / len(dialogues)
     for reason in ("max_turns", "max_tokens", "turn_tokens", "context"):
-        out[f"truncated_{reason}"] = float(sum(t.truncation == reason for t in trajs))
+        out[f"truncated_{reason}"] = float(sum(c["truncation"] == reason for c in counts))
     return out

@@ -8,13 +8,18 @@
 - GRPO: each rank rolls out a contiguous share of the step's tasks (whole groups, seeded by step and
   rank); the rewards are all-gathered, so ``scale: batch`` advantages are the global batch's; the loss's
   normaliser (tokens or sequences) is counted over all ranks.
+- PPO: each rank rolls out its share of the tasks and computes its values and GAE; the advantages are
+  whitened, and the rollout's means taken, over every rank's tokens; every rank cuts its rows into the
+  same minibatch plan, and each minibatch's loss normalisers (tokens, sequences, the horizon) are counted
+  over all ranks, so an update is one process's on the union of the ranks' minibatch rows.
 - eval: each rank evaluates every world-th task; the rows are gathered back into task order.
 - Only rank 0 writes (results, weights, checkpoints, metrics, eval rows, report, export); every stage ends
   at a barrier, so the next one reads what rank 0 wrote (one machine, or a shared file system). At the end
   of each training stage the ranks check that they hold the same weights.
 
 Not data parallel (refused under a multi-process launch, :func:`check_parallel`): ``note_model.build``,
-the perception stage, PPO, and turn credit with ``scale: batch``.
+the perception stage, and turn credit with ``scale: batch``. The rollout counts each RL step logs
+(valid calls, truncations, goals) are every rank's.
 """
 
 from __future__ import annotations
@@ -118,7 +123,6 @@ def check_parallel(cfg: Any, world: int) -> None:
         "note_model.build=true": cfg.note_model.build,
         "perception.steps or perception.check_notes > 0": cfg.perception.steps > 0
         or cfg.perception.check_notes > 0,
-        "ppo.steps > 0": cfg.ppo.steps > 0,
         "grpo.turn_credit with grpo.scale=batch": cfg.grpo.turn_credit > 0 and cfg.grpo.scale == "batch",
     }
     on = [k for k, v in off.items() if v]
@@ -127,6 +131,16 @@ def check_parallel(cfg: Any, world: int) -> None:
             f"{', '.join(on)} runs in one process only, not under a {world}-process launch; run those "
             "stages without torchrun (a resumed run may then continue data parallel)"
         )
-    for key, n in (("sft.batch_size", cfg.sft.batch_size), ("grpo.tasks_per_step", cfg.grpo.tasks_per_step)):
+    shares = [("sft.batch_size", cfg.sft.batch_size), ("grpo.tasks_per_step", cfg.grpo.tasks_per_step)]
+    if cfg.ppo.steps > 0:
+        shares.append(("ppo.tasks_per_step", cfg.ppo.tasks_per_step))
+    for key, n in shares:
         if n % world:
             raise UserError(f"{key}={n} must divide by the {world} processes (each takes an equal share)")
+    rows = cfg.ppo.tasks_per_step // world * cfg.ppo.samples_per_task
+    if cfg.ppo.steps > 0 and rows % cfg.ppo.minibatches:
+        raise UserError(
+            f"ppo.minibatches={cfg.ppo.minibatches} must divide each process's {rows} trajectories a step "
+            f"(ppo.tasks_per_step / {world} processes * ppo.samples_per_task): every rank takes its share of "
+            "each minibatch"
+        )

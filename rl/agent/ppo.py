@@ -34,17 +34,20 @@ from typing import Any
 
 import torch
 
+from mm.train.loop import average_gradients
 from mm.train.metrics import MetricsLogger, read_metrics
 from rl.advantages import gae, masked_mean, masked_whiten
 from rl.agent.backend import AgentBackend
 from rl.agent.config import AgentPPOConfig, AgentRunConfig
-from rl.agent.loop import summary, trajectory_batch
+from rl.agent.loop import trajectory_batch
 from rl.agent.micro import micro_batches
+from rl.agent.parallel import barrier, check_in_sync, is_writer, most, rank_world, total
 from rl.agent.stages import (
     build_backend,
     load_checkpoint,
     loop_config,
     reward_fn,
+    rollout_summary,
     save_checkpoint,
     save_weights,
     step_rollout,
@@ -107,6 +110,8 @@ def prepare_rollout(
     )
     r = token_rewards(rewards.float().to(values.device), mask)  # (B, T): the reward on each last policy token
     adv, returns = gae(r, values, mask, gamma=cfg.gamma, lam=cfg.lam)  # (B, T) each
+    if rank_world()[1] > 1:  # the statistics of every rank's tokens
+        return _over_ranks(trajs, rewards, old, values, adv, returns, mask, cfg)
     if cfg.whiten_advantages:
         adv = masked_whiten(adv, mask)
     m = mask.to(adv.dtype)
@@ -116,6 +121,45 @@ def prepare_rollout(
         "return_mean": float(masked_mean(returns, mask)),
         "explained_variance": explained_variance(values, returns, mask),
     }
+    return PPORollout(
+        trajs=list(trajs), old_logps=old.to(values.device), old_values=values, advantages=adv * m,
+        returns=returns * m, mask=mask, metrics=metrics,
+    )  # fmt: skip
+
+
+def _global_moments(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
+    """``(count, mean, unbiased variance)`` of ``x`` (B, T) over every rank's masked positions (float64, in
+    two passes as :func:`rl.advantages.masked_var`)."""
+    m = mask.to(torch.float64)
+    n = total(float(m.sum()))
+    mean = total(float((x.double() * m).sum())) / max(n, 1.0)
+    var = total(float(((x.double() - mean) ** 2 * m).sum())) / max(n, 1.0)
+    return n, mean, var * n / (n - 1) if n > 1 else 0.0
+
+
+def _over_ranks(
+    trajs: Sequence[Trajectory],
+    rewards: torch.Tensor,
+    old: torch.Tensor,
+    values: torch.Tensor,
+    adv: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: AgentPPOConfig,
+) -> PPORollout:
+    """:func:`prepare_rollout`'s whitening and metrics under data parallel: over the global batch."""
+    n, mean, var = _global_moments(adv, mask)
+    if cfg.whiten_advantages:
+        adv = (adv - mean) * (var + 1e-8) ** -0.5 if n else torch.zeros_like(adv)
+    _, ret_mean, ret_var = _global_moments(returns, mask)
+    _, _, err_var = _global_moments(returns.double() - values.double(), mask)
+    metrics = {
+        "reward_mean": total(float(rewards.double().sum())) / total(float(len(trajs))),
+        "value_mean": _global_moments(values, mask)[1],
+        "return_mean": ret_mean,
+        "explained_variance": 1.0 - err_var / ret_var if ret_var else float("nan"),
+    }
+    m = mask.to(adv.dtype)
     return PPORollout(
         trajs=list(trajs), old_logps=old.to(values.device), old_values=values, advantages=adv * m,
         returns=returns * m, mask=mask, metrics=metrics,
@@ -213,8 +257,9 @@ def update_backward(
     """Backward of :func:`update_loss` on ``rows``, ``cfg.micro_batch_size`` trajectories a forward; the
     loss value and its metrics (the losses exact, the other metrics token-weighted means of the
     micro-batches')."""
+    world = rank_world()[1]
     parts = micro_batches(len(rows), cfg.micro_batch_size)
-    if len(parts) == 1:
+    if len(parts) == 1 and world == 1:
         loss, metrics = update_loss(backend, head, roll, rows, cfg, temperature=temperature)
         loss.backward()
         return float(loss.detach()), {k: float(v) for k, v in metrics.items()}
@@ -222,9 +267,9 @@ def update_backward(
     tokens = torch.tensor([float(sum(t.response_mask)) for t in sub])  # (b,) policy tokens per trajectory
     seqs = (tokens > 0).float()  # (b,) whether a trajectory counts in a sequence mean
     by_tokens = cfg.agg == "token-mean"
-    pg_whole = float((tokens if by_tokens else seqs).sum()) or 1.0
-    vl_whole = float(tokens.sum()) or 1.0
-    horizon = max(len(t.ids) for t in sub)  # the whole minibatch's padded length
+    pg_whole = total(float((tokens if by_tokens else seqs).sum())) or 1.0  # every rank's minibatch share
+    vl_whole = total(float(tokens.sum())) or 1.0
+    horizon = int(most(max(len(t.ids) for t in sub)))  # the whole minibatch's padded length
     pg_value = vl_value = 0.0
     sums: dict[str, float] = {}
     for part in parts:
@@ -233,14 +278,15 @@ def update_backward(
         )
         pg_share = float((tokens if by_tokens else seqs)[part].sum()) / pg_whole
         vl_share = float(tokens[part].sum()) / vl_whole  # the value loss is a token mean
-        (pg * pg_share + cfg.vf_coef * vl * vl_share).backward()
+        # times the ranks: the gradients are averaged over them (clip_grads)
+        ((pg * pg_share + cfg.vf_coef * vl * vl_share) * world).backward()
         pg_value += float(pg.detach()) * pg_share
         vl_value += float(vl.detach()) * vl_share
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + float(v) * float(tokens[part].sum())
-    out = {k: v / vl_whole for k, v in sorted(sums.items())}
-    out.update(policy_loss=pg_value, value_loss=vl_value)
-    return pg_value + cfg.vf_coef * vl_value, out
+    out = {k: total(v) / vl_whole for k, v in sorted(sums.items())}
+    out.update(policy_loss=total(pg_value), value_loss=total(vl_value))
+    return out["policy_loss"] + cfg.vf_coef * out["value_loss"], out
 
 
 def ppo_optimizer(backend: AgentBackend, head: torch.nn.Module, cfg: AgentPPOConfig) -> torch.optim.Optimizer:
@@ -276,8 +322,10 @@ def ppo_step(
     for rows in plan:
         optimizer.zero_grad(set_to_none=True)
         loss, metrics = update_backward(backend, head, roll, rows, cfg, temperature=temperature)
+        trained = [p for p in params if p.requires_grad]
+        average_gradients(trained)  # data parallel (a no-op alone)
         limit = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.requires_grad], limit)
+        norm = torch.nn.utils.clip_grad_norm_(trained, limit)
         optimizer.step()
         for k, v in {**metrics, "loss": loss, "grad_norm": norm}.items():
             sums[k] = sums.get(k, 0.0) + float(v)
@@ -297,7 +345,11 @@ def run_ppo(
     ckpt = stage_dir / "checkpoint.pt"
     modules = {"model": backend.adapter.model, "head": head}
     start = load_checkpoint(ckpt, optimizer, modules)
-    log = MetricsLogger(stage_dir / "metrics.jsonl", resume_step=start if start else None)
+    log = (
+        MetricsLogger(stage_dir / "metrics.jsonl", resume_step=start if start else None)
+        if is_writer()
+        else None
+    )
     tasks = train_tasks(cfg)
     loop = loop_config(cfg, tools=True, sample=True)
     reward = reward_fn(cfg)
@@ -311,11 +363,19 @@ def run_ppo(
             backend, head, optimizer, trajs, reward, p, seed=step_seed(cfg, "ppo-plan", step),
             temperature=cfg.grpo.temperature,
         )  # fmt: skip
-        log.log({"step": step, **metrics, **summary(trajs)})
+        counts = rollout_summary(trajs)
+        if log is not None:
+            log.log({"step": step, **metrics, **counts})
         if step % p.checkpoint_every == 0 or step == p.steps:
-            save_checkpoint(ckpt, step, optimizer, modules)
+            if is_writer():
+                save_checkpoint(ckpt, step, optimizer, modules)
+            barrier()
             if stop_after is not None and step >= stop_after:
                 return None
+    check_in_sync(backend.adapter.model, "ppo")
+    check_in_sync(head, "ppo value head")
+    if not is_writer():
+        return {"stage": "ppo"}
     save_weights(backend, stage_dir / "model.pt")
     torch.save({k: v.float() for k, v in head.state_dict().items()}, stage_dir / "value_head.pt")
     records = read_metrics(stage_dir / "metrics.jsonl")

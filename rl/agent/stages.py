@@ -33,9 +33,9 @@ from mm.train.metrics import MetricsLogger, read_metrics
 from rl.agent.backend import AgentBackend, Sampling, backend_for
 from rl.agent.config import AgentRunConfig
 from rl.agent.demos import scripted_policy
-from rl.agent.loop import LoopConfig, rollout, summary
+from rl.agent.loop import LoopConfig, rollout, summarise, summary, trajectory_counts
 from rl.agent.micro import grpo_backward, sft_backward
-from rl.agent.parallel import barrier, check_in_sync, is_writer, rank_world, share
+from rl.agent.parallel import barrier, check_in_sync, gathered, is_writer, rank_world, share
 from rl.agent.policy_init import INDEX_WEIGHT, load_policy
 from rl.agent.scoring import trajectory_reward
 from rl.agent.task import AgentTask
@@ -268,6 +268,13 @@ def step_rollout(
     return rollout(backend, [t for t in chosen for _ in range(per_task)], loop, users=cfg.rollout.simulator())
 
 
+def rollout_summary(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """:func:`rl.agent.loop.summary` of every rank's trajectories (a collective under data parallel)."""
+    if rank_world()[1] == 1:
+        return summary(trajs)
+    return summarise(gathered([trajectory_counts(t) for t in trajs]))
+
+
 def run_grpo(
     cfg: AgentRunConfig, stage_dir: Path, init: Path, *, stop_after: int | None = None
 ) -> dict[str, Any] | None:
@@ -303,8 +310,9 @@ def run_grpo(
         )
         norm = clip_grads(backend, g.grad_clip)
         optimizer.step()
-        if log is not None:  # the rollout counts are this rank's share's (all of them alone)
-            log.log({"step": step, "loss": loss, "grad_norm": norm} | metrics | summary(trajs))
+        counts = rollout_summary(trajs)
+        if log is not None:
+            log.log({"step": step, "loss": loss, "grad_norm": norm} | metrics | counts)
         if step % g.checkpoint_every == 0 or step == g.steps:
             if is_writer():
                 save_checkpoint(ckpt, step, optimizer, {"model": backend.adapter.model})

@@ -1,6 +1,7 @@
 """``rl agent`` data parallel: 2 gloo processes under ``torchrun``. The SFT stages equal one process on the
-global batch, GRPO trains with every rank's share of the tasks, the eval rows come back in task order,
-only rank 0 writes, and a re-run resumes."""
+global batch, GRPO and PPO train with every rank's share of the tasks (a PPO update equals one process's on
+the union of the ranks' rows), the eval rows come back in task order, only rank 0 writes, and a re-run
+resumes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from rl.cli import main
@@ -20,11 +22,14 @@ TINY = ROOT / "configs/rl/agent_tiny.yaml"
 SETS = [
     "data.train_tasks=4", "sft.steps=2", "sft.batch_size=4", "grpo.steps=2", "grpo.tasks_per_step=2",
     "grpo.checkpoint_every=1", "perception.steps=0", "eval.n_boot=20", "eval.tasks_per_kind=3",
+    "ppo.steps=2", "ppo.tasks_per_step=2", "ppo.samples_per_task=2", "ppo.minibatches=1",
+    "ppo.checkpoint_every=1",
 ]  # fmt: skip
 
 
-def _launch(*args: str) -> subprocess.CompletedProcess:
-    """2 CPU processes of ``python -m rl ARGS`` under torchrun, from the repository (the configs' paths)."""
+def _launch(*args: str, module: str = "rl") -> subprocess.CompletedProcess:
+    """2 CPU processes of ``python -m MODULE ARGS`` under torchrun, from the repository (the configs'
+    paths)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -33,7 +38,7 @@ def _launch(*args: str) -> subprocess.CompletedProcess:
     head = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
             "127.0.0.1", "--master_port", str(port)]  # fmt: skip
     return subprocess.run(
-        [*head, "-m", "rl", *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+        [*head, "-m", module, *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
         text=True, timeout=600,
     )  # fmt: skip
 
@@ -67,17 +72,35 @@ def test_two_processes_train_and_evaluate_as_one(tmp_path):
     assert all(torch.isfinite(v).all() for v in grpo.values())
     records = [json.loads(x) for x in (two / "grpo/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2] and all("reward_mean" in r for r in records)
+    ppo = [json.loads(x) for x in (two / "ppo/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in ppo] == [1, 2] and all(
+        r["trajectories"] == 4 for r in ppo
+    )  # both ranks' counts
+    assert (two / "ppo/value_head.pt").is_file() and (two / "export/tool_ppo/config.json").is_file()
     # eval: every task once, in task order; the SFT model (the same weights) gives the same rows
-    for name in ("tool_sft", "notool_sft", "tool_grpo"):
+    for name in ("tool_sft", "notool_sft", "tool_grpo", "tool_ppo"):
         rows_one = [json.loads(x) for x in (one / "eval" / f"{name}.jsonl").read_text().splitlines()]
         rows_two = [json.loads(x) for x in (two / "eval" / f"{name}.jsonl").read_text().splitlines()]
         assert [r["task_id"] for r in rows_two] == [r["task_id"] for r in rows_one]
     tool_sft = (two / "eval/tool_sft.jsonl").read_text()
     assert tool_sft == (one / "eval/tool_sft.jsonl").read_text()
     report = json.loads((two / "report.json").read_text())
-    assert set(report["metrics"]) == {"notool_sft", "tool_sft", "tool_grpo"}
+    assert set(report["metrics"]) == {"notool_sft", "tool_sft", "tool_grpo", "tool_ppo"}
     assert (two / "export/tool_grpo/config.json").is_file()
     # a re-run finds every stage done
     again = _launch(*args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "grpo: done before, skipped" in again.stdout and "eval: done before, skipped" in again.stdout
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum-norm"])
+def test_a_ppo_update_over_two_processes_is_one_process_update(tmp_path, agg):
+    """Advantages whitened over both ranks' tokens, loss normalisers (and the horizon) counted over both:
+    the averaged gradient is one process's on the union of the ranks' minibatch rows."""
+    out = tmp_path / "diff.json"
+    proc = _launch(str(out), agg, module="tests.rl.agent_ppo_dp_worker")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    diff = json.loads(out.read_text())
+    assert diff["world"] == 2 and diff["grad_names"] > 10
+    assert diff["advantages"] < 1e-4 and diff["gradients_relative"] < 1e-4 and diff["loss"] < 1e-5
+    assert max(diff["metrics"].values()) < 1e-5 and max(diff["rollout_metrics"].values()) < 1e-5

@@ -171,8 +171,11 @@ def test_what_a_multi_process_launch_cannot_run_is_refused_before_anything_is_wr
     )
     assert main([*args, "perception.steps=0", "sft.batch_size=3"]) == 2
     assert "sft.batch_size=3 must divide by the 2 processes" in capsys.readouterr().err
-    assert main([*args, "perception.steps=0", "ppo.steps=1"]) == 2
-    assert "ppo.steps > 0 runs in one process only" in capsys.readouterr().err
+    ppo = ["perception.steps=0", "ppo.steps=1", "ppo.tasks_per_step=2", "ppo.samples_per_task=2"]
+    assert main([*args, *ppo, "ppo.tasks_per_step=3", "ppo.samples_per_task=4"]) == 2
+    assert "ppo.tasks_per_step=3 must divide by the 2 processes" in capsys.readouterr().err
+    assert main([*args, *ppo, "ppo.minibatches=4"]) == 2
+    assert "ppo.minibatches=4 must divide each process's 2 trajectories" in capsys.readouterr().err
     assert not out.exists()
 
 
