@@ -12,8 +12,8 @@ Families that take an image in the middle of a sequence (a zoom after the first 
   ``image_mask`` (B, N); at most ``config.max_images`` images per trajectory, prompt images included;
   visibility "all" only (under "own" a later zoom would change what earlier text attends to).
 - ``llava`` (fixed tokens per image, ``pixel_values`` (n_images, 3, H, W) over the batch) and
-  ``qwen2_vl`` / ``qwen2_5_vl`` (``pixel_values`` rows per image from ``image_grid_thw``; M-RoPE
-  positions computed by the model from the ids and grids, so a mid-sequence image is placed right).
+  ``qwen2_vl`` / ``qwen2_5_vl`` / ``qwen3_vl`` (``pixel_values`` rows per image from ``image_grid_thw``;
+  M-RoPE positions computed by the model from the ids and grids, so a mid-sequence image is placed right).
 - ``idefics3`` / ``smolvlm`` (tiles: each image is a few sub-image tiles plus a global view, ``pixel_values``
   (B, N_tiles, 3, H, W) padded per row with all-zero tiles, which the model drops, and
   ``pixel_attention_mask`` (B, N_tiles, H, W)).
@@ -293,6 +293,7 @@ IMAGE_MARKERS = {
     "llava": "<image>",
     "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>",
 }
 """Families whose image inputs are flat over the batch, and the marker the processor expands."""
 

@@ -162,11 +162,11 @@ def build_llava_next(seed: int = 0) -> tuple[Any, Any]:
 
 
 def _qwen_family(
-    seed: int, classes: tuple[Any, Any, Any], text_type: str, vision: dict[str, Any]
+    seed: int, classes: tuple[Any, Any, Any], text_type: str, vision: dict[str, Any], **text: Any
 ) -> tuple[Any, Any]:
     """The Qwen2-VL layout's tokenizer, tiny random model and processor: 4 px patches merged 2x2 (an H x W
-    image -> H*W/64 tokens), M-RoPE Qwen2 LM; ``classes`` (config, model, processor) and ``vision`` (the
-    tower's config) are the version's."""
+    image -> H*W/64 tokens), M-RoPE Qwen2 LM; ``classes`` (config, model, processor), ``vision`` (the
+    tower's config) and ``text`` (more LM config keys) are the version's."""
     from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
     config_cls, model_cls, processor_cls = classes
@@ -179,7 +179,7 @@ def _qwen_family(
     ids = {t: tok.convert_tokens_to_ids(t) for t in specials}
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
     config = config_cls(
-        text_config=_text_config(tok, text_type, rope_parameters=rope),
+        text_config=_text_config(tok, text_type, rope_parameters=rope, **text),
         vision_config={
             "depth": 2,
             "num_heads": 2,
@@ -229,6 +229,22 @@ def build_qwen2_5_vl(seed: int = 0) -> tuple[Any, Any]:
         "fullatt_block_indexes": [1],
     }  # fmt: skip  (window: 16 / 2 / 4 = 2 merged)
     return _qwen_family(seed, classes, "qwen2_5_vl_text", vision)
+
+
+def build_qwen3_vl(seed: int = 0) -> tuple[Any, Any]:
+    """Qwen3-VL: Qwen2-VL's layout with learned tower positions (an 8 x 8 grid, interpolated), DeepStack
+    (tower block 0's merged features added to the LM's first layer) and interleaved M-RoPE on a Qwen3 LM."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+
+    classes = (Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor)
+    vision = {
+        "hidden_size": HIDDEN,
+        "intermediate_size": 64,
+        "out_hidden_size": HIDDEN,
+        "num_position_embeddings": 64,
+        "deepstack_visual_indexes": [0],
+    }  # fmt: skip
+    return _qwen_family(seed, classes, "qwen3_vl_text", vision, head_dim=HIDDEN // 4)
 
 
 def _tiled_family(seed: int, config_cls: Any, model_cls: Any) -> tuple[Any, Any]:
@@ -302,6 +318,7 @@ BUILDERS: dict[str, Callable[[int], tuple[Any, Any]]] = {
     "llava_next": build_llava_next,
     "qwen2_vl": build_qwen2_vl,
     "qwen2_5_vl": build_qwen2_5_vl,
+    "qwen3_vl": build_qwen3_vl,
     "idefics3": build_idefics3,
     "smolvlm": build_smolvlm,
 }

@@ -28,6 +28,7 @@ LM_PREFIX = {
     "llava_next": "model.language_model.",
     "qwen2_vl": "model.language_model.",
     "qwen2_5_vl": "model.language_model.",
+    "qwen3_vl": "model.language_model.",
     "idefics3": "model.text_model.",
     "smolvlm": "model.text_model.",
 }
@@ -89,10 +90,10 @@ def test_build_prompts_family_inputs(adapter, family):
     assert bool((batch["attention_mask"][:, -1] == 1).all())  # left padded: every row ends with its prompt
     assert not bool((batch["attention_mask"] == 1).all())  # some row is padded
     expected = {"llava": "pixel_values", "llava_next": "image_sizes", "qwen2_vl": "image_grid_thw",
-                "qwen2_5_vl": "image_grid_thw",
+                "qwen2_5_vl": "image_grid_thw", "qwen3_vl": "image_grid_thw",
                 "idefics3": "pixel_attention_mask", "smolvlm": "pixel_attention_mask"}  # fmt: skip
     assert expected[family] in batch
-    if family in ("qwen2_vl", "qwen2_5_vl"):
+    if family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
         assert batch["image_grid_thw"].shape == (4, 3) and "mm_token_type_ids" in batch
     if family == "llava_next":  # each image's own anyres patches, padded to the most in the batch
         assert batch["image_sizes"].tolist() == [[16, 16], [16, 24], [32, 32], [32, 16]]

@@ -77,7 +77,9 @@ def test_cli_runs_end_to_end(tmp_path, capsys):
     assert (out / "report.json").read_text() == before and "lr: 0.5" not in (out / "config.yaml").read_text()
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm", "llava_next"])
+@pytest.mark.parametrize(
+    "family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "idefics3", "smolvlm", "llava_next"]
+)
 def test_cli_runs_a_transformers_family_end_to_end(family, tmp_path, capsys):
     """``policy.init`` a saved transformers model: every stage, the report and a resume, as for NoteVLM
     (Qwen2-VL: image rows flat over the batch with M-RoPE; Idefics3: tiles padded per row; LLaVA-NeXT:

@@ -39,11 +39,12 @@ FAMILIES: dict[str, FamilySpec] = {
     "llava_next": FamilySpec(language_model="model.language_model"),
     "qwen2_vl": FamilySpec(language_model="model.language_model", mrope=True),
     "qwen2_5_vl": FamilySpec(language_model="model.language_model", mrope=True),
+    "qwen3_vl": FamilySpec(language_model="model.language_model", mrope=True),
     "idefics3": FamilySpec(language_model="model.text_model"),
     "smolvlm": FamilySpec(language_model="model.text_model"),
     "notevlm": FamilySpec(language_model="model.language_model"),
 }
-"""model_type -> spec. Tested with tiny instances: llava, llava_next, qwen2_vl, idefics3, notevlm."""
+"""model_type -> spec. Tested with tiny instances of each (tests/mm/adapter_helpers.py)."""
 
 
 def _qualified_name(model: nn.Module, module: nn.Module) -> str | None:
