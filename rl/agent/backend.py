@@ -11,7 +11,8 @@ Families that take an image in the middle of a sequence (a zoom after the first 
 - ``notevlm``: ``<im_start> <image> x K <im_end>`` anywhere; ``pixel_values`` (B, N, 3, S, S) with an
   ``image_mask`` (B, N); at most ``config.max_images`` images per trajectory, prompt images included;
   visibility "all" only (under "own" a later zoom would change what earlier text attends to).
-- ``llava`` (fixed tokens per image, ``pixel_values`` (n_images, 3, H, W) over the batch) and
+- ``llava`` and ``gemma3`` (fixed tokens per image, ``pixel_values`` (n_images, 3, H, W) over the batch;
+  Gemma 3's ``token_type_ids``, which let an image's tokens attend both ways, spliced with the ids) and
   ``qwen2_vl`` / ``qwen2_5_vl`` / ``qwen3_vl`` (``pixel_values`` rows per image from ``image_grid_thw``;
   M-RoPE positions computed by the model from the ids and grids, so a mid-sequence image is placed right).
 - ``idefics3`` / ``smolvlm`` (tiles: each image is a few sub-image tiles plus a global view, ``pixel_values``
@@ -294,6 +295,7 @@ IMAGE_MARKERS = {
     "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "gemma3": "<start_of_image>",
 }
 """Families whose image inputs are flat over the batch, and the marker the processor expands."""
 

@@ -39,6 +39,14 @@ QWEN2_VL_TEMPLATE = (
     "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<start_of_turn>"
+    "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for item in message['content'] %}{% if item['type'] == 'image' %}<start_of_image>"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
 IDEFICS3_TEMPLATE = (
     "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
     "{% if message['content'][0]['type'] == 'image' %}{{ ':' }}{% else %}{{ ': ' }}{% endif %}"
@@ -48,8 +56,17 @@ IDEFICS3_TEMPLATE = (
 )
 
 
-def tiny_tokenizer(*, specials: list[str], bos: str, eos: str, pad: str, chat_template: str) -> Any:
-    """The shipped byte-level BPE with the family's special tokens added (ids after the base vocabulary)."""
+def tiny_tokenizer(
+    *,
+    specials: list[str],
+    bos: str,
+    eos: str,
+    pad: str,
+    chat_template: str,
+    named: dict[str, str] | None = None,
+) -> Any:
+    """The shipped byte-level BPE with the family's special tokens added (ids after the base vocabulary);
+    ``named``: special tokens the processor reads by name (``tokenizer.boi_token``), saved with it."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
@@ -59,6 +76,7 @@ def tiny_tokenizer(*, specials: list[str], bos: str, eos: str, pad: str, chat_te
         eos_token=eos,
         pad_token=pad,
         unk_token="<unk>",
+        **({"extra_special_tokens": named} if named else {}),
     )
     new = [t for t in specials if t not in tok.get_vocab()]
     tok.add_special_tokens({"additional_special_tokens": new})
@@ -247,6 +265,51 @@ def build_qwen3_vl(seed: int = 0) -> tuple[Any, Any]:
     return _qwen_family(seed, classes, "qwen3_vl_text", vision, head_dim=HIDDEN // 4)
 
 
+def build_gemma3(seed: int = 0) -> tuple[Any, Any]:
+    """Gemma 3 layout: SigLIP tower (16 px, 4 px patches) average-pooled to 4 tokens an image between
+    ``<start_of_image>`` / ``<end_of_image>``, attended both ways (``token_type_ids``), and a Gemma 3 LM with
+    sliding-window and global layers."""
+    from transformers import (
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3ImageProcessor,
+        Gemma3Processor,
+    )
+
+    named = {
+        "boi_token": "<start_of_image>",
+        "eoi_token": "<end_of_image>",
+        "image_token": "<image_soft_token>",
+    }
+    tok = tiny_tokenizer(
+        specials=["<bos>", "<start_of_turn>", "<end_of_turn>"], bos="<bos>", eos="<end_of_turn>", pad="<pad>",
+        chat_template=GEMMA3_TEMPLATE, named=named,
+    )  # fmt: skip
+    config = Gemma3Config(
+        text_config=_text_config(tok, "gemma3_text", head_dim=8, sliding_window=64, query_pre_attn_scalar=8),
+        vision_config={
+            "model_type": "siglip_vision_model",
+            "hidden_size": HIDDEN,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": 16,
+            "patch_size": 4,
+        },  # fmt: skip
+        mm_tokens_per_image=4,
+        boi_token_index=tok.boi_token_id,
+        eoi_token_index=tok.convert_tokens_to_ids("<end_of_image>"),
+        image_token_index=tok.image_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Gemma3ForConditionalGeneration(config).eval()
+    processor = Gemma3Processor(
+        image_processor=Gemma3ImageProcessor(size={"height": 16, "width": 16}), tokenizer=tok,
+        image_seq_length=4, chat_template=GEMMA3_TEMPLATE,
+    )  # fmt: skip
+    return model, processor
+
+
 def _tiled_family(seed: int, config_cls: Any, model_cls: Any) -> tuple[Any, Any]:
     """The Idefics3 layout's tokenizer and tiny random model (``config_cls``, ``model_cls``: Idefics3's or
     SmolVLM's): SigLIP-like tower (16 px tiles, 8 px patches), pixel shuffle x2, Llama LM."""
@@ -319,6 +382,7 @@ BUILDERS: dict[str, Callable[[int], tuple[Any, Any]]] = {
     "qwen2_vl": build_qwen2_vl,
     "qwen2_5_vl": build_qwen2_5_vl,
     "qwen3_vl": build_qwen3_vl,
+    "gemma3": build_gemma3,
     "idefics3": build_idefics3,
     "smolvlm": build_smolvlm,
 }

@@ -74,7 +74,7 @@ def test_notevlm_trajectory_logps_equal_one_forward(notevlm):
     _assert_one_forward_parity(notevlm, backend, trajs)
 
 
-@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3"])
 def test_hf_family_trajectory_logps_equal_one_forward(family, tmp_path):
     adapter = load_adapter(build_family(family, tmp_path / family))
     assert isinstance(backend_for(adapter), FlatImageBackend)
