@@ -21,6 +21,8 @@ Families that take an image in the middle of a sequence (a zoom after the first 
 - ``llava_next`` (any resolution: each image is resized to its best grid and cut into patches plus a base
   view, so its token count follows its size; ``pixel_values`` (n_images, P, 3, H, W) over the batch,
   padded to the most patches, with ``image_sizes`` (n_images, 2), from which the model unpads).
+- ``internvl`` (each image up to ``max_patches`` tiles and a thumbnail by its aspect ratio, ``pixel_values``
+  (total patches, 3, H, W) over the batch; a segment counts its image's patches from its ids).
 - Other families: :func:`backend_for` names the supported ones.
 
 Observations are plain text around the image, ``<obs>`` ... ``</obs>``, continuing the assistant turn
@@ -391,6 +393,37 @@ class PatchedImageBackend(FlatImageBackend):
         return {"pixel_values": pixels, "image_sizes": torch.cat([im["image_sizes"] for im in flat])}
 
 
+PATCH_RUN_MARKERS = {"internvl": "<IMG_CONTEXT>"}
+"""Families whose images are runs of patches flat over the batch, told apart by their token runs."""
+
+
+class PatchRunBackend(FlatImageBackend):
+    """InternVL: an image is a run of patches (its tiles and a thumbnail, by its aspect ratio), each
+    ``image_seq_length`` context tokens, between ``<img>`` and ``</img>``; ``pixel_values`` (total patches,
+    3, H, W) is flat over the batch. The processor does not return the patches per image, so a segment
+    counts them from its ids: each image's run of context tokens over ``image_seq_length``."""
+
+    markers = PATCH_RUN_MARKERS
+
+    def _split(self, out: dict[str, Any], n: int) -> list[dict[str, torch.Tensor]]:
+        pixels, proc = out["pixel_values"], self.adapter.processor  # (patches, 3, H, W)
+        context, per = proc.image_token_id, proc.image_seq_length
+        runs, run = [], 0
+        for t in [*out["input_ids"][0].tolist(), None]:
+            if t == context:
+                run += 1
+            elif run:
+                runs.append(run)
+                run = 0
+        counts = [r // per for r in runs]
+        if len(counts) != n or sum(counts) != pixels.shape[0] or any(r % per for r in runs):
+            raise UserError(
+                f"{self.adapter.family}: {n} image(s) and {pixels.shape[0]} patches, but the ids hold image "
+                f"token runs of {runs} (image_seq_length {per}); is the processor the model's own?"
+            )
+        return [{"pixel_values": p} for p in torch.split(pixels, counts)]
+
+
 TILED_IMAGE_MARKERS = {"idefics3": "<image>", "smolvlm": "<image>"}
 """Families whose images are tiles padded per row (``pixel_attention_mask``), and the processor's marker."""
 
@@ -470,9 +503,13 @@ def backend_for(adapter: VLMAdapter) -> AgentBackend:
         return FlatImageBackend(adapter)
     if adapter.family in PATCHED_IMAGE_MARKERS:
         return PatchedImageBackend(adapter)
+    if adapter.family in PATCH_RUN_MARKERS:
+        return PatchRunBackend(adapter)
     if adapter.family in TILED_IMAGE_MARKERS:
         return TiledImageBackend(adapter)
-    done = ", ".join(["notevlm", *IMAGE_MARKERS, *PATCHED_IMAGE_MARKERS, *TILED_IMAGE_MARKERS])
+    done = ", ".join(
+        ["notevlm", *IMAGE_MARKERS, *PATCHED_IMAGE_MARKERS, *PATCH_RUN_MARKERS, *TILED_IMAGE_MARKERS]
+    )
     raise UserError(
         f"the agent loop does not support family {adapter.family!r}: it needs images spliced into the middle "
         f"of a sequence, done for {done}; a new family needs an AgentBackend (rl/agent/backend.py)"

@@ -47,6 +47,13 @@ GEMMA3_TEMPLATE = (
     "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
     "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
+INTERNVL_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<IMG_CONTEXT>\n{% elif content['type'] == 'text' %}"
+    "{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 IDEFICS3_TEMPLATE = (
     "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
     "{% if message['content'][0]['type'] == 'image' %}{{ ':' }}{% else %}{{ ': ' }}{% endif %}"
@@ -310,6 +317,48 @@ def build_gemma3(seed: int = 0) -> tuple[Any, Any]:
     return model, processor
 
 
+def build_internvl(seed: int = 0) -> tuple[Any, Any]:
+    """InternVL (2.5 / 3 / 3.5 in transformers' layout): InternViT-like tower (16 px patches of 4 px),
+    pixel shuffle 0.5 (4 tokens a patch) and a Qwen2 LM. An image is cut into up to 4 tiles of 16 px plus
+    a thumbnail, by its aspect ratio, so its number of patches (``pixel_values`` rows) depends on its size."""
+    from transformers import (
+        GotOcr2ImageProcessor,
+        InternVLConfig,
+        InternVLForConditionalGeneration,
+        InternVLProcessor,
+        InternVLVideoProcessor,
+    )
+
+    named = {"start_image_token": "<img>", "end_image_token": "</img>", "video_token": "<video>",
+             "context_image_token": "<IMG_CONTEXT>"}  # fmt: skip
+    tok = tiny_tokenizer(
+        specials=["<|im_start|>", "<|im_end|>", "<|endoftext|>"], bos="<|endoftext|>", eos="<|im_end|>",
+        pad="<|endoftext|>", chat_template=INTERNVL_TEMPLATE, named=named,
+    )  # fmt: skip
+    config = InternVLConfig(
+        vision_config={
+            "hidden_size": HIDDEN,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "image_size": [16, 16],
+            "patch_size": [4, 4],
+        },  # fmt: skip
+        text_config=_text_config(tok, "qwen2"),
+        downsample_ratio=0.5,
+        image_token_id=tok.context_image_token_id,
+    )
+    torch.manual_seed(seed)
+    model = InternVLForConditionalGeneration(config).eval()
+    size = {"height": 16, "width": 16}
+    processor = InternVLProcessor(
+        image_processor=GotOcr2ImageProcessor(size=size, crop_to_patches=True, min_patches=1, max_patches=4),
+        tokenizer=tok, video_processor=InternVLVideoProcessor(size=size), image_seq_length=4,
+        chat_template=INTERNVL_TEMPLATE,
+    )  # fmt: skip
+    return model, processor
+
+
 def _tiled_family(seed: int, config_cls: Any, model_cls: Any) -> tuple[Any, Any]:
     """The Idefics3 layout's tokenizer and tiny random model (``config_cls``, ``model_cls``: Idefics3's or
     SmolVLM's): SigLIP-like tower (16 px tiles, 8 px patches), pixel shuffle x2, Llama LM."""
@@ -383,6 +432,7 @@ BUILDERS: dict[str, Callable[[int], tuple[Any, Any]]] = {
     "qwen2_5_vl": build_qwen2_5_vl,
     "qwen3_vl": build_qwen3_vl,
     "gemma3": build_gemma3,
+    "internvl": build_internvl,
     "idefics3": build_idefics3,
     "smolvlm": build_smolvlm,
 }

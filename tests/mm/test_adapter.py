@@ -30,6 +30,7 @@ LM_PREFIX = {
     "qwen2_5_vl": "model.language_model.",
     "qwen3_vl": "model.language_model.",
     "gemma3": "model.language_model.",
+    "internvl": "model.language_model.",
     "idefics3": "model.text_model.",
     "smolvlm": "model.text_model.",
 }
@@ -92,7 +93,7 @@ def test_build_prompts_family_inputs(adapter, family):
     assert not bool((batch["attention_mask"] == 1).all())  # some row is padded
     expected = {"llava": "pixel_values", "llava_next": "image_sizes", "qwen2_vl": "image_grid_thw",
                 "qwen2_5_vl": "image_grid_thw", "qwen3_vl": "image_grid_thw",
-                "gemma3": "token_type_ids",
+                "gemma3": "token_type_ids", "internvl": "pixel_values",
                 "idefics3": "pixel_attention_mask", "smolvlm": "pixel_attention_mask"}  # fmt: skip
     assert expected[family] in batch
     if family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):

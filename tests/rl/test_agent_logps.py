@@ -5,14 +5,17 @@ gradient is exactly zero on every logit that predicts an observation token."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from mm.errors import UserError
 from mm.model.adapter import load_adapter
 from rl.agent.backend import (
     FlatImageBackend,
     NoteVLMBackend,
     PatchedImageBackend,
+    PatchRunBackend,
     Sampling,
     TiledImageBackend,
     backend_for,
@@ -83,6 +86,23 @@ def test_hf_family_trajectory_logps_equal_one_forward(family, tmp_path):
     images = batch.get("image_grid_thw", batch["pixel_values"])
     assert images.shape[0] == 7  # 2 + 1 + 2 note images, 2 zooms, flat over the batch
     _assert_one_forward_parity(adapter, backend, trajs)
+
+
+def test_internvl_patch_runs_trajectory_logps_equal_one_forward(tmp_path):
+    """InternVL: every image is a run of patches (up to 4 tiles and a thumbnail here, by its aspect ratio),
+    flat over the batch, told apart by its run of context tokens."""
+    adapter = load_adapter(build_family("internvl", tmp_path / "internvl"))
+    assert isinstance(backend_for(adapter), PatchRunBackend)
+    backend, trajs = _forced_rollout(adapter, PatchRunBackend)
+    per_image = [im["pixel_values"].shape[0] for t in trajs for im in t.images]
+    assert len(per_image) == 7 and len(set(per_image)) > 1  # images of other shapes, other patch counts
+    batch, _ = trajectory_batch(backend, trajs)
+    assert batch["pixel_values"].shape[0] == sum(per_image)
+    _assert_one_forward_parity(adapter, backend, trajs)
+    seg = backend.image_segment(np.zeros((20, 48, 3), dtype=np.uint8))  # a wide crop: several tiles
+    out = {"input_ids": torch.tensor([seg.ids]), "pixel_values": seg.images[0]["pixel_values"]}
+    with pytest.raises(UserError, match="image token runs"):
+        backend._split({**out, "pixel_values": out["pixel_values"][:-1]}, 1)  # a patch short
 
 
 @pytest.mark.parametrize("family", ["idefics3", "smolvlm"])

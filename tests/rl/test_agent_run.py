@@ -78,7 +78,8 @@ def test_cli_runs_end_to_end(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3", "smolvlm", "llava_next"]
+    "family",
+    ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "internvl", "idefics3", "smolvlm", "llava_next"],
 )
 def test_cli_runs_a_transformers_family_end_to_end(family, tmp_path, capsys):
     """``policy.init`` a saved transformers model: every stage, the report and a resume, as for NoteVLM

@@ -15,7 +15,7 @@ import pytest
 from rl.cli import main
 from tests.mm.adapter_helpers import build_family, random_image
 
-FAMILIES = ["llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3", "notevlm"]
+FAMILIES = ["llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "internvl", "idefics3", "notevlm"]
 RECORDS = [
     {"id": "cap", "image": "0.png", "question": "Describe the image.", "objects": ["fork", "cup"], "note": 1},
     {"image": ["1.png", "2.png"], "question": "Is there a dog in the second image?", "answer": "no"},

@@ -41,6 +41,7 @@ FAMILIES: dict[str, FamilySpec] = {
     "qwen2_5_vl": FamilySpec(language_model="model.language_model", mrope=True),
     "qwen3_vl": FamilySpec(language_model="model.language_model", mrope=True),
     "gemma3": FamilySpec(language_model="model.language_model"),
+    "internvl": FamilySpec(language_model="model.language_model"),
     "idefics3": FamilySpec(language_model="model.text_model"),
     "smolvlm": FamilySpec(language_model="model.text_model"),
     "notevlm": FamilySpec(language_model="model.language_model"),
