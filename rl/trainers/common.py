@@ -239,3 +239,14 @@ def note_pixels(images_u8: torch.Tensor, processor: Any) -> torch.Tensor:
     mean = torch.tensor(processor.image_mean).view(1, 3, 1, 1)
     std = torch.tensor(processor.image_std).view(1, 3, 1, 1)
     return (images_u8.float().div(255.0) - mean) / std
+
+
+def trained_adapter(adapter: Any, model: torch.nn.Module | None) -> Any:
+    """The adapter over the weights to save after :func:`mm.train.loop.run`: ``adapter`` itself, or under
+    FSDP (whose live weights are shards) the whole weights the loop gathered on rank 0 (``LoopResult.model``,
+    a plain copy) with ``adapter``'s processor."""
+    if model is None or model is adapter.model:
+        return adapter
+    from mm.model.adapter import load_adapter
+
+    return load_adapter(model, adapter.processor)

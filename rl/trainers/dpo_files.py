@@ -27,10 +27,9 @@ from mm.config import to_dict
 from mm.errors import UserError
 from mm.model.adapter import Sample, load_adapter
 from mm.train import common, loop
-from mm.train.fsdp import fsdp_requested
 from rl.corrupt import corrupt
 from rl.pairs.importers import FilePair, open_images
-from rl.trainers.common import Reference, make_optimizer, start_run
+from rl.trainers.common import Reference, make_optimizer, start_run, trained_adapter
 from rl.trainers.dpo import DPO_PLOT_KEYS, DPOTrainer
 from rl.trainers.dpo_config import FilesDPOConfig
 from rl.trainers.dpo_score import AdapterScorer
@@ -137,11 +136,6 @@ def train(
     OUT/curves.png, OUT/checkpoints/, OUT/model and, under LoRA, OUT/adapter. Returns a summary."""
     out, device = start_run(cfg.train, out_dir, global_batch=cfg.data.batch_size)
     rank, world = common.init_distributed()
-    if world > 1 and fsdp_requested(cfg.train.fsdp):
-        raise UserError(
-            "rl dpo --pairs: FSDP is not supported for pair files yet (the merged save needs the whole "
-            "weights); launch with configs/accelerate/ddp.yaml (data parallel) instead"
-        )
     adapter = prepare_model(cfg, device)
     ref = Reference(model=adapter.model, needed=True)
     conditional = cfg.loss.corruption if cfg.loss.conditional_weight > 0 else None
@@ -161,7 +155,7 @@ def train(
         stop_after=stop_after,
     )  # fmt: skip
     if rank == 0 and not result.stopped:
-        save_model(adapter, out)
+        save_model(trained_adapter(adapter, result.model), out)
     return {
         "step": result.step,
         "family": adapter.family,

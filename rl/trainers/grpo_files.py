@@ -40,7 +40,7 @@ from rl.kl import entropy_from_logits
 from rl.rollout import Completions, SamplingSpec, build_engine
 from rl.rollout.seeded import prompt_seed
 from rl.sampling import overlong_penalty
-from rl.trainers.common import Reference, make_optimizer, start_run
+from rl.trainers.common import Reference, make_optimizer, start_run, trained_adapter
 from rl.trainers.grpo import GRPO_PLOT_KEYS, compute_advantages, grpo_loss, shard_loss
 from rl.trainers.grpo_files_config import GRPOFilesConfig
 from rl.trainers.grpo_files_data import PromptImages, read_prompts
@@ -315,7 +315,7 @@ def train(
         grad_clip=cfg.optim.grad_clip, resume=resume, show_progress=show_progress,
     )  # fmt: skip
     if trainer.rank == 0 and not result.stopped:
-        adapter.merge_and_save(out / "model")
+        trained_adapter(adapter, result.model).merge_and_save(out / "model")
     return {
         "step": result.step,
         "prompts": len(records),

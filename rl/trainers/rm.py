@@ -137,8 +137,9 @@ def train(
         show_progress=show_progress, stop_after=stop_after,
     )  # fmt: skip
     if not result.stopped:
-        save_model(adapter, out)
-        rm.save_head(out)
+        final = result.model if isinstance(result.model, RewardModel) else rm  # FSDP: the gathered copy
+        save_model(final.adapter, out)
+        final.save_head(out)
     return {
         "step": result.step,
         "family": adapter.family,

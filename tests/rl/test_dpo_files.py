@@ -433,3 +433,42 @@ def test_dpo_vs_trl_benchmark_smoke(tmp_path):
     theirs = bench.trl(model, pairs, tmp_path / "trl", batch=2, steps=2, lr=1e-3)
     assert len(ours) == len(theirs) == 2 and min(ours + theirs) > 0
     assert bench.median_after_warmup([5.0, 1.0, 3.0]) == 2.0
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_two_processes_equal_one(files, tmp_path, fsdp):
+    """torchrun, 2 ranks x 2 pairs == 1 process x 4 pairs (LoRA on a tiny Qwen2-VL, the reference its base),
+    data parallel and FSDP (the LM's blocks sharded; the merged model gathered whole): the weights of every
+    step, the per-pair metrics and the saved model. (Logged spreads and token-weighted means, e.g.
+    ``reward_std`` and ``kl``, are the mean of the ranks' own, not the global batch's.)"""
+    from safetensors.torch import load_file
+
+    from tests.rl.test_grpo_dp import _launch, _same_saved_model
+
+    pairs = _write_jsonl(tmp_path / "four.jsonl", [*PAIRS, {**PAIRS[0], "id": "four", "image": "b.png"}])
+    sets = ["train.steps=2", "data.batch_size=4", "train.checkpoint_every=1", "lora.r=4", "optim.lr=2e-3",
+            "train.device=cpu", "train.threads=1"]  # fmt: skip
+    args = ["dpo", "--model", str(files["models"]["qwen2_vl"]), "--pairs", str(pairs), "--image-folder",
+            str(files["images"]), "--no-progress"]  # fmt: skip
+    args += [x for s in sets for x in ("--set", s)]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    work = tmp_path / "work"
+    work.mkdir()
+    launched = [*args, "--set", "train.fsdp=true"] if fsdp else args
+    proc = _launch(work, "torchrun", *launched, "--out", str(work / "two"))
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert proc.stdout.count('"family"') == 1  # rank 0 alone reports
+    one, two = _records(tmp_path / "one"), _records(work / "two")
+    assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2]
+    for a, b in zip(one, two):
+        for k in ("loss", "dpo_loss", "reward_margin", "reward_accuracy", "reward_chosen", "reward_rejected"):
+            assert b[k] == pytest.approx(a[k], abs=1e-5), (a["step"], k)
+    for step in (1, 2):
+        name = f"checkpoints/step-{step:08d}/model.safetensors"
+        wa, wb = load_file(str(tmp_path / "one" / name)), load_file(str(work / "two" / name))
+        assert wa.keys() == wb.keys() and max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-5
+    _same_saved_model(tmp_path / "one" / "model", work / "two" / "model")
+    assert (work / "two" / "adapter" / "adapter_config.json").is_file()
+    base = load_file(str(files["models"]["qwen2_vl"] / "model.safetensors"))
+    merged = load_file(str(work / "two" / "model" / "model.safetensors"))
+    assert max((merged[k] - base[k]).abs().max().item() for k in base) > 1e-4  # the steps trained

@@ -102,6 +102,15 @@ def _same_runs(one: Path, two: Path, steps: int) -> None:
     assert moved > 1e-4, "the steps did not move the weights: the comparison would mean nothing"
 
 
+def _same_saved_model(one: Path, two: Path) -> None:
+    """The saved (merged) model folders hold the same weights to 1e-5."""
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
+    assert a.keys() == b.keys() and not any("lora" in k for k in a)
+    assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) < 1e-5
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("grpo_dp")
@@ -136,12 +145,13 @@ def test_world_form_two_processes_equal_one(tmp_path, world):
     assert all("kl" in r for r in _records(work / "two"))
 
 
-def test_files_form_two_processes_equal_one(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_files_form_two_processes_equal_one(tmp_path, monkeypatch, fsdp):
     """torchrun, the prompt-file form on a tiny LLaVA (HF ``generate`` with the seeded sampler), top-k
     sampling (importance weights), GSPO's sequence ratios with a sequence-mean loss and DAPO dynamic
     sampling. Records 1 and 2 get a constant reward; with seed 0 the sampling batches of each step are
     records [0, 1] then [3, 2], so both kept groups are rank 0's and rank 1 trains on none (its loss
-    weight is 0)."""
+    weight is 0). Data parallel, and FSDP (the LM's blocks sharded; the saved model gathered whole)."""
     from tests.mm.adapter_helpers import build_family, random_image
 
     work = tmp_path / "work"
@@ -164,10 +174,12 @@ def test_files_form_two_processes_equal_one(tmp_path, monkeypatch):
             str(tmp_path / "imgs"), "--reward", "dp_reward:varied", "--no-progress"]  # fmt: skip
     args += [x for s in sets for x in ("--set", s)]
     _one_process([*args, "--out", str(tmp_path / "one")])
-    proc = _launch(work, "torchrun", *args, "--out", str(work / "two"))
+    launched = [*args, "--set", "train.fsdp=true"] if fsdp else args
+    proc = _launch(work, "torchrun", *launched, "--out", str(work / "two"))
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     assert proc.stdout.count('"family"') == 1
     _same_runs(tmp_path / "one", work / "two", 2)
+    _same_saved_model(tmp_path / "one" / "model", work / "two" / "model")
     recs = _records(work / "two")
     assert all("is_weight_mean" in r and r["sample_batches"] == 2 and r["zero_std_frac"] == 0.5 for r in recs)
 
