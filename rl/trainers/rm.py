@@ -137,9 +137,8 @@ def train(
         show_progress=show_progress, stop_after=stop_after,
     )  # fmt: skip
     if not result.stopped:
-        final = result.model if isinstance(result.model, RewardModel) else rm  # FSDP: the gathered copy
-        save_model(final.adapter, out)
-        final.save_head(out)
+        save_model(adapter, out)
+        rm.save_head(out)
     return {
         "step": result.step,
         "family": adapter.family,
