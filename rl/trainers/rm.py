@@ -7,13 +7,16 @@ and minimises :func:`rl.trainers.rm_model.bt_loss`. Logged per step: ``loss``, `
 pairs with r_chosen > r_rejected), ``margin`` (mean r_chosen - r_rejected), ``reward_chosen``,
 ``reward_rejected``; on the held-out pairs every ``train.eval_every`` steps: ``eval/accuracy``,
 ``eval/loss``, ``eval/margin``. Writes OUT/model (+ OUT/adapter under LoRA), OUT/value_head.pt and
-OUT/reward_model.json (``reward.source: rm:OUT`` in ``rl grpo`` reads them). One process (every rank
-would compute the same batch).
+OUT/reward_model.json (``reward.source: rm:OUT`` in ``rl grpo`` reads them).
+
+Under ``torchrun`` / ``accelerate launch`` each rank scores its shard of every step's pairs (the BT loss is
+a mean over pairs, so the averaged gradient is the global batch's: ``data.batch_size`` must divide by the
+processes), and with ``train.fsdp`` the LM's blocks are sharded; rank 0 evaluates the held-out pairs and
+saves, under FSDP from the whole weights the loop gathered.
 """
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -64,18 +67,19 @@ class RMTrainer(loop.StepTrainer):
 
     def __init__(
         self, *, rm: RewardModel, train: FilePairBatcher, heldout: FilePairBatcher | None, batch_size: int,
-        seed: int, center_weight: float,
+        seed: int, center_weight: float, rank: int = 0, world: int = 1,
     ) -> None:  # fmt: skip
-        self.model, self.rm, self.train_pairs, self.heldout = rm, rm, train, heldout
+        self.model, self.train_pairs, self.heldout = rm, train, heldout
         self.batch_size, self.seed, self.center_weight = batch_size, seed, center_weight
+        self.rank, self.world = rank, world
 
     def batch(self, step: int) -> dict[str, Any]:
         idx = common.batch_indices(len(self.train_pairs), self.batch_size, seed=self.seed, step=step)
-        return self.train_pairs.batch(idx)
+        return self.train_pairs.batch(common.shard(idx, rank=self.rank, world_size=self.world))
 
     def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
         b = batch["num_pairs"]
-        r = self.rm(batch)  # (2b,): chosen rows then rejected rows
+        r = self.model(batch)  # (2b,): chosen rows then rejected rows
         loss = bt_loss(r[:b], r[b:], center_weight=self.center_weight)
         return loss, {"loss": float(loss.detach()), **pair_metrics(r[:b], r[b:])}
 
@@ -84,18 +88,19 @@ class RMTrainer(loop.StepTrainer):
         """Held-out pair accuracy, BT loss and margin (eval mode)."""
         if self.heldout is None:
             return {}
-        was = self.rm.training
-        self.rm.eval()
+        rm = self.model  # under FSDP the loop puts the gathered whole copy here for the evaluation
+        was = rm.training
+        rm.eval()
         chosen, rejected = [], []
         try:
             for i in range(0, len(self.heldout), self.batch_size):
                 batch = self.heldout.batch(list(range(i, min(i + self.batch_size, len(self.heldout)))))
                 b = batch["num_pairs"]
-                r = self.rm(batch)  # (2b,)
+                r = rm(batch)  # (2b,)
                 chosen.append(r[:b])
                 rejected.append(r[b:])
         finally:
-            self.rm.train(was)
+            rm.train(was)
         c, j = torch.cat(chosen), torch.cat(rejected)
         m = pair_metrics(c, j)
         return {"accuracy": m["accuracy"], "margin": m["margin"], "loss": float(bt_loss(c, j)),
@@ -113,10 +118,8 @@ def train(
 ) -> dict[str, Any]:
     """Train on ``pairs`` (:func:`rl.pairs.importers.read_pair_file`); writes OUT (see the module
     docstring). Returns a summary with the last held-out evaluation."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UserError("rl rm runs in one process (its batches are not sharded over ranks); launch it "
-                        "without torchrun / accelerate launch (WORLD_SIZE=1)")  # fmt: skip
-    out, device = start_run(cfg.train, out_dir)
+    out, device = start_run(cfg.train, out_dir, global_batch=cfg.data.batch_size)
+    rank, world = common.init_distributed()
     adapter = prepare_model(cfg, device)  # LoRA-wrapped, or all but the vision tower trainable
     rm = RewardModel(adapter=adapter)
     rm.train()
@@ -127,7 +130,8 @@ def train(
 
     trainer = RMTrainer(
         rm=rm, train=batcher(train_pairs), heldout=batcher(held) if held else None,
-        batch_size=cfg.data.batch_size, seed=cfg.train.seed, center_weight=cfg.loss.center_weight,
+        batch_size=cfg.data.batch_size, seed=cfg.train.seed, center_weight=cfg.loss.center_weight, rank=rank,
+        world=world,
     )  # fmt: skip
     opt, sched = make_optimizer(rm, cfg.optim, cfg.train.steps)
     result = loop.run(
@@ -136,9 +140,10 @@ def train(
         eval_every=cfg.train.eval_every if held else None, grad_clip=cfg.optim.grad_clip, resume=resume,
         show_progress=show_progress, stop_after=stop_after,
     )  # fmt: skip
-    if not result.stopped:
-        save_model(adapter, out)
-        rm.save_head(out)
+    if rank == 0 and not result.stopped:
+        final = result.model if isinstance(result.model, RewardModel) else rm  # FSDP: the gathered copy
+        save_model(final.adapter, out)
+        final.save_head(out)
     return {
         "step": result.step,
         "family": adapter.family,

@@ -146,3 +146,45 @@ def test_rm_on_a_transformers_family_full_fine_tuning(tmp_path):
     res = json.loads((out / "result.json").read_text())
     assert res["family"] == "qwen2_vl" and res["heldout"]["pairs"] == 1
     assert (out / "model" / "config.json").is_file() and not (out / "adapter").exists()
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_two_processes_equal_one(world, tmp_path, fsdp):
+    """torchrun, 2 ranks x 1 pair == 1 process x 2 pairs, data parallel and FSDP: the weights of every step,
+    the held-out evaluation (rank 0, on the gathered weights under FSDP), the saved model and value head."""
+    from safetensors.torch import load_file
+
+    from tests.rl.test_grpo_dp import _launch
+
+    model, data = world
+    sets = ["train.steps=3", "train.eval_every=3", "data.batch_size=2", "data.heldout=0.34", "optim.lr=0.01",
+            "train.checkpoint_every=1", "train.keep_last=5", "train.device=cpu", "train.threads=1",
+            "optim.eps=1e-5"]  # fmt: skip
+    # eps: the head's bias has a zero gradient (the BT loss is shift-invariant), which float32 sums over a
+    # batch leave at ~1e-9; AdamW turns that into lr * 1e-9 / eps, a real move at the default 1e-8
+    args = ["rm", "--model", str(model), "--pairs", str(data / "pairs.jsonl"), "--no-progress"]
+    args += [x for s in sets for x in ("--set", s)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = _launch(work, "torchrun", *args, *(["--set", "train.fsdp=true"] if fsdp else []), "--out",
+                   str(work / "two"))  # fmt: skip
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    one, two = tmp_path / "one", work / "two"
+    ra = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    rb = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rb] == [r["step"] for r in ra] == [1, 2, 3]
+    for a, b in zip(ra, rb):
+        for k in ("loss", "accuracy", "margin", "reward_chosen", "reward_rejected"):
+            assert b[k] == pytest.approx(a[k], abs=1e-5), (a["step"], k)
+    assert rb[-1]["eval/accuracy"] == ra[-1]["eval/accuracy"]
+    assert rb[-1]["eval/loss"] == pytest.approx(ra[-1]["eval/loss"], abs=1e-5)
+    names = [f"checkpoints/step-{s:08d}/model.safetensors" for s in (1, 2, 3)] + ["model/model.safetensors"]
+    for name in names:
+        wa, wb = load_file(str(one / name)), load_file(str(two / name))
+        assert wa.keys() == wb.keys() and max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-5, name
+    head_a, head_b = torch.load(one / "value_head.pt"), torch.load(two / "value_head.pt")
+    assert all(torch.allclose(head_a[k], head_b[k], atol=1e-5) for k in head_a)
+    assert float(head_b["weight"].abs().sum()) > 0  # the head trained from its zero init
