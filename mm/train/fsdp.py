@@ -19,6 +19,10 @@ over the ranks instead of all-reducing whole gradients itself:
   (:class:`FullCopy`), and rank 0 saves and evaluates that copy. Optimizer state is saved whole, keyed
   by parameter name, and resharded on resume.
 
+Sampling from a sharded model (GRPO rollouts, on-policy pairs) keeps every rank stepping until all are
+done (:func:`synced_generation`: HF ``generate``'s ``synced_gpus``, and the same in
+:func:`rl.trainers.rollout.sample_tokens`), since each decode step is a collective.
+
 Cost: rank 0 holds one more copy of the weights in host memory. One process (``WORLD_SIZE`` 1) joins no
 group and trains the plain model; a script that joins a one-process group itself gets FSDP over one
 rank (how ``benchmarks/gpu_check_train.py`` checks the path on one GPU). A model that declares no
@@ -86,6 +90,20 @@ def is_sharded(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def synced_generation(model: nn.Module) -> bool:
+    """Whether sampling from ``model`` must keep every rank stepping until all ranks are done (HF
+    ``generate``'s ``synced_gpus``): its blocks are sharded over several ranks, so every forward is a
+    collective, and a rank whose rows all ended early would leave the others waiting in it forever."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and is_sharded(model)
+
+
+def any_rank(flag: bool) -> bool:
+    """``flag`` or'ed over the ranks (a collective)."""
+    t = torch.tensor([float(flag)])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
 
 
 def is_dtensor(t: torch.Tensor) -> bool:

@@ -19,7 +19,7 @@ from mm.model.adapter.batching import trim_at_eos
 from rl.rollout.base import Completions, RolloutEngine, SamplingSpec
 from rl.rollout.recorder import sampling_processors
 from rl.rollout.seeded import SeededSampler, prompt_generators
-from rl.trainers.rollout import decode_loop_supported, generate_rollout
+from rl.trainers.rollout import decode_loop_supported, generate_rollout, synced_kwargs
 
 
 class LocalEngine(RolloutEngine):
@@ -75,7 +75,7 @@ class LocalEngine(RolloutEngine):
             with torch.no_grad():
                 seq = model.generate(
                     **inputs, max_new_tokens=s.max_new_tokens, pad_token_id=a.pad_token_id,
-                    eos_token_id=a.eos_token_ids, **kwargs,
+                    eos_token_id=a.eos_token_ids, **kwargs, **synced_kwargs(model),
                 )  # fmt: skip  # (B*G, P + R)
         finally:
             model.train(was_training)

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from mm.train.fsdp import any_rank, is_sharded, synced_generation
 from rl.rollout.seeded import SeededSampler, draw_seeded, draw_with_uniforms, seeded_uniforms
 from rl.trainers.decode_step import lean_decode_step
 
@@ -106,6 +107,12 @@ _OTHER_PROCESSORS: dict[str, tuple[Any, ...]] = {
     "prefill_chunk_size": (None,),
     "token_healing": (None, False),
 }
+
+
+def synced_kwargs(model: Any) -> dict[str, bool]:
+    """``generate`` keywords for ``model``: ``synced_gpus`` when it is sharded over ranks
+    (:func:`mm.train.fsdp.synced_generation`)."""
+    return {"synced_gpus": True} if synced_generation(model) else {}
 
 
 def decode_loop_supported(model: Any) -> bool:
@@ -203,7 +210,8 @@ def sample_tokens(
     the distribution they were drawn from (0 for greedy). ``generators`` (one per prompt, on the prompts'
     device): prompt ``g``'s rows draw from ``generators[g]`` (:func:`rl.rollout.seeded.draw_seeded`) instead
     of the global RNG, so its tokens do not depend on the other prompts of the batch (data parallel).
-    Call under ``torch.no_grad`` / ``inference_mode``; the model's mode is the caller's.
+    Call under ``torch.no_grad`` (or ``inference_mode`` when the model is not FSDP-sharded); the model's mode
+    is the caller's.
     """
     if sampler not in SAMPLERS:
         raise ValueError(f"unknown sampler {sampler!r}; expected one of {', '.join(SAMPLERS)}")
@@ -240,12 +248,14 @@ def sample_tokens(
     if (tokens := model.generation_config.suppress_tokens) is not None:
         vocab = torch.arange(logits.shape[-1], device=logits.device)  # (V,)
         suppress = torch.isin(vocab, torch.as_tensor(list(tokens), device=logits.device))
-    lean = lean_decode_step(model) if (bool_buf is not None or not padded) else None  # Qwen2/Llama
+    # Qwen2/Llama; not on FSDP blocks, whose weights are gathered only when the block itself is called
+    lean = lean_decode_step(model) if (bool_buf is not None or not padded) and not is_sharded(model) else None
     last_pos = position[:, -1:].repeat_interleave(G, dim=0)  # (N, 1)
     unfinished = torch.ones(N, dtype=torch.bool, device=device)  # (N,)
     uniforms = None  # (N, R_max): every seeded inverse-cdf draw, made up front
     if generators is not None and sampler == "inverse_cdf" and do_sample:
         uniforms = seeded_uniforms(generators, group_size=G, steps=max_new_tokens, device=device)
+    synced = synced_generation(model)  # FSDP: every rank steps until all are done
     steps = 0
     while True:
         scores = logits[:, -1].to(dtype=torch.float32, copy=True)  # (N, V)
@@ -277,7 +287,8 @@ def sample_tokens(
         out[:, P + steps] = nxt
         steps += 1
         unfinished &= nxt != eos_id
-        if steps == max_new_tokens or not bool(unfinished.any()):
+        going = bool(unfinished.any())
+        if steps == max_new_tokens or not (any_rank(going) if synced else going):
             break
         last_pos = last_pos + 1  # (N, 1)
         if padded:
@@ -334,7 +345,8 @@ def generate_rollout(
     recorder = None
     P = ids.shape[1]
     try:
-        with torch.inference_mode():
+        # FSDP's gathered weights are reused after sampling: inference tensors would not be
+        with torch.no_grad() if is_sharded(model) else torch.inference_mode():
             if decode_loop_supported(model):
                 out = sample_tokens(
                     model, prompts, group_size=group_size, eos_id=eos_id, pad_id=pad_id, sampler=sampler,
@@ -353,7 +365,7 @@ def generate_rollout(
                     recorder = recorder if record_logps else None
                 out = model.generate(
                     input_ids=ids, attention_mask=attn, **images, num_return_sequences=group_size,
-                    pad_token_id=pad_id, eos_token_id=eos_id, **extra,
+                    pad_token_id=pad_id, eos_token_id=eos_id, **extra, **synced_kwargs(model),
                 )  # fmt: skip
             logps = None
             if recorder is not None:

@@ -324,3 +324,55 @@ def test_vllm_engine_under_several_processes_is_one_line(tmp_path, monkeypatch, 
     err = capsys.readouterr().err.strip()
     assert "rollout.engine=vllm runs in one process" in err and "\n" not in err
     assert not (tmp_path / "o").exists()
+
+
+def _eos_prone(folder: Path, scale: float) -> None:
+    """Scale the output row of the eos token(s) of a saved model, so that some completions end after a few
+    tokens and others run on: the ranks' rollouts end at different steps."""
+    from safetensors.torch import load_file, save_file
+    from transformers import GenerationConfig
+
+    eos = GenerationConfig.from_pretrained(folder).eos_token_id
+    eos = eos if isinstance(eos, list) else [eos]
+    weights = load_file(str(folder / "model.safetensors"))
+    head = next(k for k in weights if k.endswith("lm_head.weight"))
+    weights[head][eos] *= scale
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("family", ["llava", "notevlm"])
+def test_fsdp_rollouts_that_end_at_different_steps_on_each_rank(tmp_path, monkeypatch, family):
+    """Under FSDP every decode step is a collective: a rank whose completions all ended must keep stepping
+    until the other ranks' end (HF ``generate``'s ``synced_gpus``; the NoteVLM decode loop's own check), or
+    the run hangs. Completions of many lengths (an eos-prone model), 2 ranks == 1 process."""
+    from tests.helpers.eval_model import make_model_dir
+    from tests.mm.adapter_helpers import build_family, random_image
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "dp_reward.py").write_text(REWARD_MODULE)
+    monkeypatch.syspath_prepend(str(work))
+    (tmp_path / "imgs").mkdir()
+    for i in range(4):
+        random_image(24 + 8 * i, 16 + 8 * i, seed=i).save(tmp_path / "imgs" / f"{i}.png")
+    records = [{"image": f"{i}.png", "question": "Describe it."} for i in range(4)]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if family == "notevlm":
+        model = make_model_dir(tmp_path / "nv")
+    else:
+        model = build_family(family, tmp_path / family)
+    _eos_prone(model, 12.0 if family == "notevlm" else 120.0)  # (a 0.02-init LM needs more)
+    sets = [
+        "train.steps=2", "train.checkpoint_every=1", "train.device=cpu", "train.threads=1",
+        "data.prompts_per_step=4", "rollout.group_size=2", "rollout.max_new_tokens=24", "optim.lr=0.001", EPS,
+    ]  # fmt: skip
+    args = ["grpo", "--model", str(model), "--prompts", str(tmp_path / "p.jsonl"), "--image-folder",
+            str(tmp_path / "imgs"), "--reward", "dp_reward:varied", "--no-progress"]  # fmt: skip
+    args += [x for s in sets for x in ("--set", s)]
+    _one_process([*args, "--out", str(tmp_path / "one")])
+    stats = [(r["response_len"], r["truncated_frac"]) for r in _records(tmp_path / "one")]
+    assert all(1 < n < 20 and t < 0.5 for n, t in stats), stats  # of many lengths, most ended by eos
+    proc = _launch(work, "torchrun", *args, "--set", "train.fsdp=true", "--out", str(work / "two"))
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    _same_runs(tmp_path / "one", work / "two", 2)
+    _same_saved_model(tmp_path / "one" / "model", work / "two" / "model")
