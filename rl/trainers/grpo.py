@@ -391,7 +391,7 @@ def train(
         grad_clip=cfg.optim.grad_clip, resume=resume, show_progress=show_progress, stop_after=stop_after,
     )  # fmt: skip
     if trainer.rank == 0 and not result.stopped:
-        save_final(model, processor, out, lora=cfg.lora.enabled)
+        save_final(result.model, processor, out, lora=cfg.lora.enabled)
     return {
         "step": result.step,
         "prompts": len(prompts),

@@ -117,10 +117,11 @@ def world(tmp_path_factory):
     return make_model_dir(root), make_data_dir(root, split="train")
 
 
-def test_world_form_two_processes_equal_one(tmp_path, world):
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_world_form_two_processes_equal_one(tmp_path, world, fsdp):
     """accelerate launch, 2 ranks x 2 prompts == 1 process x 4 prompts: DAPO dynamic sampling (which
     groups are kept is a global decision), batch-std advantages, token-mean over the global token count,
-    two updates per rollout (clipping metrics) and a KL to a frozen copy."""
+    two updates per rollout (clipping metrics) and a KL to a frozen copy; data parallel and FSDP."""
     model, data = world
     sets = [
         f"init.model={model}", "data.prompts_per_step=4", "data.tasks=[caption,question]",
@@ -134,7 +135,8 @@ def test_world_form_two_processes_equal_one(tmp_path, world):
     _one_process([*args, "--out", str(tmp_path / "one")])
     work = tmp_path / "work"
     work.mkdir()
-    proc = _launch(work, "accelerate", *args, "--out", str(work / "two"))
+    fsdp_args = ["--set", "train.fsdp=true"] if fsdp else []
+    proc = _launch(work, "accelerate", *args, *fsdp_args, "--out", str(work / "two"))
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     assert proc.stdout.count('"prompts"') == 1  # rank 0 alone reports
     assert sorted(p.name for p in work.iterdir() if p.name not in (".hf", "__pycache__")) == ["two"]
