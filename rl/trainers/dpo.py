@@ -130,15 +130,36 @@ def scored_dpo_step(
                 "reward_margin": margin.mean(),
                 "reward_accuracy": (margin > 0).float().mean(),
                 "reward_mean": implicit.mean(),
-                "reward_std": implicit.std() if implicit.numel() > 1 else implicit.new_zeros(()),
+                "reward_std": _std_over_ranks(implicit),
                 "logp_chosen": (seq[:b] / lengths[:b].clamp(min=1)).mean(),
                 "logp_rejected": (seq[b : 2 * b] / lengths[b : 2 * b].clamp(min=1)).mean(),
-                "kl": ((logps - ref_logps)[: 2 * b] * m).sum() / m.sum().clamp(min=1),
-                "entropy": (entropy[: 2 * b] * m).sum() / m.sum().clamp(min=1),
+                "kl": _token_mean_over_ranks((logps - ref_logps)[: 2 * b], m),
+                "entropy": _token_mean_over_ranks(entropy[: 2 * b], m),
                 "response_len": lengths[: 2 * b].float().mean(),
             }
         )
     return loss, metrics
+
+
+def _summed(*values: torch.Tensor) -> torch.Tensor:
+    """``values`` (scalars) summed over the ranks in one all-reduce (as they are in one process)."""
+    return common.all_reduce_sum(torch.stack([v.detach().double() for v in values]))
+
+
+def _std_over_ranks(x: torch.Tensor) -> torch.Tensor:
+    """The unbiased std of ``x`` (N,) over every rank's values: under data parallel each rank's metrics are
+    averaged by the loop, which is exact for means over equal shards but not for a spread."""
+    n, total, squares = _summed(x.new_tensor(float(x.numel())), x.sum(), x.pow(2).sum())
+    if n < 2:
+        return x.new_zeros(())
+    mean = total / n
+    return ((squares - n * mean**2).clamp(min=0) / (n - 1)).sqrt().to(x.dtype)
+
+
+def _token_mean_over_ranks(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` (R, W) over the tokens ``m`` marks on every rank (a token mean, not a mean of ranks')."""
+    total, count = _summed((x * m).sum(), m.sum())
+    return (total / count.clamp(min=1)).to(x.dtype)
 
 
 # ---------------------------------------------------------------- training

@@ -439,8 +439,8 @@ def test_dpo_vs_trl_benchmark_smoke(tmp_path):
 def test_two_processes_equal_one(files, tmp_path, fsdp):
     """torchrun, 2 ranks x 2 pairs == 1 process x 4 pairs (LoRA on a tiny Qwen2-VL, the reference its base),
     data parallel and FSDP (the LM's blocks sharded; the merged model gathered whole): the weights of every
-    step, the per-pair metrics and the saved model. (Logged spreads and token-weighted means, e.g.
-    ``reward_std`` and ``kl``, are the mean of the ranks' own, not the global batch's.)"""
+    step, every logged metric (the spread and token means too: ``reward_std``, ``kl``, ``entropy``) and the
+    saved model."""
     from safetensors.torch import load_file
 
     from tests.rl.test_grpo_dp import _launch, _same_saved_model
@@ -461,8 +461,10 @@ def test_two_processes_equal_one(files, tmp_path, fsdp):
     one, two = _records(tmp_path / "one"), _records(work / "two")
     assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2]
     for a, b in zip(one, two):
-        for k in ("loss", "dpo_loss", "reward_margin", "reward_accuracy", "reward_chosen", "reward_rejected"):
-            assert b[k] == pytest.approx(a[k], abs=1e-5), (a["step"], k)
+        numbers = [k for k, v in a.items() if isinstance(v, float) and k not in ("time_s", "cpu_s", "step_s")]
+        assert len(numbers) > 10
+        for k in numbers:
+            assert b[k] == pytest.approx(a[k], abs=1e-5, rel=1e-4), (a["step"], k)
     for step in (1, 2):
         name = f"checkpoints/step-{step:08d}/model.safetensors"
         wa, wb = load_file(str(tmp_path / "one" / name)), load_file(str(work / "two" / name))
