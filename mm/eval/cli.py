@@ -22,6 +22,7 @@ Warnings (missing ids, undefined ratios, unknown objects) go to stderr; exit 2 o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -247,6 +248,30 @@ def _doc(which: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "model", None) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return _run_parallel(args)
+    return run_alone(args)
+
+
+def _run_parallel(args: argparse.Namespace) -> int:
+    """A model eval under ``torchrun``: each process answers its share of the items on its own GPU
+    (:mod:`mm.eval.parallel`); rank 0 alone prints and writes the output files."""
+    from mm.eval.parallel import is_writer, join_eval, rank_world
+
+    args.device = join_eval(args.device)
+    if is_writer():
+        world = rank_world()[1]  # the joined group's
+        print(f"mm eval: {world} processes, each answers one item in {world}", file=sys.stderr)
+        return run_alone(args)
+    for out in ("answers_out", "captions_out"):
+        if getattr(args, out, None):
+            setattr(args, out, None)
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+        return run_alone(args)
+
+
+def run_alone(args: argparse.Namespace) -> int:
+    """:func:`run` without the launch check."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the same warnings are printed below
         if args.eval_command == "claims":

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from mm.data.images import open_rgb
+from mm.eval.parallel import strided_map
 
 
 def note_images(item: Any, root: str | Path | None = None) -> list[Any]:
@@ -123,7 +124,8 @@ def adapter_generate(
     """Greedy answer to ``prompts[i]`` about the image files ``images[i]`` through a `VLMAdapter`.
 
     Images are opened (RGB) one batch at a time; ``where[i]`` (e.g. ``FILE:LINE``) names item ``i`` in
-    the error for an unreadable image.
+    the error for an unreadable image. Under ``torchrun`` each process answers its share of the items
+    (:func:`mm.eval.parallel.strided_map`) and every process returns all the answers.
     """
     from mm.model.adapter import Sample
 
@@ -131,12 +133,15 @@ def adapter_generate(
         raise ValueError(f"need one prompt per item, got {len(images)} items and {len(prompts)} prompts")
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size}, {max_new_tokens}")
-    out: list[str] = []
-    for start in range(0, len(images), batch_size):
-        chunk = range(start, min(len(images), start + batch_size))
-        samples = [
-            Sample(images=[open_rgb(p, where[i] if where else "") for p in images[i]], text=prompts[i])
-            for i in chunk
-        ]
-        out.extend(adapter.generate(samples, max_new_tokens=max_new_tokens))
-    return out
+
+    def answer(items: Sequence[int]) -> list[str]:
+        out: list[str] = []
+        for start in range(0, len(items), batch_size):
+            samples = [
+                Sample(images=[open_rgb(p, where[i] if where else "") for p in images[i]], text=prompts[i])
+                for i in items[start : start + batch_size]
+            ]
+            out.extend(adapter.generate(samples, max_new_tokens=max_new_tokens))
+        return out
+
+    return strided_map(answer, len(images))

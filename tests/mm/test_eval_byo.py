@@ -272,3 +272,52 @@ def test_world_form_answers_equal_the_direct_notevlm_path(folders, tmp_path):
     chair = run_chair(model, processor, notes, data, max_new_tokens=6, batch_size=2)
     caps = generate_captions(model, processor, [note_images(n, data) for n in notes], CAPTION_PROMPT, 2, 6)
     assert [r["caption"] for r in chair["per_caption"]] == caps
+
+
+def _torchrun_mm(cwd, *args: str):
+    """2 CPU processes of ``python -m mm ARGS`` under torchrun."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.rl.test_grpo_dp import _port
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(root))
+    head = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+            "127.0.0.1", "--master_port", str(_port())]  # fmt: skip
+    return subprocess.run([*head, "-m", "mm", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
+def test_two_processes_evaluate_as_one(folders, files, tmp_path, capsys):
+    """torchrun: each process answers every other item (strided, 5 questions and 3 images over 2 ranks),
+    rank 0 alone prints and writes; the answers, captions and scores are one process's."""
+    model = str(folders["qwen2_vl"])
+    imgs = ["--image-folder", str(files["images"]), "--json", "--batch-size", "2"]
+    pope = ["eval", "pope", "--model", model, "--questions", str(files["questions"]), *imgs]
+    chair = ["eval", "chair", "--model", model, "--objects", str(files["objects"]), *imgs]
+    chair += ["--max-new-tokens", "12"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    for args, out_flag, name in (
+        (pope, "--answers-out", "answers.jsonl"),
+        (chair, "--captions-out", "c.json"),
+    ):
+        capsys.readouterr()
+        assert main([*args, out_flag, str(one / name)]) == 0
+        alone = json.loads(capsys.readouterr().out)
+        proc = _torchrun_mm(two, *args, out_flag, str(two / name))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+        assert len(lines) == 1  # rank 0 alone prints
+        assert proc.stderr.count("mm eval: 2 processes, each answers one item in 2") == 1
+        both = json.loads(lines[0])
+        assert (two / name).read_text() == (one / name).read_text()
+        for key in ("answers", "per_caption"):
+            if key in alone:
+                assert both[key] == alone[key]
+        numbers = {k: v for k, v in alone.items() if isinstance(v, (int, float))}
+        assert numbers and {k: both[k] for k in numbers} == numbers

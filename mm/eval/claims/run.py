@@ -20,13 +20,20 @@ from mm.eval.claims.extract import ClaimExtractor
 from mm.eval.claims.generative import generative_scores
 from mm.eval.claims.questions import ClaimQuestionConfig, build_claim_questions, discriminative_scores
 from mm.eval.claims.truth import note_truth
+from mm.eval.parallel import strided_map
 
 
 def _generate(adapter: Any, samples: list[Any], batch_size: int, max_new_tokens: int) -> list[str]:
-    out: list[str] = []
-    for i in range(0, len(samples), batch_size):
-        out += adapter.generate(samples[i : i + batch_size], max_new_tokens=max_new_tokens)
-    return out
+    """Greedy answers of ``samples``, each process its share under ``torchrun`` (all of them returned)."""
+
+    def answer(items: Sequence[int]) -> list[str]:
+        out: list[str] = []
+        for i in range(0, len(items), batch_size):
+            rows = [samples[j] for j in items[i : i + batch_size]]
+            out += adapter.generate(rows, max_new_tokens=max_new_tokens)
+        return out
+
+    return strided_map(answer, len(samples))
 
 
 def run_claims(
