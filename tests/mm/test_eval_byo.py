@@ -321,3 +321,12 @@ def test_two_processes_evaluate_as_one(folders, files, tmp_path, capsys):
                 assert both[key] == alone[key]
         numbers = {k: v for k, v in alone.items() if isinstance(v, (int, float))}
         assert numbers and {k: both[k] for k in numbers} == numbers
+    data = make_data_dir(tmp_path / "world")  # the claims eval: captions and claim questions of notes
+    claims = ["eval", "claims", "--model", model, "--data", str(data), "--json", "--batch-size", "2"]
+    capsys.readouterr()
+    assert main(claims) == 0
+    alone = json.loads(capsys.readouterr().out)
+    proc = _torchrun_mm(two, *claims)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    both = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("{")))
+    assert both == alone and alone["discriminative"]
