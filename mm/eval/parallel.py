@@ -19,14 +19,9 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
+from mm.train.common import rank_world
+
 T = TypeVar("T")
-
-
-def rank_world() -> tuple[int, int]:
-    """``(rank, world)`` of the joined group; ``(0, 1)`` alone."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def is_writer() -> bool:

@@ -143,6 +143,13 @@ def _leave_group() -> None:
         dist.destroy_process_group()
 
 
+def rank_world() -> tuple[int, int]:
+    """``(rank, world)`` of the joined process group; ``(0, 1)`` single-process."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def is_main_process() -> bool:
     """True on rank 0 or when not distributed."""
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0

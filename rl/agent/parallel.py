@@ -32,13 +32,7 @@ import torch.distributed as dist
 
 from mm.errors import UserError
 from mm.train import common
-
-
-def rank_world() -> tuple[int, int]:
-    """``(rank, world)`` of the joined group; ``(0, 1)`` single-process."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+from mm.train.common import rank_world
 
 
 def is_writer() -> bool:

@@ -51,6 +51,7 @@ import torch
 from mm.config import to_dict
 from mm.errors import UserError
 from mm.train import common, loop
+from mm.train.common import rank_world
 from rl.advantages import group_advantages, rloo_advantages
 from rl.entropy import REMEDY_KEYS, remedied_policy_loss
 from rl.importance import truncated_is_weights, weighted_advantages
@@ -78,7 +79,6 @@ from rl.trainers.grpo_shard import (
     global_counts,
     local_rows,
     loss_weight,
-    rank_world,
     shard_positions,
     step_metrics,
 )

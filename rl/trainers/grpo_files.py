@@ -35,6 +35,7 @@ from mm.model.adapter import load_adapter
 from mm.model.adapter.base import NOT_MODEL_INPUTS
 from mm.model.adapter.batching import first_response_column, gather_logps
 from mm.train import common, loop
+from mm.train.common import rank_world
 from rl.importance import truncated_is_weights
 from rl.kl import entropy_from_logits
 from rl.rollout import Completions, SamplingSpec, build_engine
@@ -52,7 +53,6 @@ from rl.trainers.grpo_shard import (
     gather_rewards,
     global_counts,
     local_rows,
-    rank_world,
     shard_positions,
     step_metrics,
 )

@@ -35,13 +35,6 @@ AGG_BY_TOKENS = ("token-mean",)
 """Loss aggregations normalised by the number of response tokens; the others by non-empty sequences."""
 
 
-def rank_world() -> tuple[int, int]:
-    """``(rank, world)`` of the joined process group; ``(0, 1)`` single-process."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def shard_positions(batch: int, *, rank: int, world: int) -> list[int]:
     """Positions (in the global prompt batch of ``batch`` groups) this rank samples: a contiguous shard."""
     return common.shard(list(range(batch)), rank=rank, world_size=world)

@@ -35,6 +35,7 @@ from mm.config import to_dict
 from mm.data.format import read_notes
 from mm.errors import UserError
 from mm.train import loop
+from mm.train.common import rank_world
 from mm.train.config import build_optimizer, param_groups
 from rl.advantages import gae, masked_mean, masked_whiten
 from rl.importance import truncated_is_weights
@@ -44,7 +45,7 @@ from rl.rewards import resolve_vocab
 from rl.trainers.common import Reference, load_policy, save_final, start_run, to_device
 from rl.trainers.grpo import GRPOTrainer, grpo_loss
 from rl.trainers.grpo_data import PromptSet
-from rl.trainers.grpo_shard import rank_world, step_metrics
+from rl.trainers.grpo_shard import step_metrics
 from rl.trainers.monitor import failure_warnings
 from rl.trainers.ppo_config import PPOConfig
 from rl.trainers.ppo_math import explained_variance, minibatch_plan, token_rewards
