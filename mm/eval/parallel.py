@@ -7,8 +7,10 @@ process gets all the answers back in item order.
 eval): rank ``r`` of ``w`` runs items ``r, r + w, r + 2w, ...`` (so every rank gets as many of the long and
 the short ones), then one ``all_gather_object`` puts the results back in order. Alone, it is a plain call.
 Greedy answers do not depend on the other rows of a batch beyond float rounding in the padded forward, so
-the scores are one process's (tested). :func:`join_eval` joins the launch's group and gives each process its
-own GPU; :func:`is_writer` tells rank 0, the only one that prints and writes files.
+the scores are one process's (tested). A rank that fails (an unreadable image, out of memory) still takes
+part in the gather, so every rank stops with the error instead of waiting. :func:`join_eval` joins the
+launch's group and gives each process its own GPU; :func:`is_writer` tells rank 0, the only one that
+prints and writes files.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
+from mm.errors import UserError
 from mm.train.common import rank_world
 
 T = TypeVar("T")
@@ -36,12 +39,23 @@ def strided_map(fn: Callable[[Sequence[int]], list[T]], n: int) -> list[T]:
     if world == 1:
         return fn(range(n))
     mine = range(rank, n, world)
-    local = fn(mine)
-    if len(local) != len(mine):
-        raise RuntimeError(f"expected {len(mine)} results from this rank's items, got {len(local)}")
+    try:
+        local, failure = fn(mine), None
+        if len(local) != len(mine):
+            raise RuntimeError(f"expected {len(mine)} results from this rank's items, got {len(local)}")
+    except Exception as e:  # every rank must reach the gather, or the others wait in it forever
+        local, failure = None, e
     parts: list[Any] = [None] * world
-    dist.all_gather_object(parts, local)
-    return [parts[i % world][i // world] for i in range(n)]
+    dist.all_gather_object(
+        parts, (local, None if failure is None else f"{type(failure).__name__}: {failure}")
+    )
+    if failure is not None:
+        raise failure
+    failed = [(r, msg) for r, (_, msg) in enumerate(parts) if msg is not None]
+    if failed:
+        r, msg = failed[0]
+        raise UserError(f"process {r} of {world} failed on its share of the items: {msg}")
+    return [parts[i % world][0][i // world] for i in range(n)]
 
 
 def join_eval(device: str | None) -> str | None:

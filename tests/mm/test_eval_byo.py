@@ -276,6 +276,11 @@ def test_world_form_answers_equal_the_direct_notevlm_path(folders, tmp_path):
 
 def _torchrun_mm(cwd, *args: str):
     """2 CPU processes of ``python -m mm ARGS`` under torchrun."""
+    return _torchrun_mm_module(cwd, "mm", *args)
+
+
+def _torchrun_mm_module(cwd, module: str, *args: str):
+    """2 CPU processes of ``python -m MODULE ARGS`` under torchrun, with the repository importable."""
     import os
     import subprocess
     import sys
@@ -288,7 +293,7 @@ def _torchrun_mm(cwd, *args: str):
     env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(root))
     head = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
             "127.0.0.1", "--master_port", str(_port())]  # fmt: skip
-    return subprocess.run([*head, "-m", "mm", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+    return subprocess.run([*head, "-m", module, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
 
 
@@ -330,3 +335,18 @@ def test_two_processes_evaluate_as_one(folders, files, tmp_path, capsys):
     assert proc.returncode == 0, proc.stderr[-3000:]
     both = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("{")))
     assert both == alone and alone["discriminative"]
+
+
+def test_strided_map_over_two_processes_orders_results_and_shares_a_failure(tmp_path):
+    """Rank r of 2 computes items r, r + 2, ...; every rank gets the results in item order; when rank 1
+    fails, rank 1 raises its own error and rank 0 a UserError naming it (neither waits forever)."""
+    proc = _torchrun_mm_module(tmp_path, "tests.mm.eval_parallel_worker", str(tmp_path / "out.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world"] for r in rows] == [2, 2]
+    assert rows[0]["seen"] == [0, 2, 4, 6] and rows[1]["seen"] == [1, 3, 5]
+    assert rows[0]["results"] == rows[1]["results"] == [i * i for i in range(7)]
+    assert rows[1]["error"] == "MemoryError: out of memory on this one"
+    assert rows[0]["error"] == (
+        "UserError: process 1 of 2 failed on its share of the items: MemoryError: out of memory on this one"
+    )
