@@ -99,6 +99,11 @@ def synced_generation(model: nn.Module) -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and is_sharded(model)
 
 
+def synced_kwargs(model: nn.Module) -> dict[str, bool]:
+    """HF ``generate`` keywords for ``model``: ``synced_gpus`` when :func:`synced_generation`."""
+    return {"synced_gpus": True} if synced_generation(model) else {}
+
+
 def any_rank(flag: bool) -> bool:
     """``flag`` or'ed over the ranks (a collective)."""
     t = torch.tensor([float(flag)])

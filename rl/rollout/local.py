@@ -16,10 +16,11 @@ from typing import Any
 import torch
 
 from mm.model.adapter.batching import trim_at_eos
+from mm.train.fsdp import synced_kwargs
 from rl.rollout.base import Completions, RolloutEngine, SamplingSpec
 from rl.rollout.recorder import sampling_processors
 from rl.rollout.seeded import SeededSampler, prompt_generators
-from rl.trainers.rollout import decode_loop_supported, generate_rollout, synced_kwargs
+from rl.trainers.rollout import decode_loop_supported, generate_rollout
 
 
 class LocalEngine(RolloutEngine):

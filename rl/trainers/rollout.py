@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from mm.train.fsdp import any_rank, is_sharded, synced_generation
+from mm.train.fsdp import any_rank, is_sharded, synced_generation, synced_kwargs
 from rl.rollout.seeded import SeededSampler, draw_seeded, draw_with_uniforms, seeded_uniforms
 from rl.trainers.decode_step import lean_decode_step
 
@@ -107,12 +107,6 @@ _OTHER_PROCESSORS: dict[str, tuple[Any, ...]] = {
     "prefill_chunk_size": (None,),
     "token_healing": (None, False),
 }
-
-
-def synced_kwargs(model: Any) -> dict[str, bool]:
-    """``generate`` keywords for ``model``: ``synced_gpus`` when it is sharded over ranks
-    (:func:`mm.train.fsdp.synced_generation`)."""
-    return {"synced_gpus": True} if synced_generation(model) else {}
 
 
 def decode_loop_supported(model: Any) -> bool:

@@ -24,7 +24,7 @@ from mm.model.adapter.batching import (
     padded_position_ids,
     trim_at_eos,
 )
-from mm.train.fsdp import synced_generation
+from mm.train.fsdp import synced_kwargs
 
 NOT_MODEL_INPUTS = ("response_mask", "labels")
 """Batch entries the adapters add for scoring; never passed to the model."""
@@ -288,8 +288,8 @@ class VLMAdapter(ABC):
         inputs = self.to_device(self.build_prompts(samples))
         sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k or 0} if do_sample else {}
         generate_kwargs.setdefault("suppress_tokens", self.placeholder_ids or None)
-        if synced_generation(self._model):  # FSDP: every rank steps until all are done
-            generate_kwargs.setdefault("synced_gpus", True)
+        # FSDP: every rank keeps stepping until all ranks' rows end
+        generate_kwargs = {**synced_kwargs(self._model), **generate_kwargs}
         was_training = self._model.training
         self._model.eval()
         try:
