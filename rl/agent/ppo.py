@@ -56,6 +56,7 @@ from rl.agent.stages import (
 )
 from rl.agent.trajectory import Trajectory
 from rl.losses import policy_loss, value_loss
+from rl.trainers.grpo_shard import global_moments
 from rl.trainers.ppo_math import explained_variance, minibatch_plan, token_rewards
 from rl.trainers.rm_model import hidden_size
 from rl.trainers.value_head import value_head
@@ -128,13 +129,8 @@ def prepare_rollout(
 
 
 def _global_moments(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
-    """``(count, mean, unbiased variance)`` of ``x`` (B, T) over every rank's masked positions (float64, in
-    two passes as :func:`rl.advantages.masked_var`)."""
-    m = mask.to(torch.float64)
-    n = total(float(m.sum()))
-    mean = total(float((x.double() * m).sum())) / max(n, 1.0)
-    var = total(float(((x.double() - mean) ** 2 * m).sum())) / max(n, 1.0)
-    return n, mean, var * n / (n - 1) if n > 1 else 0.0
+    """:func:`rl.trainers.grpo_shard.global_moments` over this launch's ranks."""
+    return global_moments(x, mask, world=rank_world()[1])
 
 
 def _over_ranks(

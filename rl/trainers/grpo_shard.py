@@ -152,6 +152,18 @@ def global_counts(local: tuple[float, float], *, world: int) -> tuple[float, flo
     return float(t[0]), float(t[1])
 
 
+def global_moments(x: torch.Tensor, mask: torch.Tensor, *, world: int) -> tuple[float, float, float]:
+    """``(count, mean, unbiased variance)`` of ``x`` (B, T) over every rank's masked positions, in float64 and
+    in two passes as :func:`rl.advantages.masked_var` (variance 0 below 2 positions)."""
+    m = mask.to(torch.float64)
+    xd = x.detach().double()
+    n, s = global_counts((float(m.sum()), float((xd * m).sum())), world=world)
+    mean = s / max(n, 1.0)
+    sq = float(((xd - mean) ** 2 * m).sum())
+    sq = sq if world == 1 else float(common.all_reduce_sum(torch.tensor([sq], dtype=torch.float64))[0])
+    return n, mean, sq / (n - 1) if n > 1 else 0.0
+
+
 def loss_weight(local: float, total: float, *, world: int) -> float:
     """``local * world / total``: turns a loss normalised by this rank's count into this rank's share of
     the global batch's loss, given that the skeleton averages over ``world`` ranks (1.0 single-process)."""

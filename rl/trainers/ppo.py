@@ -20,7 +20,13 @@ Ziegler et al. 2019 and InstructGPT, Ouyang et al. 2022):
 Deviations: the dense credit sits on the first token of the word that completed a mention (where the model
 chose the word, :func:`rl.rewards.mention_credits`), not on its last token; the value loss is always
 token-mean; the learning-rate schedule advances once per rollout step; the logged policy metrics are means
-over the step's updates. One process only (no data parallel launch).
+over the step's updates.
+
+Data parallel (torchrun / accelerate launch, :mod:`rl.trainers.ppo_shard`): each rank samples whole groups
+of the step's prompts with ``rl grpo``'s seeded sampler and runs GAE on its rows; advantages are whitened,
+and the rollout means taken, over every rank's tokens; each update trains on the rank's rows of the one
+process's minibatch, normalised by the minibatch's global counts, so N processes take one process's steps.
+Only rank 0 writes. Under FSDP the final save is the gathered weights.
 """
 
 from __future__ import annotations
@@ -35,13 +41,13 @@ from mm.config import to_dict
 from mm.data.format import read_notes
 from mm.errors import UserError
 from mm.train import loop
-from mm.train.common import rank_world
 from mm.train.config import build_optimizer, param_groups
 from rl.advantages import gae, masked_mean, masked_whiten
 from rl.importance import truncated_is_weights
 from rl.kl import kl_estimate
 from rl.losses import value_loss
 from rl.rewards import resolve_vocab
+from rl.trainers import ppo_shard
 from rl.trainers.common import Reference, load_policy, save_final, start_run, to_device
 from rl.trainers.grpo import GRPOTrainer, grpo_loss
 from rl.trainers.grpo_data import PromptSet
@@ -49,6 +55,7 @@ from rl.trainers.grpo_shard import step_metrics
 from rl.trainers.monitor import failure_warnings
 from rl.trainers.ppo_config import PPOConfig
 from rl.trainers.ppo_math import explained_variance, minibatch_plan, token_rewards
+from rl.trainers.ppo_shard import WHOLE, Shares
 from rl.trainers.rewarders import build_rewarder
 from rl.trainers.rm_model import hidden_size
 from rl.trainers.value_head import ActorCritic, save_value_head, value_head
@@ -63,11 +70,18 @@ PPO_PLOT_KEYS = [
 
 
 def ppo_loss(
-    model: ActorCritic, batch: dict[str, Any], cfg: PPOConfig, rows: torch.Tensor | slice = slice(None)
+    model: ActorCritic,
+    batch: dict[str, Any],
+    cfg: PPOConfig,
+    rows: torch.Tensor | slice = slice(None),
+    *,
+    shares: Shares = WHOLE,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one PPO update on ``rows`` of a prepared rollout ``batch`` (:meth:`PPOTrainer.batch`):
     ``grpo_loss`` (clipped policy loss, entropy remedies, KL with ``kl.mode: loss``) on the whitened GAE
-    advantages plus ``vf_coef`` times the clipped value loss; and detached metrics."""
+    advantages plus ``vf_coef`` times the clipped value loss; and detached metrics. ``shares``: this rank's
+    weights of the policy and value losses and of the metrics under data parallel
+    (:func:`rl.trainers.ppo_shard.update_shares`; all 1 in one process)."""
     values: dict[str, torch.Tensor] = {}
 
     def scorer(m: ActorCritic, b: dict[str, torch.Tensor], **kw: Any) -> Any:
@@ -86,6 +100,11 @@ def ppo_loss(
     mask = mb["response_mask"][:, -values["v"].shape[1] :]  # (b, W)
     vl, vclip = value_loss(values["v"], pick("values"), pick("returns"), mask, clip_range=cfg.ppo.vf_clip)
     metrics.update(value_loss=vl.detach(), value_clip_frac=vclip)
+    if shares != WHOLE:  # this rank's part of the global minibatch's averages
+        # the policy loss by its normaliser; every other metric is a token mean (PPO's ratios are per token)
+        metrics = {k: v * (shares.policy if k == "policy_loss" else shares.tokens)
+                   for k, v in metrics.items()}  # fmt: skip
+        pg, vl = pg * shares.policy, vl * shares.tokens
     return pg + cfg.ppo.vf_coef * vl, metrics
 
 
@@ -101,7 +120,10 @@ class PPOTrainer(GRPOTrainer):
         self.model = model
         self.updates_per_step = cfg.ppo.epochs * cfg.ppo.minibatches
         self.plan: list[torch.Tensor] = []
-        """Row indices of each update of the current batch (:func:`rl.trainers.ppo_math.minibatch_plan`)."""
+        """This rank's row indices of each update of the current batch (:func:`rl.trainers.ppo_math.
+        minibatch_plan` over the global rows, :func:`rl.trainers.ppo_shard.local_plan`)."""
+        self.shares: list[Shares] = []
+        """This rank's loss weights of each update (:func:`rl.trainers.ppo_shard.update_shares`)."""
         self.done = 0
         """Updates done on the current batch."""
         self.sums: dict[str, float] = {}
@@ -110,10 +132,10 @@ class PPOTrainer(GRPOTrainer):
     def batch(self, step: int) -> dict[str, Any]:
         """The rollout of ``step`` with old log-probs, old values, reference log-probs, per-token rewards,
         advantages, returns and the rollout metrics."""
-        cfg, algo, ro = self.cfg, self.cfg.algo, self.cfg.rollout
-        groups, rewards, comps = self._sample(step, 0)
-        roll = groups[0][0]  # one process: every group is a slice of the same rollout, in order
-        scores = rewards.reshape(-1).to(self.device)  # (N,) sequence rewards, N = prompts * G
+        cfg, algo, ro, world = self.cfg, self.cfg.algo, self.cfg.rollout, self.world
+        groups, rewards, comps = self._sample(step, 0)  # this rank's groups; (B, G) global rewards
+        roll = groups[self.positions[0]][0]  # this rank's groups are slices of one rollout, in order
+        scores = rewards[self.positions].reshape(-1).to(self.device)  # (n,) this rank's sequence rewards
         batch = to_device(roll.batch(), self.device)
         with torch.no_grad():
             old, mask, _, old_values = self.model(batch, temperature=ro.temperature)  # (N, W) each
@@ -124,16 +146,17 @@ class PPOTrainer(GRPOTrainer):
             ref = self.ref.token_logps(batch, temperature=ro.temperature) if self.ref.kind != "none" else None
         credit = None
         if algo.mention_credit > 0:
-            credit = self.credits(roll, [p for _, _, ps in groups for p in ps]).to(self.device)  # (N, W)
+            row_prompts = [p for g in groups if g is not None for p in g[2]]  # this rank's rows' prompts
+            credit = self.credits(roll, row_prompts).to(self.device)  # (n, W)
         kl = None if ref is None else kl_estimate(old, ref, kind=algo.kl_estimator) * mask  # (N, W)
         shaping = algo.beta if cfg.kl.mode == "reward" else 0.0
         r = token_rewards(
             scores, mask, credits=None if credit is None else algo.mention_credit * credit, kl=kl,
             kl_coef=shaping,
         )  # fmt: skip
-        adv, returns = gae(r, old_values, mask, gamma=cfg.ppo.gamma, lam=cfg.ppo.lam)  # (N, W) each
-        if cfg.ppo.whiten_advantages:
-            adv = masked_whiten(adv, mask)
+        adv, returns = gae(r, old_values, mask, gamma=cfg.ppo.gamma, lam=cfg.ppo.lam)  # (n, W) each
+        if cfg.ppo.whiten_advantages:  # over every rank's tokens under data parallel (rl.trainers.ppo_shard)
+            adv = masked_whiten(adv, mask) if world == 1 else ppo_shard.whiten(adv, mask, world=world)
         stats = dict(comps)
         n = len(roll.lengths)
         stats["response_len"] = (float(roll.lengths.sum()), n)
@@ -143,22 +166,34 @@ class PPOTrainer(GRPOTrainer):
         metrics = step_metrics(
             rewards=rewards.reshape(-1), advantages=adv[mask.bool()].cpu(), sampled=[rewards],
             group_size=ro.group_size, stats=stats, weights=weights, mask=None if weights is None else mask,
-            tis_cap=ro.tis_cap, world=1,
+            tis_cap=ro.tis_cap, world=world,
         )  # fmt: skip
         for key in ("zero_std_frac", "group_reward_std"):  # group statistics: PPO has no group baseline
             metrics.pop(key)
-        metrics.update(
-            sampled_tokens=float(mask.sum()),
-            token_reward_sum=float((r * mask).sum() / n),
-            value_mean=float(masked_mean(old_values, mask)),
-            return_mean=float(masked_mean(returns, mask)),
-            explained_variance=explained_variance(old_values, returns, mask),
-        )
-        if kl is not None:
-            metrics["kl"] = float(masked_mean(kl, mask))
-        self.plan = minibatch_plan(
-            n, epochs=cfg.ppo.epochs, minibatches=cfg.ppo.minibatches, seed=cfg.train.seed * 1_000_003 + step
-        )
+        rows = rewards.numel()  # the global batch's responses
+        if world == 1:
+            metrics.update(
+                sampled_tokens=float(mask.sum()),
+                token_reward_sum=float((r * mask).sum() / n),
+                value_mean=float(masked_mean(old_values, mask)),
+                return_mean=float(masked_mean(returns, mask)),
+                explained_variance=explained_variance(old_values, returns, mask),
+            )
+            if kl is not None:
+                metrics["kl"] = float(masked_mean(kl, mask))
+        else:
+            means = ppo_shard.rollout_means(
+                values=old_values, returns=returns, adv=adv, rewards=r, mask=mask, kl=kl, rows=rows,
+                world=world,
+            )  # fmt: skip
+            metrics.update(means)
+        plan = minibatch_plan(
+            rows, epochs=cfg.ppo.epochs, minibatches=cfg.ppo.minibatches,
+            seed=cfg.train.seed * 1_000_003 + step,
+        )  # fmt: skip
+        lo = self.positions[0] * ro.group_size  # this rank's rows of the global rollout: lo .. lo + n - 1
+        self.plan = ppo_shard.local_plan(plan, lo=lo, hi=lo + n)
+        self.shares = ppo_shard.update_shares(self.plan, mask, agg=algo.agg, world=world)
         self.done, self.sums = 0, {}
         return {
             "rows": batch, "old": old, "values": old_values, "adv": adv, "returns": returns, "ref": ref,
@@ -166,8 +201,11 @@ class PPOTrainer(GRPOTrainer):
         }  # fmt: skip
 
     def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
-        rows = self.plan[self.done % len(self.plan)].to(batch["adv"].device)
-        loss, m = ppo_loss(self.model, batch, self.cfg, rows)
+        u = self.done % len(self.plan)
+        rows, shares = self.plan[u], self.shares[u]
+        if not rows.numel():  # this rank holds none of the minibatch: a stand-in row that weighs nothing
+            rows, shares = torch.zeros(1, dtype=torch.long), Shares(0.0, 0.0, 0.0)
+        loss, m = ppo_loss(self.model, batch, self.cfg, rows.to(batch["adv"].device), shares=shares)
         self.done += 1
         for k, v in m.items():  # kl here only with kl.mode: loss; with reward it is the rollout's (batch)
             self.sums[k] = self.sums.get(k, 0.0) + float(v)
@@ -196,8 +234,6 @@ def train(
 ) -> dict[str, Any]:
     """Train; writes OUT/metrics.jsonl, OUT/curves.png, OUT/checkpoints/, OUT/model and the value head
     (:func:`rl.trainers.value_head.save_value_head`). Returns a summary."""
-    if rank_world()[1] > 1:
-        raise UserError("rl ppo runs in one process; launch it without torchrun / accelerate launch")
     out, device = start_run(cfg.train, out_dir, global_batch=cfg.data.prompts_per_step)
     folder = Path(cfg.data.folder)
     if not (folder / "notes.jsonl").is_file():
@@ -232,9 +268,9 @@ def train(
         monitor=monitor, grad_clip=cfg.optim.grad_clip, resume=resume, show_progress=show_progress,
         stop_after=stop_after,
     )  # fmt: skip
-    if not result.stopped:
-        save_final(policy, processor, out, lora=cfg.lora.enabled)
-        save_value_head(model, processor, out, lora=cfg.lora.enabled)
+    if trainer.rank == 0 and not result.stopped:  # result.model: the whole weights under FSDP
+        save_final(result.model.policy, processor, out, lora=cfg.lora.enabled)
+        save_value_head(result.model, processor, out, lora=cfg.lora.enabled)
     return {
         "step": result.step,
         "prompts": len(prompts),

@@ -6,7 +6,8 @@
 Writes OUT/config.yaml (resolved), OUT/metrics.jsonl, OUT/curves.png, OUT/checkpoints/step-*/, OUT/model
 (the policy with its processor; LoRA merged), OUT/value_head.pt + OUT/value_head.json (and OUT/critic/model
 for ``critic: separate``) and OUT/result.json. Re-running with the same OUT resumes from the last checkpoint
-(``--no-resume`` starts over). One process (no data parallel launch).
+(``--no-resume`` starts over). Under torchrun / accelerate launch each process samples its share of the
+prompts and N processes take one process's steps (:mod:`rl.trainers.ppo_shard`); rank 0 writes.
 """
 
 from __future__ import annotations
