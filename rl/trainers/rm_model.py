@@ -57,7 +57,7 @@ class RewardModel(torch.nn.Module):
     """A VLM (through its adapter) and a linear value head; ``forward(batch) -> (B,)`` rewards.
 
     Args (keyword-only): adapter: a :class:`mm.model.adapter.VLMAdapter`; head: ``Linear(H, 1)`` (None = a
-    fresh zero-initialised one, so every answer starts at reward 0).
+    fresh zero-initialised one, so every answer starts at reward 0, with its bias frozen at 0).
     """
 
     def __init__(self, *, adapter: Any, head: torch.nn.Linear | None = None) -> None:
@@ -68,6 +68,9 @@ class RewardModel(torch.nn.Module):
             head = torch.nn.Linear(hidden_size(adapter.model), 1)
             torch.nn.init.zeros_(head.weight)
             torch.nn.init.zeros_(head.bias)
+            # the Bradley-Terry loss is shift-invariant, so the bias has no gradient but float noise, which
+            # AdamW would turn into a move of about lr a step: it stays 0
+            head.bias.requires_grad_(False)
         self.head = head.to(device=adapter.device, dtype=torch.float32)
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
