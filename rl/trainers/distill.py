@@ -24,12 +24,19 @@ sft_on_teacher), ``teacher_nll`` / ``student_nll`` (mean -log p of the answer to
 Deviations from TRL's ``GKDTrainer``: the student share is ``round(lmbda * B)`` rows of every batch (TRL
 draws one coin per batch); the loss temperature is ``loss.temperature`` and sampling has its own
 (``rollout.temperature``); answers are sampled by the adapter's ``generate`` (a NoteVLM suppresses its
-image token there, the loss does not). One process (every rank would draw the same batch).
+image token there, the loss does not), each prompt's from a generator of its own seeded by ``(seed, step,
+student or teacher, position in the batch)`` (:mod:`rl.rollout.seeded`), so an answer does not depend on
+which other prompts share its batch or its process.
+
+Data parallel (torchrun / accelerate launch; FSDP with ``train.fsdp``): each process takes a contiguous
+share of every step's batch (the student rows are the batch's first ones, wherever they fall), samples and
+scores it; its loss, a token mean over its rows, is weighted by its share of the batch's answer tokens,
+so the skeleton's mean of the gradients is the whole batch's token mean: N processes take one process's
+steps. Only rank 0 evaluates and writes.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +48,7 @@ from mm.model.adapter import load_adapter
 from mm.model.adapter.batching import gather_logps
 from mm.train import common, loop
 from mm.train.caption_eval import caption_object_metrics
+from mm.train.common import rank_world
 from rl.distill_losses import (
     gjsd_loss,
     masked_mean,
@@ -49,11 +57,13 @@ from rl.distill_losses import (
     sampled_kl_loss,
     sft_loss,
 )
-from rl.trainers.common import make_optimizer, start_run
+from rl.rollout.seeded import SeededSampler, prompt_generators, prompt_seed
+from rl.trainers.common import make_optimizer, start_run, trained_adapter
 from rl.trainers.distill_config import DistillConfig
 from rl.trainers.distill_data import NotePrompts, build_prompts, check_answers
 from rl.trainers.distill_teacher import TeacherScorer, check_same_vocab, window_logits
 from rl.trainers.dpo_files import VISION_MODULES, save_model
+from rl.trainers.grpo_shard import global_counts, loss_weight, shard_positions
 
 DISTILL_PLOT_KEYS = ["loss", "reverse_kl", "teacher_nll", "student_nll", "response_len", "eval/chair_i",
                      "eval/recall"]  # fmt: skip
@@ -96,42 +106,56 @@ class DistillTrainer(loop.StepTrainer):
         lmbda = 0.0 if cfg.loss.kind == "sft_on_teacher" else cfg.data.lmbda
         self.student_rows = round(lmbda * cfg.data.batch_size)
         """Rows of every batch the student samples (the first ones)."""
+        self.rank, self.world = rank_world()
+        self.positions = shard_positions(cfg.data.batch_size, rank=self.rank, world=self.world)
+        """This process's rows of every step's batch (a contiguous share)."""
 
-    def _sample(self, adapter: Any, samples: list[Any], step: int, salt: int) -> list[list[int]]:
-        """Answer ids sampled by ``adapter`` from a generator seeded by ``(seed, step, salt)``."""
-        device = adapter.device
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed((self.cfg.train.seed * 1_000_003 + step) * 2 + salt)
-            gen = adapter.generate_ids(
-                samples, max_new_tokens=self.cfg.rollout.max_new_tokens, do_sample=True,
-                temperature=self.cfg.rollout.temperature, top_p=1.0, top_k=None,
-            )  # fmt: skip
+    def _sample(
+        self, adapter: Any, samples: list[Any], positions: list[int], step: int, salt: int
+    ) -> list[list[int]]:
+        """Answer ids sampled by ``adapter``, each from a generator seeded by ``(seed, step, salt, position)``
+        (:class:`rl.rollout.seeded.SeededSampler`, after the temperature; ``generate``'s own warpers then
+        see one-hot scores)."""
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper
+
+        ro = self.cfg.rollout
+        seeds = [prompt_seed(self.cfg.train.seed, step, salt, p) for p in positions]
+        warp = [TemperatureLogitsWarper(ro.temperature)] if ro.temperature != 1.0 else []
+        draw = SeededSampler(prompt_generators(seeds, adapter.device), group_size=1)
+        gen = adapter.generate_ids(
+            samples, max_new_tokens=ro.max_new_tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=None,
+            logits_processor=LogitsProcessorList([*warp, draw]),
+        )  # fmt: skip
         return gen.token_ids
 
     def rollout(self, step: int) -> tuple[list[Any], list[list[int]]]:
-        """The prompts of ``step`` and their answer ids (student rows first, then the off-policy rows)."""
+        """This process's prompts of ``step`` and their answer ids (its student rows first, then its
+        off-policy rows)."""
         cfg = self.cfg
         idx = common.batch_indices(len(self.prompts), cfg.data.batch_size, seed=cfg.train.seed, step=step)
-        samples = [self.prompts.sample(i) for i in idx]
-        n = self.student_rows
-        answers = self._sample(self.student, samples[:n], step, 0) if n else []
+        samples = [self.prompts.sample(idx[p]) for p in self.positions]
+        n = sum(p < self.student_rows for p in self.positions)  # the positions are in order
+        answers = self._sample(self.student, samples[:n], self.positions[:n], step, 0) if n else []
         rest = samples[n:]
         if rest and (cfg.loss.kind == "sft_on_teacher" or cfg.data.off_policy == "teacher"):
-            answers += self._sample(self.teacher.adapter, rest, step, 1)
+            answers += self._sample(self.teacher.adapter, rest, self.positions[n:], step, 1)
         elif rest:
             answers += [self.student.encode_answer(s.answer)[: cfg.rollout.max_new_tokens] for s in rest]
         return samples, answers
 
     def batch(self, step: int) -> dict[str, Any]:
         samples, answers = self.rollout(step)
-        inputs = self.student.answer_batch(samples, answers)  # (B, T) + response_mask
+        inputs = self.student.answer_batch(samples, answers)  # (b, T) + response_mask
         teacher = None
         if self.cfg.loss.kind != "sft_on_teacher":
-            teacher = self.teacher.logps(("train", step), samples, answers)  # (B, A, V)
+            teacher = self.teacher.logps(("train", step), samples, answers)  # (b, A, V)
+        tokens = float(inputs["response_mask"].sum())
+        all_tokens, _ = global_counts((tokens, 0.0), world=self.world)
         return {
             "inputs": inputs,
             "teacher_logps": teacher,
             "response_len": sum(len(a) for a in answers) / len(answers),
+            "share": loss_weight(tokens, all_tokens, world=self.world),  # 1.0 in one process
         }
 
     def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -143,10 +167,10 @@ class DistillTrainer(loop.StepTrainer):
         metrics: dict[str, Any] = {
             "student_nll": float(masked_mean(-logps.detach(), mask)),
             "response_len": batch["response_len"],
-            "student_share": self.student_rows / mask.shape[0],
+            "student_share": self.student_rows / self.cfg.data.batch_size,
         }
         if loss_cfg.kind == "sft_on_teacher":
-            return sft_loss(logps, mask), metrics
+            return self._shared(sft_loss(logps, mask), metrics, batch["share"])
         teacher = batch["teacher_logps"]  # (B, W, V)
         if teacher.shape != logits.shape:
             raise RuntimeError(f"teacher log-probs {tuple(teacher.shape)} do not line up with the student's "
@@ -162,14 +186,26 @@ class DistillTrainer(loop.StepTrainer):
         with torch.no_grad():
             metrics["reverse_kl"] = float(reverse_kl_loss(logits.detach(), teacher, mask, temperature=T))
             metrics["teacher_nll"] = float(masked_mean(-gather_logps(teacher, targets), mask))
-        return loss, metrics
+        return self._shared(loss, metrics, batch["share"])
+
+    def _shared(
+        self, loss: torch.Tensor, metrics: dict[str, Any], share: float
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """This process's part of the batch's token means (the loss and the ``*_nll`` / ``reverse_kl``
+        metrics), so their mean over processes is the whole batch's. The row means (``response_len``) need
+        none: every process holds as many rows."""
+        if self.world == 1:
+            return loss, metrics
+        rows = ("response_len", "student_share")
+        return loss * share, {k: v if k in rows else v * share for k, v in metrics.items()}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
         """CHAIR_i, recall, CHAIR_s and mean length of greedy captions of the held-out notes."""
         if self.heldout is None:
             return {}
-        return caption_metrics(self.student, self.heldout, batch_size=self.cfg.data.batch_size,
+        student = trained_adapter(self.student, self.model)  # under FSDP: the gathered copy (rank 0)
+        return caption_metrics(student, self.heldout, batch_size=self.cfg.data.batch_size,
                                max_new_tokens=self.cfg.rollout.max_new_tokens)  # fmt: skip
 
 
@@ -196,8 +232,6 @@ def train(
 ) -> dict[str, Any]:
     """Distil ``cfg.teacher`` into ``cfg.student``; writes OUT/metrics.jsonl, OUT/curves.png,
     OUT/checkpoints/, OUT/model (+ OUT/adapter under LoRA). Returns a summary."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UserError("rl distill runs in one process; launch it without torchrun / accelerate launch")
     prompts = build_prompts(cfg.data)
     off_rows = cfg.loss.kind != "sft_on_teacher" and cfg.data.lmbda < 1
     check_answers(prompts, cfg.data, needs_dataset=off_rows and cfg.data.off_policy == "dataset")
@@ -205,7 +239,7 @@ def train(
     if cfg.data.eval_notes:
         heldout = NotePrompts(folder=cfg.data.folder, split=cfg.data.eval_split, notes=cfg.data.eval_notes,
                               prompt=cfg.data.caption_prompt)  # fmt: skip
-    out, device = start_run(cfg.train, out_dir)
+    out, device = start_run(cfg.train, out_dir, global_batch=cfg.data.batch_size)
     student, teacher = load_models(cfg, device)
     scorer = TeacherScorer(teacher, batch_size=cfg.teacher.batch_size)
     trainer = DistillTrainer(cfg=cfg, student=student, teacher=scorer, prompts=prompts, heldout=heldout)
@@ -216,8 +250,8 @@ def train(
         eval_every=cfg.train.eval_every if heldout is not None else None, grad_clip=cfg.optim.grad_clip,
         resume=resume, show_progress=show_progress, stop_after=stop_after,
     )  # fmt: skip
-    if not result.stopped:
-        save_model(student, out)
+    if trainer.rank == 0 and not result.stopped:
+        save_model(trained_adapter(student, result.model), out)
     return {
         "step": result.step,
         "loss": cfg.loss.kind,
