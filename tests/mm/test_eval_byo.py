@@ -286,13 +286,13 @@ def _torchrun_mm_module(cwd, module: str, *args: str):
     import sys
     from pathlib import Path
 
-    from tests.rl.test_grpo_dp import _port
+    from tests.helpers.launch import free_port
 
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(root))
     head = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-            "127.0.0.1", "--master_port", str(_port())]  # fmt: skip
+            "127.0.0.1", "--master_port", str(free_port())]  # fmt: skip
     return subprocess.run([*head, "-m", module, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
 

@@ -4,15 +4,11 @@ not depend on the other prompts of its batch."""
 
 from __future__ import annotations
 
-import json
-import warnings
-
 import pytest
 import torch
 
-from rl.cli import main
+from tests.helpers.launch import EPS, checkpoints, moved, one_and_two, records, same_records, same_weights
 from tests.rl.test_distill_trainer import _cfg, world  # noqa: F401  (world: the module's fixture)
-from tests.rl.test_grpo_dp import EPS, _launch
 
 COMPARED = ("loss", "reverse_kl", "teacher_nll", "student_nll", "response_len", "student_share")
 """Logged metrics that must be the whole batch's under 2 processes."""
@@ -25,43 +21,18 @@ SETS = [
 """3 student rows of 4: one process samples two of them, the other one and the teacher's row."""
 
 
-def _records(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.mark.parametrize("fsdp", [False, True])
 def test_two_processes_equal_one(world, tmp_path, fsdp):  # noqa: F811
-    from safetensors.torch import load_file
-
     _, data, student, teacher = world
     args = ["distill", "--student", str(student), "--teacher", str(teacher), "--no-progress"]
     args += [x for s in [f"data.folder={data}", *SETS] for x in ("--set", s)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert main([*args, "--out", str(tmp_path / "one")]) == 0
-    work = tmp_path / "work"
-    work.mkdir()
-    fsdp_args = ["--set", "train.fsdp=true"] if fsdp else []
-    proc = _launch(work, "torchrun", *args, *fsdp_args, "--out", str(work / "two"))
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    assert proc.stdout.count('"teacher_family"') == 1  # rank 0 alone reports
-    one, two = tmp_path / "one", work / "two"
-    ra, rb = _records(one), _records(two)
-    assert [r["step"] for r in rb] == [r["step"] for r in ra] == [1, 2]
-    for a, b in zip(ra, rb):
-        assert set(a) - {"time_s", "cpu_s", "step_s"} == set(b) - {"time_s", "cpu_s", "step_s"}
-        for k in COMPARED:
-            assert b[k] == pytest.approx(a[k], abs=1e-5), (a["step"], k, a[k], b[k])
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
-    for k in ("eval/chair_i", "eval/recall", "eval/mean_length"):  # greedy captions of the same weights
-        assert rb[-1][k] == ra[-1][k]
-    names = [f"checkpoints/step-{s:08d}/model.safetensors" for s in (1, 2)] + ["model/model.safetensors"]
-    for name in names:
-        wa, wb = load_file(str(one / name)), load_file(str(two / name))
-        assert wa.keys() == wb.keys()
-        assert max((wa[k].double() - wb[k].double()).abs().max().item() for k in wa) < 1e-5, name
-    first, last = (load_file(str(one / n)) for n in names[:2])
-    assert max((first[k] - last[k]).abs().max().item() for k in first) > 1e-4  # the steps moved the weights
+    one, two, stdout = one_and_two(tmp_path, args, fsdp=fsdp)
+    assert stdout.count('"teacher_family"') == 1  # rank 0 alone reports
+    same_records(one, two, COMPARED, 2)
+    a, b = records(one)[-1], records(two)[-1]
+    assert all(a[k] == b[k] for k in ("eval/chair_i", "eval/recall", "eval/mean_length"))  # greedy captions
+    first, last, _ = same_weights(one, two, [*checkpoints(2), "model/model.safetensors"])
+    moved(first, last)
 
 
 def test_an_answer_does_not_depend_on_its_batch(world):  # noqa: F811

@@ -443,7 +443,8 @@ def test_two_processes_equal_one(files, tmp_path, fsdp):
     saved model."""
     from safetensors.torch import load_file
 
-    from tests.rl.test_grpo_dp import _launch, _same_saved_model
+    from tests.helpers.launch import launch
+    from tests.rl.test_grpo_dp import _same_saved_model
 
     pairs = _write_jsonl(tmp_path / "four.jsonl", [*PAIRS, {**PAIRS[0], "id": "four", "image": "b.png"}])
     sets = ["train.steps=2", "data.batch_size=4", "train.checkpoint_every=1", "lora.r=4", "optim.lr=2e-3",
@@ -455,7 +456,7 @@ def test_two_processes_equal_one(files, tmp_path, fsdp):
     work = tmp_path / "work"
     work.mkdir()
     launched = [*args, "--set", "train.fsdp=true"] if fsdp else args
-    proc = _launch(work, "torchrun", *launched, "--out", str(work / "two"))
+    proc = launch(work, "torchrun", *launched, "--out", str(work / "two"))
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     assert proc.stdout.count('"family"') == 1  # rank 0 alone reports
     one, two = _records(tmp_path / "one"), _records(work / "two")

@@ -3,22 +3,19 @@ step, logged metrics, the saved model), data parallel and FSDP; the shard helper
 
 from __future__ import annotations
 
-import json
-import warnings
-
 import pytest
 import torch
 
 from rl.advantages import masked_whiten
-from rl.cli import main
 from rl.trainers.ppo_math import minibatch_plan
 from rl.trainers.ppo_shard import WHOLE, local_plan, rollout_means, update_shares, whiten
 from tests.helpers.eval_model import make_data_dir, make_model_dir
-from tests.rl.test_grpo_dp import EPS, _launch
+from tests.helpers.launch import EPS, checkpoints, moved, one_and_two, same_records, same_weights
 from tests.rl.test_ppo_trainer import CONFIG
 
 COMPARED = (
-    "loss", "reward_mean", "reward_std", "adv_std", "entropy", "policy_loss", "value_loss", "explained_variance", "clip_frac_low", "clip_frac_high", "approx_kl", "kl", "response_len",
+    "loss", "reward_mean", "reward_std", "adv_std", "entropy", "policy_loss", "value_loss",
+    "explained_variance", "clip_frac_low", "clip_frac_high", "approx_kl", "kl", "response_len",
     "truncated_frac", "sampled_tokens", "token_reward_sum", "value_mean", "return_mean", "mention_credit_abs",
 )  # fmt: skip
 """Logged metrics that must be the global batch's under 2 processes. Not ``value_clip_frac``: it counts the
@@ -39,10 +36,6 @@ def dirs(tmp_path_factory):
     return make_model_dir(root), make_data_dir(root, split="train")
 
 
-def _records(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_the_compared_plan_gives_a_rank_no_row_of_some_minibatch():
     """The runs below take the stand-in path: a minibatch whose 2 rows both sit on one rank's half."""
     lone = 0
@@ -57,38 +50,15 @@ def test_two_processes_equal_one(tmp_path, dirs, fsdp):
     """torchrun, 2 ranks x 1 prompt == 1 process x 2 prompts: the KL reward to a frozen copy, per-mention
     credit, GAE, advantages whitened over both ranks' tokens, 2 epochs x 2 minibatches cut from the global
     rows (some wholly on one rank), losses normalised by each minibatch's global counts."""
-    from safetensors.torch import load_file
-
     model, data = dirs
     args = ["ppo", "--config", str(CONFIG), "--data", str(data), "--no-progress"]
     args += [x for s in [f"init.model={model}", *SETS] for x in ("--set", s)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert main([*args, "--out", str(tmp_path / "one")]) == 0
-    work = tmp_path / "work"
-    work.mkdir()
-    fsdp_args = ["--set", "train.fsdp=true"] if fsdp else []
-    proc = _launch(work, "torchrun", *args, *fsdp_args, "--out", str(work / "two"))
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    assert proc.stdout.count('"critic"') == 1  # rank 0 alone reports
-    one, two = tmp_path / "one", work / "two"
-    ra, rb = _records(one), _records(two)
-    assert [r["step"] for r in rb] == [r["step"] for r in ra] == [1, 2]
-    for a, b in zip(ra, rb):
-        assert set(a) - {"time_s", "cpu_s", "step_s"} == set(b) - {"time_s", "cpu_s", "step_s"}
-        for k in (k for k in COMPARED if k in a):
-            assert b[k] == pytest.approx(a[k], abs=1e-5), (a["step"], k, a[k], b[k])
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
-    names = [f"checkpoints/step-{s:08d}/model.safetensors" for s in (1, 2)]
-    for name in names:
-        wa, wb = load_file(str(one / name)), load_file(str(two / name))
-        assert "head.weight" in wa and wa.keys() == wb.keys()
-        assert max((wa[k].double() - wb[k].double()).abs().max().item() for k in wa) < 1e-5, name
-    first, last = (load_file(str(one / n)) for n in names)
-    moved = max((first[k] - last[k]).abs().max().item() for k in first)
-    assert moved > 1e-4  # the comparison means something
-    wa, wb = load_file(str(one / "model/model.safetensors")), load_file(str(two / "model/model.safetensors"))
-    assert wa.keys() == wb.keys() and max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-5
+    one, two, stdout = one_and_two(tmp_path, args, fsdp=fsdp)
+    assert stdout.count('"critic"') == 1  # rank 0 alone reports
+    same_records(one, two, COMPARED, 2)
+    first, last, _ = same_weights(one, two, [*checkpoints(2), "model/model.safetensors"])
+    assert "head.weight" in first
+    moved(first, last)
     head_a, head_b = torch.load(one / "value_head.pt"), torch.load(two / "value_head.pt")
     assert all(torch.allclose(head_a[k], head_b[k], atol=1e-5) for k in head_a)
 

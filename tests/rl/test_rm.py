@@ -154,7 +154,7 @@ def test_two_processes_equal_one(world, tmp_path, fsdp):
     the held-out evaluation (rank 0, on the gathered weights under FSDP), the saved model and value head."""
     from safetensors.torch import load_file
 
-    from tests.rl.test_grpo_dp import _launch
+    from tests.helpers.launch import launch
 
     model, data = world
     sets = ["train.steps=3", "train.eval_every=3", "data.batch_size=2", "data.heldout=0.34", "optim.lr=0.01",
@@ -167,7 +167,7 @@ def test_two_processes_equal_one(world, tmp_path, fsdp):
         assert main([*args, "--out", str(tmp_path / "one")]) == 0
     work = tmp_path / "work"
     work.mkdir()
-    proc = _launch(work, "torchrun", *args, *(["--set", "train.fsdp=true"] if fsdp else []), "--out",
+    proc = launch(work, "torchrun", *args, *(["--set", "train.fsdp=true"] if fsdp else []), "--out",
                    str(work / "two"))  # fmt: skip
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     one, two = tmp_path / "one", work / "two"
