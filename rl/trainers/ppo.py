@@ -138,7 +138,7 @@ class PPOTrainer(GRPOTrainer):
         scores = rewards[self.positions].reshape(-1).to(self.device)  # (n,) this rank's sequence rewards
         batch = to_device(roll.batch(), self.device)
         with torch.no_grad():
-            old, mask, _, old_values = self.model(batch, temperature=ro.temperature)  # (N, W) each
+            old, mask, _, old_values = self.model(batch, temperature=ro.temperature)  # (n, W) each
             weights = None
             if roll.rollout_logps is not None:  # sampled off the trainer's distribution (rl.importance)
                 mu = roll.rollout_logps.to(old.device)
@@ -148,7 +148,7 @@ class PPOTrainer(GRPOTrainer):
         if algo.mention_credit > 0:
             row_prompts = [p for g in groups if g is not None for p in g[2]]  # this rank's rows' prompts
             credit = self.credits(roll, row_prompts).to(self.device)  # (n, W)
-        kl = None if ref is None else kl_estimate(old, ref, kind=algo.kl_estimator) * mask  # (N, W)
+        kl = None if ref is None else kl_estimate(old, ref, kind=algo.kl_estimator) * mask  # (n, W)
         shaping = algo.beta if cfg.kl.mode == "reward" else 0.0
         r = token_rewards(
             scores, mask, credits=None if credit is None else algo.mention_credit * credit, kl=kl,

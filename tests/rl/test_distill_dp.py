@@ -47,3 +47,25 @@ def test_an_answer_does_not_depend_on_its_batch(world):  # noqa: F811
     together = trainer._sample(student, samples, list(range(len(samples))), 5, 0)
     alone = [trainer._sample(student, [s], [p], 5, 0)[0] for p, s in enumerate(samples)]
     assert together == alone and len({tuple(a) for a in alone}) > 1
+
+
+def test_seeded_answers_follow_the_tempered_softmax(world):  # noqa: F811
+    """The first answer token of 600 seeded draws of one prompt at temperature 0.5 against
+    softmax(logits / 0.5) of the generation prompt (the image token suppressed): total variation < 0.1."""
+    from rl.trainers.distill import DistillTrainer, load_models
+    from rl.trainers.distill_data import build_prompts
+
+    cfg = _cfg(world, "rollout.temperature=0.5", "rollout.max_new_tokens=1")
+    student, _ = load_models(cfg, torch.device("cpu"))
+    trainer = DistillTrainer(cfg=cfg, student=student, teacher=None, prompts=build_prompts(cfg.data))
+    sample = trainer.prompts.sample(0)
+    ids = trainer._sample(student, [sample] * 600, list(range(600)), 0, 0)
+    inputs = student.to_device(student.build_prompts([sample]))
+    with torch.no_grad():
+        logits = student.model(**inputs).logits[0, -1].double()  # (V,)
+    logits[list(student.placeholder_ids)] = -float("inf")
+    expected = torch.softmax(logits / 0.5, dim=-1)
+    drawn = torch.bincount(torch.tensor([i[0] for i in ids]), minlength=expected.numel()).double() / 600
+    assert 0.5 * (drawn - expected).abs().sum() < 0.1
+    untempered = torch.softmax(logits, dim=-1)
+    assert 0.5 * (drawn - untempered).abs().sum() > 0.2  # the check tells temperature 0.5 from 1 (0.40)
