@@ -297,6 +297,7 @@ def _torchrun_mm_module(cwd, module: str, *args: str):
                           capture_output=True, text=True, timeout=600)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_two_processes_evaluate_as_one(folders, files, tmp_path, capsys):
     """torchrun: each process answers every other item (strided, 5 questions and 3 images over 2 ranks),
     rank 0 alone prints and writes; the answers, captions and scores are one process's."""
@@ -337,6 +338,7 @@ def test_two_processes_evaluate_as_one(folders, files, tmp_path, capsys):
     assert both == alone and alone["discriminative"]
 
 
+@pytest.mark.slow
 def test_strided_map_over_two_processes_orders_results_and_shares_a_failure(tmp_path):
     """Rank r of 2 computes items r, r + 2, ...; every rank gets the results in item order; when rank 1
     fails, rank 1 raises its own error and rank 0 a UserError naming it (neither waits forever)."""

@@ -21,6 +21,7 @@ SETS = [
 """3 student rows of 4: one process samples two of them, the other one and the teacher's row."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fsdp", [False, True])
 def test_two_processes_equal_one(world, tmp_path, fsdp):  # noqa: F811
     _, data, student, teacher = world

@@ -435,6 +435,7 @@ def test_dpo_vs_trl_benchmark_smoke(tmp_path):
     assert bench.median_after_warmup([5.0, 1.0, 3.0]) == 2.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fsdp", [False, True])
 def test_two_processes_equal_one(files, tmp_path, fsdp):
     """torchrun, 2 ranks x 2 pairs == 1 process x 4 pairs (LoRA on a tiny Qwen2-VL, the reference its base),

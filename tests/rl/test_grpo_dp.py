@@ -58,6 +58,7 @@ def world(tmp_path_factory):
     return make_model_dir(root), make_data_dir(root, split="train")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fsdp", [False, True])
 def test_world_form_two_processes_equal_one(tmp_path, world, fsdp):
     """accelerate launch, 2 ranks x 2 prompts == 1 process x 4 prompts: DAPO dynamic sampling (which
@@ -88,6 +89,7 @@ def test_world_form_two_processes_equal_one(tmp_path, world, fsdp):
     assert all("kl" in r for r in records(work / "two"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fsdp", [False, True])
 def test_files_form_two_processes_equal_one(tmp_path, monkeypatch, fsdp):
     """torchrun, the prompt-file form on a tiny LLaVA (HF ``generate`` with the seeded sampler), top-k
@@ -283,6 +285,7 @@ def _eos_prone(folder: Path, scale: float) -> None:
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llava", "notevlm"])
 def test_fsdp_rollouts_that_end_at_different_steps_on_each_rank(tmp_path, monkeypatch, family):
     """Under FSDP every decode step is a collective: a rank whose completions all ended must keep stepping

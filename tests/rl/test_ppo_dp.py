@@ -45,6 +45,7 @@ def test_the_compared_plan_gives_a_rank_no_row_of_some_minibatch():
     assert lone > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fsdp", [False, True])
 def test_two_processes_equal_one(tmp_path, dirs, fsdp):
     """torchrun, 2 ranks x 1 prompt == 1 process x 2 prompts: the KL reward to a frozen copy, per-mention

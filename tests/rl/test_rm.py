@@ -148,6 +148,7 @@ def test_rm_on_a_transformers_family_full_fine_tuning(tmp_path):
     assert (out / "model" / "config.json").is_file() and not (out / "adapter").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fsdp", [False, True])
 def test_two_processes_equal_one(world, tmp_path, fsdp):
     """torchrun, 2 ranks x 1 pair == 1 process x 2 pairs, data parallel and FSDP: the weights of every step,
