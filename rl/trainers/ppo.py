@@ -204,7 +204,7 @@ class PPOTrainer(GRPOTrainer):
         u = self.done % len(self.plan)
         rows, shares = self.plan[u], self.shares[u]
         if not rows.numel():  # this rank holds none of the minibatch: a stand-in row that weighs nothing
-            rows, shares = torch.zeros(1, dtype=torch.long), Shares(0.0, 0.0, 0.0)
+            rows, shares = torch.zeros(1, dtype=torch.long), Shares(0.0, 0.0)
         loss, m = ppo_loss(self.model, batch, self.cfg, rows.to(batch["adv"].device), shares=shares)
         self.done += 1
         for k, v in m.items():  # kl here only with kl.mode: loss; with reward it is the rollout's (batch)

@@ -36,11 +36,9 @@ class Shares(NamedTuple):
     """The policy loss's: by the minibatch's tokens (``token-mean``) or non-empty sequences."""
     tokens: float
     """By the minibatch's response tokens: the value loss and the token-averaged metrics."""
-    sequences: float
-    """By the minibatch's non-empty sequences."""
 
 
-WHOLE = Shares(1.0, 1.0, 1.0)
+WHOLE = Shares(1.0, 1.0)
 """The weights of one process, which holds the whole minibatch."""
 
 
@@ -66,7 +64,7 @@ def update_shares(plan: Sequence[torch.Tensor], mask: torch.Tensor, *, agg: str,
     out = []
     for (t, s), (all_t, all_s) in zip(local.tolist(), total.tolist()):
         by_tokens, by_seqs = loss_weight(t, all_t, world=world), loss_weight(s, all_s, world=world)
-        out.append(Shares(by_tokens if agg in AGG_BY_TOKENS else by_seqs, by_tokens, by_seqs))
+        out.append(Shares(by_tokens if agg in AGG_BY_TOKENS else by_seqs, by_tokens))
     return out
 
 
