@@ -1,4 +1,5 @@
-"""``rl pipeline``: the main job, in one process, on the built-in note world.
+"""``rl pipeline``: the main job on the built-in note world, one stage after another (data parallel under
+``torchrun``: below).
 
     rl pipeline --config configs/rl/pipeline.yaml --out runs/demo [--fresh | --redo dpo ...] [--seeds N]
     rl pipeline --config configs/rl/pipeline.yaml --out runs/table --world-seeds 0 1 2 --seeds 2
@@ -27,6 +28,12 @@ unchanged (resume), refuses when it changed, and ``--fresh`` (all) or ``--redo S
 every stage after it) runs them again. Paths inside the run folder are compared resolved, so the same
 ``--out`` spelt differently (relative or absolute, ``./runs/x``, ``runs/x/``) resumes. A stage
 interrupted mid-way resumes from its own checkpoints.
+
+Under ``torchrun`` / ``accelerate launch`` every stage is data parallel: the training stages take each
+step's batch in shares (their trainers' own data parallelism), the eval stages generate a strided share
+of the items each (:mod:`mm.eval.parallel`); rank 0 alone renders the world and writes the stage markers,
+the eval files and the report (:func:`mm.train.common.on_rank0`), and every rank starts a stage only
+after the one before has finished on all of them.
 
 The pipeline lives on the ``rl`` side because ``rl`` may import ``mm`` but not the reverse.
 """
@@ -319,9 +326,11 @@ def run_pipeline(
     """
     import torch
 
+    from mm.train.common import is_main_process, on_rank0
     from rl import report
 
-    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    join_launch()
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True) if is_main_process() else None)
     out = Path(out)
     names = stage_names(cfg)
     bad = [r for r in redo or [] if r not in names]
@@ -333,7 +342,7 @@ def run_pipeline(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     first_redo = min((names.index(r) for r in redo or []), default=len(names))
-    out.mkdir(parents=True, exist_ok=True)
+    on_rank0(lambda: out.mkdir(parents=True, exist_ok=True))
     t_all = time.perf_counter()
     stages: dict[str, dict[str, Any]] = {}
     rerun_rest = False
@@ -356,14 +365,12 @@ def run_pipeline(
             log(f"[{i + 1}/{len(names)}] {name}: done earlier ({done['seconds']:.1f}s), skipped")
             continue
         rerun_rest = True  # a stage that runs again invalidates the stages after it
-        if force and folder.exists():
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True, exist_ok=True)
+        on_rank0(lambda folder=folder, force=force: _clear(folder, force))
         log(f"[{i + 1}/{len(names)}] {name} ...")
         t0 = time.perf_counter()
         c = configs.get(base)
         if name == "data":
-            metrics = _stage_data(c, folder, show_progress, cfg.world)
+            metrics = on_rank0(lambda c=c, folder=folder: _stage_data(c, folder, show_progress, cfg.world))
         elif name == "pretrain":
             metrics = stage_pretrain(c, folder, show_progress, resume=True)
         elif name in ("align", "sft"):
@@ -381,7 +388,7 @@ def run_pipeline(
             "config": conf,
             "metrics": metrics,
         }
-        _atomic_json(marker, record)
+        record = on_rank0(lambda marker=marker, record=record: _recorded(marker, record))
         stages[name] = record
         log(
             f"[{i + 1}/{len(names)}] {name}: {record['seconds']:.1f}s, "
@@ -396,9 +403,37 @@ def run_pipeline(
         stages, post=list(cfg.post), wall_seconds=time.perf_counter() - t_all, rss=_rss_mb(),
         load=_load_avg(), seed_runs=seed_runs,
     )  # fmt: skip
-    report.write_report(out, metrics)
+    on_rank0(lambda: report.write_report(out, metrics) and None)
     log(f"report: {out / 'report.md'}")
     return metrics
+
+
+def join_launch() -> tuple[int, int]:
+    """Join the launch's process group (``torchrun`` / ``accelerate launch``; gloo, plus nccl where each
+    process has its GPU); ``(0, 1)`` alone. The stages' trainers keep the group joined here."""
+    import os
+
+    import torch
+
+    from mm.train.common import init_distributed
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        return init_distributed("cpu:gloo,cuda:nccl")
+    return init_distributed()
+
+
+def _recorded(marker: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` written to the stage marker ``marker``; the record."""
+    _atomic_json(marker, record)
+    return record
+
+
+def _clear(folder: Path, force: bool) -> None:
+    """``folder`` made empty for a stage run again (``force``), or made when missing."""
+    if force and folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
 
 
 def _load_avg() -> list[float] | None:
@@ -445,6 +480,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mm.config import load_config
+    from mm.train.common import is_main_process
 
     cfg = load_config(PipelineConfig, args.config, args.overrides)
     if args.world_seeds is not None:
@@ -454,13 +490,17 @@ def run(args: argparse.Namespace) -> int:
             cfg, args.out, args.world_seeds, seeds=args.seeds, table_only=args.table_only, run=run_pipeline,
             other=args.against, fresh=args.fresh, redo=args.redo, show_progress=not args.no_progress,
         )  # fmt: skip
-        print(json.dumps({p: {"runs": len(t["runs"]), "targets_met": t["targets_met"],
-                              "targets_total": t["targets_total"]} for p, t in table.items()}))  # fmt: skip
+        if is_main_process():
+            keys = ("targets_met", "targets_total")
+            print(
+                json.dumps({p: {"runs": len(t["runs"]), **{k: t[k] for k in keys}} for p, t in table.items()})
+            )
         return 0
     if args.table_only or args.against:
         raise UserError("--table-only and --against need --world-seeds (the world seeds to tabulate)")
     metrics = run_pipeline(
         cfg, args.out, fresh=args.fresh, redo=args.redo, show_progress=not args.no_progress, seeds=args.seeds
     )
-    print(json.dumps(metrics["headline"], default=str))
+    if is_main_process():
+        print(json.dumps(metrics["headline"], default=str))
     return 0

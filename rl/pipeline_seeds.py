@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mm.train.common import on_rank0
 from rl.pipeline_stages import _atomic_json, _config_dict, _rss_mb, _stage_eval, _stage_post
 from rl.report_uncertainty import SEED_KEYS
 
@@ -32,17 +33,21 @@ def _run_once(name: str, folder: Path, conf: Any, fresh: bool, work: Any, log: A
         if done.get("config") == json.loads(json.dumps(conf, default=str)):
             log(f"{name}: done earlier, skipped")
             return done["metrics"]
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    on_rank0(lambda: _fresh_folder(folder))
     log(f"{name} ...")
     t0 = time.perf_counter()
     metrics = work()
     record = {"stage": name, "status": "ran", "seconds": round(time.perf_counter() - t0, 2), **_rss_mb(),
               "config": json.loads(json.dumps(conf, default=str)), "metrics": metrics}  # fmt: skip
-    _atomic_json(marker, record)
+    on_rank0(lambda: _atomic_json(marker, record))
     log(f"{name}: {record['seconds']:.1f}s")
     return metrics
+
+
+def _fresh_folder(folder: Path) -> None:
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
 
 
 def _seed_run(cfg: Any, post: str, c: Any, out: Path, fresh: bool, show: bool, log: Any) -> dict[str, Any]:

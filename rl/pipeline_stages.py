@@ -95,13 +95,15 @@ def _stage_post(name: str, c: Any, out: Path, show: bool, resume: bool) -> dict[
 
 def _stage_eval(model_dir: Path, data_dir: Path, spec: Any, out: Path) -> dict[str, Any]:
     from mm.eval.runners import evaluate_model
+    from mm.train.common import is_main_process
 
     res = evaluate_model(
         model_dir, data_dir, split=spec.split, notes=spec.notes, pope_splits=spec.pope_splits, seed=spec.seed,
         batch_size=spec.batch_size, max_new_tokens=spec.max_new_tokens,
     )  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    _atomic_json(out / "eval.json", res)
+    if is_main_process():  # under a launch every rank holds every answer (mm.eval.parallel); one writes
+        out.mkdir(parents=True, exist_ok=True)
+        _atomic_json(out / "eval.json", res)
     return res
 
 

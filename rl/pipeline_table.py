@@ -300,4 +300,7 @@ def run_table(
             run(replace(cfg, world=world), folder, seeds=seeds, **kwargs)
     kind = "ground truth" if cfg.ground_truth else "no ground truth"
     title = f"Post-training over world seeds {', '.join(map(str, world_seeds))} ({kind})"
-    return write_table(out, dirs, list(cfg.post), title=title, other=None if other is None else Path(other))
+    from mm.train.common import on_rank0
+
+    against_dir = None if other is None else Path(other)
+    return on_rank0(lambda: write_table(out, dirs, list(cfg.post), title=title, other=against_dir))

@@ -10,12 +10,14 @@ from __future__ import annotations
 import atexit
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from mm.errors import UserError
 from mm.train.checkpoints import (
     CHECKPOINT_PREFIX,
     find_last_checkpoint,
@@ -28,10 +30,12 @@ from mm.train.checkpoints import (
 )
 from mm.train.metrics import MetricsLogger, TornMetricsWarning, plot_metrics, progress, read_metrics
 
+T = TypeVar("T")
+
 __all__ = [
     "CHECKPOINT_PREFIX", "LengthGroupedBatches", "MetricsLogger", "TornMetricsWarning", "all_reduce_sum",
     "barrier", "batch_indices", "find_last_checkpoint", "init_distributed", "is_main_process",
-    "list_checkpoints", "load_checkpoint", "plot_metrics", "progress", "read_checkpoint_meta",
+    "list_checkpoints", "on_rank0", "load_checkpoint", "plot_metrics", "progress", "read_checkpoint_meta",
     "read_metrics", "rng_state", "save_checkpoint", "seed_everything", "set_rng_state", "shard", "unwrap",
 ]  # fmt: skip
 
@@ -159,6 +163,32 @@ def barrier() -> None:
     """Synchronise ranks; no-op single-process."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def on_rank0(fn: Callable[[], T]) -> T:
+    """``fn()`` run by rank 0 alone (work that writes shared files: a data folder, a stage marker); every rank
+    returns its result once it is done, or raises its error. Alone, a plain call.
+
+    The result must pickle (it is broadcast). When ``fn`` fails on rank 0 the other ranks raise a
+    ``UserError`` that names it instead of waiting for a result that never comes.
+    """
+    rank, world = rank_world()
+    if world == 1:
+        return fn()
+    result, failure = None, None
+    if rank == 0:
+        try:
+            result = fn()
+        except Exception as e:  # every rank must reach the broadcast
+            failure = e
+    box = [(result, None if failure is None else f"{type(failure).__name__}: {failure}")]
+    dist.broadcast_object_list(box, src=0)
+    if failure is not None:
+        raise failure
+    value, message = box[0]
+    if message is not None:
+        raise UserError(f"process 0 of {world} failed: {message}")
+    return value
 
 
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:

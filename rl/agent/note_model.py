@@ -13,6 +13,9 @@ stopped pretraining or SFT resumes from its own checkpoints):
    stages, each from the one before; the policy starts from the last (``sft`` without a ``tune`` config or
    phases).
 
+Under ``torchrun`` the training sub-stages are data parallel (their trainers'); rank 0 alone exports the
+photos and writes each ``done.json``, and every rank starts a sub-stage after the one before has finished.
+
 The stage configs are the ``note_model`` StageSpecs (a YAML of the ``mm`` CLI plus overrides); the wiring
 keys (data folder, ``init`` paths) are forced here, as ``rl pipeline`` does.
 """
@@ -23,9 +26,11 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from mm.train.common import is_main_process, on_rank0
 from mm.train.metrics import atomic_write_text
 from rl.agent.config import AgentRunConfig
 
@@ -68,9 +73,11 @@ def starting_from_it(cfg: AgentRunConfig, root: Path) -> AgentRunConfig:
 
 
 def run_note_model(
-    cfg: AgentRunConfig, root: Path, *, log: Callable[[str], None] = print, show: bool = False
+    cfg: AgentRunConfig, root: Path, *, log: Callable[[str], None] | None = None, show: bool = False
 ) -> dict[str, Any]:
-    """Every sub-stage not done before; returns each one's result and the model folder."""
+    """Every sub-stage not done before; returns each one's result and the model folder. ``log`` (default:
+    print, on rank 0 alone) takes a line per sub-stage."""
+    log = log or (print if is_main_process() else lambda _: None)
     from rl.agent.world_export import export_world
     from rl.pipeline_stages import stage_pretrain, stage_train
 
@@ -85,9 +92,8 @@ def run_note_model(
         t0 = time.perf_counter()
         if name == "data":
             nm = cfg.note_model
-            res: dict[str, Any] = {
-                "photo_notes": export_world(cfg.world, nm.notes, out, workers=nm.workers, overwrite=True)
-            }
+            export = partial(export_world, cfg.world, nm.notes, out, workers=nm.workers, overwrite=True)
+            res: dict[str, Any] = {"photo_notes": on_rank0(export)}
         elif name == "pretrain":
             res = stage_pretrain(confs[name], out, show, resume=True)
         elif name not in confs:
@@ -95,8 +101,13 @@ def run_note_model(
         else:
             res = stage_train(confs[name], out, show, resume=True)
         res["seconds"] = round(time.perf_counter() - t0, 1)
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(done, json.dumps(res, indent=1, default=str))
-        results[name] = res
-        log(f"[agent] note_model/{name}: done in {res['seconds']} s")
+        results[name] = on_rank0(lambda out=out, done=done, res=res: _finished(out, done, res))
+        log(f"[agent] note_model/{name}: done in {results[name]['seconds']} s")
     return {"model": str(model_folder(cfg, root)), **results}
+
+
+def _finished(out: Path, done: Path, res: dict[str, Any]) -> dict[str, Any]:
+    """``res`` written to the sub-stage's ``done.json``; the result."""
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(done, json.dumps(res, indent=1, default=str))
+    return res

@@ -17,8 +17,11 @@
   at a barrier, so the next one reads what rank 0 wrote (one machine, or a shared file system). At the end
   of each training stage the ranks check that they hold the same weights.
 
-Not data parallel (refused under a multi-process launch, :func:`check_parallel`): ``note_model.build``,
-the perception stage, and turn credit with ``scale: batch``. The rollout counts each RL step logs
+- ``note_model.build``: the note model's pretraining and SFT sub-stages are their trainers' data
+  parallelism (:mod:`rl.agent.note_model`); rank 0 exports the photos.
+
+Not data parallel (refused under a multi-process launch, :func:`check_parallel`): the perception stage,
+and turn credit with ``scale: batch``. The rollout counts each RL step logs
 (valid calls, truncations, goals) are every rank's.
 """
 
@@ -114,7 +117,6 @@ def check_parallel(cfg: Any, world: int) -> None:
     if world <= 1:
         return
     off = {
-        "note_model.build=true": cfg.note_model.build,
         "perception.steps or perception.check_notes > 0": cfg.perception.steps > 0
         or cfg.perception.check_notes > 0,
         "grpo.turn_credit with grpo.scale=batch": cfg.grpo.turn_credit > 0 and cfg.grpo.scale == "batch",

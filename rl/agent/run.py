@@ -329,7 +329,8 @@ def _run_stage(
 
 WRITER_ONLY = ("note_model", "init", "perception", "export", "report")
 """Stages rank 0 runs alone under data parallel (they train nothing, or not in parallel: ``check_parallel``
-refuses a note model or a perception stage there); the others wait at the next stage's barrier."""
+refuses a perception stage there; the note model's sub-stages share the work themselves,
+:mod:`rl.agent.note_model`); the others wait at the next stage's barrier."""
 
 
 def exported(cfg: AgentRunConfig) -> list[str]:

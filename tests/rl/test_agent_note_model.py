@@ -166,3 +166,21 @@ def test_grpo_settings_may_change_until_grpo_or_ppo_has_trained(tmp_path):
         with pytest.raises(UserError, match="other grpo settings"):
             check_training_config(load_config(AgentRunConfig, TINY, SMALL), tmp_path)
         (tmp_path / stage / "metrics.jsonl").unlink()
+
+
+@pytest.mark.slow
+def test_two_processes_build_the_note_model_as_one(tmp_path):
+    from tests.helpers.launch import launch, one_process, same_weights
+
+    sets = [*SMALL, *NOTE, "perception.steps=0", "perception.check_notes=0", "grpo.tasks_per_step=2"]
+    sets = [s.replace("eval.notes=1", "eval.notes=2") for s in sets]
+    args = ["agent", "--config", str(TINY), "--set", *sets]
+    one_process([*args, "--out", str(tmp_path / "one")])
+    proc = launch(ROOT, "torchrun", *args, "--out", str(tmp_path / "two"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("note_model/pretrain: done") == 1  # rank 0 speaks
+    one, two = tmp_path / "one/note_model", tmp_path / "two/note_model"
+    assert (one / "data/notes.jsonl").read_text() == (two / "data/notes.jsonl").read_text()
+    same_weights(one, two, ["align/model/model.safetensors", "sft/model/model.safetensors"])
+    for name in ("align", "sft"):
+        assert json.loads((two / name / "done.json").read_text())["step"] == 2
