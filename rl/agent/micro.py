@@ -19,8 +19,15 @@ import torch
 from rl.advantages import group_advantages
 from rl.agent.backend import AgentBackend
 from rl.agent.loop import trajectory_batch
-from rl.agent.parallel import most, rank_world, total
-from rl.agent.train import AgentGRPOConfig, call_token_weights, grpo_loss, sft_loss, trajectory_advantages
+from rl.agent.parallel import gathered, most, rank_world, total
+from rl.agent.train import (
+    AgentGRPOConfig,
+    call_token_weights,
+    grpo_loss,
+    judged_scores,
+    sft_loss,
+    trajectory_advantages,
+)
 from rl.agent.trajectory import Trajectory
 from rl.losses import policy_loss
 from rl.trainers.grpo_shard import gather_rewards
@@ -94,7 +101,12 @@ def grpo_backward(
     everyone = gather_rewards(rewards.float().view(-1, cfg.group_size), world=world).flatten()  # (world*B,)
     sequence = group_advantages(everyone, group_size=cfg.group_size, scale=cfg.scale)  # (world * B,)
     rows = slice(rank * len(trajs), (rank + 1) * len(trajs))  # this rank's rows
-    advantages = trajectory_advantages(trajs, rewards, cfg, sequence=sequence[rows])  # (B,) or (B, T)
+    batch_scores = None
+    if cfg.turn_credit and cfg.scale == "batch":  # every rank's judged replies scale the turn credit
+        batch_scores = gathered(judged_scores(trajs))
+    advantages = trajectory_advantages(  # (B,) or (B, T)
+        trajs, rewards, cfg, sequence=sequence[rows], batch_scores=batch_scores
+    )
     rewards = everyone
     tokens, seqs = _shares(trajs)
     by_tokens = cfg.agg == "token-mean"

@@ -19,10 +19,11 @@
 
 - ``note_model.build``: the note model's pretraining and SFT sub-stages are their trainers' data
   parallelism (:mod:`rl.agent.note_model`); rank 0 exports the photos.
+- perception: each rank replays and trains on a contiguous share of every step's items, as SFT; the
+  reading check is shared out like the eval.
+- GRPO turn credit with ``scale: batch`` divides by the std of every rank's judged replies (gathered).
 
-Not data parallel (refused under a multi-process launch, :func:`check_parallel`): the perception stage,
-and turn credit with ``scale: batch``. The rollout counts each RL step logs
-(valid calls, truncations, goals) are every rank's.
+The rollout counts each RL step logs (valid calls, truncations, goals) are every rank's.
 """
 
 from __future__ import annotations
@@ -116,18 +117,9 @@ def check_parallel(cfg: Any, world: int) -> None:
     """A ``UserError`` (before anything is written) for settings a ``world``-process launch cannot run."""
     if world <= 1:
         return
-    off = {
-        "perception.steps or perception.check_notes > 0": cfg.perception.steps > 0
-        or cfg.perception.check_notes > 0,
-        "grpo.turn_credit with grpo.scale=batch": cfg.grpo.turn_credit > 0 and cfg.grpo.scale == "batch",
-    }
-    on = [k for k, v in off.items() if v]
-    if on:
-        raise UserError(
-            f"{', '.join(on)} runs in one process only, not under a {world}-process launch; run those "
-            "stages without torchrun (a resumed run may then continue data parallel)"
-        )
     shares = [("sft.batch_size", cfg.sft.batch_size), ("grpo.tasks_per_step", cfg.grpo.tasks_per_step)]
+    if cfg.perception.steps > 0:
+        shares.append(("perception.batch_size", cfg.perception.batch_size))
     if cfg.ppo.steps > 0:
         shares.append(("ppo.tasks_per_step", cfg.ppo.tasks_per_step))
     for key, n in shares:

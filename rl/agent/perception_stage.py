@@ -24,6 +24,7 @@ from rl.agent.backend import AgentBackend
 from rl.agent.config import AgentRunConfig
 from rl.agent.demos import scripted_policy
 from rl.agent.loop import rollout
+from rl.agent.parallel import check_in_sync, interleaved, is_writer, share, strided
 from rl.agent.perception import perception_items, reading_score
 from rl.agent.stages import (
     NO_TOOLS,
@@ -48,15 +49,19 @@ def item_trajectories(backend: AgentBackend, cfg: AgentRunConfig, items: Sequenc
 
 def reading_check(backend: AgentBackend, cfg: AgentRunConfig, items: Sequence[AgentTask]) -> dict[str, Any]:
     """Greedy answers to ``items``: accuracy (:func:`reading_score`) per ``view/ask``, and the
-    share of the most frequent answer per ``view/ask`` (a constant answer shows as 1.0)."""
+    share of the most frequent answer per ``view/ask`` (a constant answer shows as 1.0). Under data
+    parallel each rank answers every world-th item and every rank gets the whole result."""
     backend.adapter.model.eval()
-    trajs = rollout(backend, items, loop_config(cfg, tools=False), registry=NO_TOOLS)
+    trajs = rollout(backend, strided(items), loop_config(cfg, tools=False), registry=NO_TOOLS)
+    rows = [
+        (f"{t.task.meta['view']}/{t.task.meta['ask']}", reading_score(t.task, t.answer or ""), t.answer or "")
+        for t in trajs
+    ]
     scores: dict[str, list[float]] = defaultdict(list)
     answers: dict[str, list[str]] = defaultdict(list)
-    for t in trajs:
-        key = f"{t.task.meta['view']}/{t.task.meta['ask']}"
-        scores[key].append(reading_score(t.task, t.answer or ""))
-        answers[key].append(t.answer or "")
+    for key, score, answer in interleaved(rows):
+        scores[key].append(score)
+        answers[key].append(answer)
     out = {}
     for key in sorted(scores):
         top = max(answers[key].count(a) for a in set(answers[key]))
@@ -69,29 +74,34 @@ def reading_check(backend: AgentBackend, cfg: AgentRunConfig, items: Sequence[Ag
 
 
 def run_perception(cfg: AgentRunConfig, stage_dir: Path, init: Path) -> dict[str, Any]:
-    """The perception stage from ``init``; writes ``model.pt`` and ``metrics.jsonl``."""
+    """The perception stage from ``init``; writes ``model.pt`` and ``metrics.jsonl`` (rank 0). Under data
+    parallel each rank replays and trains on a contiguous share of every step's items (one process's step
+    on the whole batch, as the SFT stages), and the reading check is shared out."""
     p = cfg.perception
     backend = build_backend(cfg, init)
     items = perception_items(cfg.world, p.notes, p.views, bare=cfg.data.bare_answers)
     optimizer = optimizer_for(backend, p.lr, p.weight_decay)
-    log = MetricsLogger(stage_dir / "metrics.jsonl")
+    log = MetricsLogger(stage_dir / "metrics.jsonl") if is_writer() else None
     backend.adapter.model.train()
     for step in range(1, p.steps + 1):
         gen = torch.Generator().manual_seed(step_seed(cfg, "perception", step))
         pick = torch.randint(len(items), (p.batch_size,), generator=gen).tolist()
-        trajs = item_trajectories(backend, cfg, [items[i] for i in pick])
+        trajs = item_trajectories(backend, cfg, share([items[i] for i in pick]))
         seed = step_seed(cfg, "perception", step)
-        loss, norm = sft_step(backend, optimizer, trajs, seed=seed, grad_clip=p.grad_clip)
-        if step % p.log_every == 0 or step == p.steps:
+        loss, norm = sft_step(backend, optimizer, trajs, seed=seed, grad_clip=p.grad_clip, shared=True)
+        if log is not None and (step % p.log_every == 0 or step == p.steps):
             log.log({"step": step, "loss": loss, "grad_norm": norm})
-    save_weights(backend, stage_dir / "model.pt")
+    check_in_sync(backend.adapter.model, "perception")
     result: dict[str, Any] = {"stage": "perception", "steps": p.steps, "items": len(items)}
-    if p.steps:
-        result["final_loss"] = read_metrics(stage_dir / "metrics.jsonl")[-1]["loss"]
     if p.check_notes:
         views = [v for v in p.views if v != "view"] or list(p.views)
         held = _check_items(cfg, views)
         result["reading_check"] = reading_check(backend, cfg, held)
+    if not is_writer():
+        return result
+    save_weights(backend, stage_dir / "model.pt")
+    if p.steps:
+        result["final_loss"] = read_metrics(stage_dir / "metrics.jsonl")[-1]["loss"]
     return result
 
 

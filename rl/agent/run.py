@@ -302,7 +302,8 @@ def _run_stage(
         return {"family": backend.adapter.family, "parameters": sum(p.numel() for p in model.parameters())}
     if stage == "perception":
         if cfg.perception.steps == 0 and not cfg.perception.check_notes:
-            shutil.copyfile(out / "init" / "model.pt", stage_dir / "model.pt")
+            if is_writer():
+                shutil.copyfile(out / "init" / "model.pt", stage_dir / "model.pt")
             return {"stage": "perception", "steps": 0}
         return run_perception(cfg, stage_dir, out / "init" / "model.pt")
     if stage == "sft_tool":
@@ -327,10 +328,10 @@ def _run_stage(
     raise ValueError(f"unknown stage {stage!r}; stages: {STAGES}")
 
 
-WRITER_ONLY = ("note_model", "init", "perception", "export", "report")
-"""Stages rank 0 runs alone under data parallel (they train nothing, or not in parallel: ``check_parallel``
-refuses a perception stage there; the note model's sub-stages share the work themselves,
-:mod:`rl.agent.note_model`); the others wait at the next stage's barrier."""
+WRITER_ONLY = ("init", "export", "report")
+"""Stages rank 0 runs alone under data parallel (they train nothing); the others wait at the next stage's
+barrier. The training stages, the note model's included (:mod:`rl.agent.note_model`), and the eval share
+the work."""
 
 
 def exported(cfg: AgentRunConfig) -> list[str]:

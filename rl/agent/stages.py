@@ -175,13 +175,16 @@ def sft_step(
     grad_clip: float,
     call_weight: float = 1.0,
     micro: int = 0,
+    shared: bool = False,
 ) -> tuple[float, float]:
     """One supervised step on the policy turns of ``trajs`` (the global batch: under data parallel this rank
-    takes its share, :mod:`rl.agent.parallel`), torch seeded with ``seed``, ``micro`` trajectories a
-    forward (:mod:`rl.agent.micro`; 0 = all): (loss, grad norm)."""
+    takes its share, :mod:`rl.agent.parallel`; ``shared``: ``trajs`` is this rank's share already), torch
+    seeded with ``seed``, ``micro`` trajectories a forward (:mod:`rl.agent.micro`; 0 = all): (loss, grad
+    norm)."""
     torch.manual_seed(seed)
     optimizer.zero_grad(set_to_none=True)
-    loss = sft_backward(backend, share(trajs), call_weight=call_weight, micro=micro)
+    mine = trajs if shared else share(trajs)
+    loss = sft_backward(backend, mine, call_weight=call_weight, micro=micro)
     norm = clip_grads(backend, grad_clip)
     optimizer.step()
     return loss, norm

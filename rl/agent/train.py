@@ -129,14 +129,25 @@ def reply_scores(traj: Trajectory) -> list[float | None]:
     return out
 
 
+def judged_scores(trajs: Sequence[Trajectory]) -> list[float]:
+    """The simulated user's score of every judged reply of ``trajs``, in order."""
+    return [u.score for t in trajs for u in t.user_turns]
+
+
 def turn_advantages(
-    trajs: Sequence[Trajectory], *, group_size: int, scale: str = "group"
+    trajs: Sequence[Trajectory],
+    *,
+    group_size: int,
+    scale: str = "group",
+    batch_scores: Sequence[float] | None = None,
 ) -> list[list[float]]:
     """Turn-level advantages within each group of ``group_size`` trajectories (after MT-GRPO, Zeng et al.
     2025, with the group's replies pooled over turns): each turn's :func:`reply_scores` value minus the
     mean score of the group's judged replies, over their unbiased std ("group"; "batch": the std of every
     judged reply of the batch; "none": no division). 0 where no reply closes the turn, and everywhere in
-    a group whose judged replies all scored the same."""
+    a group whose judged replies all scored the same. ``batch_scores``: the :func:`judged_scores` of the
+    whole batch when ``trajs`` is a share of it (data parallel: every rank's, in rank order); default
+    ``trajs``' own."""
     if scale not in ADVANTAGE_SCALES:
         raise ValueError(f"scale must be one of {ADVANTAGE_SCALES}, got {scale!r}")
     if len(trajs) % group_size:
@@ -145,7 +156,7 @@ def turn_advantages(
     def std(values: list[float]) -> float:
         return torch.tensor(values, dtype=torch.float64).std().item() if len(values) > 1 else 0.0
 
-    batch_std = std([u.score for t in trajs for u in t.user_turns])
+    batch_std = std(list(judged_scores(trajs) if batch_scores is None else batch_scores))
     out: list[list[float]] = []
     for g in range(0, len(trajs), group_size):
         group = trajs[g : g + group_size]
@@ -166,15 +177,17 @@ def trajectory_advantages(
     cfg: AgentGRPOConfig,
     *,
     sequence: torch.Tensor | None = None,
+    batch_scores: Sequence[float] | None = None,
 ) -> torch.Tensor:
     """GRPO group advantages of ``rewards`` (B,) (or ``sequence``, (B,), computed elsewhere: from a larger
     batch's rewards), plus ``cfg.turn_credit`` times :func:`turn_advantages` on each turn's tokens, which
-    makes them (B, T), left padded like :func:`rl.agent.loop.trajectory_batch`."""
+    makes them (B, T), left padded like :func:`rl.agent.loop.trajectory_batch`. ``batch_scores``: the
+    larger batch's judged replies, for ``scale: batch`` turn credit."""
     if sequence is None:
         sequence = group_advantages(rewards.float(), group_size=cfg.group_size, scale=cfg.scale)  # (B,)
     if not cfg.turn_credit:
         return sequence
-    turns = turn_advantages(trajs, group_size=cfg.group_size, scale=cfg.scale)
+    turns = turn_advantages(trajs, group_size=cfg.group_size, scale=cfg.scale, batch_scores=batch_scores)
     return sequence[:, None] + cfg.turn_credit * turn_token_advantages(trajs, turns)  # (B, T)
 
 

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs/rl/agent_tiny.yaml"
 SETS = [
     "data.train_tasks=4", "sft.steps=2", "sft.batch_size=4", "grpo.steps=2", "grpo.tasks_per_step=2",
-    "grpo.checkpoint_every=1", "perception.steps=0", "eval.n_boot=20", "eval.tasks_per_kind=3",
+    "grpo.checkpoint_every=1", "perception.steps=2", "perception.batch_size=4", "perception.check_notes=2",
+    "grpo.turn_credit=0.5", "grpo.scale=batch", "eval.n_boot=20", "eval.tasks_per_kind=3",
     "ppo.steps=2", "ppo.tasks_per_step=2", "ppo.samples_per_task=2", "ppo.minibatches=1",
     "ppo.checkpoint_every=1",
 ]  # fmt: skip
@@ -59,14 +60,22 @@ def test_two_processes_train_and_evaluate_as_one(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("targets held") == 1  # rank 0 speaks, rank 1 does not
     assert proc.stdout.count("sft_tool: done") == 1
-    # SFT: the global batch split over the ranks is one process's step on it
-    for stage in ("sft_tool", "sft_notool"):
+    # perception and SFT: the global batch split over the ranks is one process's step on it
+    check = [json.loads((run / "perception/result.json").read_text())["reading_check"] for run in (one, two)]
+    assert check[1] == check[0] and sum(v["n"] for v in check[0].values()) > 0  # shared out, gathered
+    for stage in ("perception", "sft_tool", "sft_notool"):
         a, b = _weights(one / stage / "model.pt"), _weights(two / stage / "model.pt")
         assert a.keys() == b.keys()
         for k in a:
-            torch.testing.assert_close(b[k], a[k], atol=2e-5, rtol=1e-4)
+            gap = (b[k].double() - a[k].double()).abs()
+            # the SFT stages start from perception weights that differ by float rounding already; Adam's
+            # lr * g / (|g| + eps) turns that rounding of a near-zero gradient element into up to ~1e-4
+            assert gap.max() < 1e-4 and (gap > 2e-5).sum() <= max(1, gap.numel() // 10_000), (stage, k)
         steps = [json.loads(x)["step"] for x in (two / stage / "metrics.jsonl").read_text().splitlines()]
         assert steps == [1, 2]  # one writer
+        losses = [[json.loads(x)["loss"] for x in (r / stage / "metrics.jsonl").read_text().splitlines()]
+                  for r in (one, two)]  # fmt: skip
+        assert losses[1] == pytest.approx(losses[0], abs=1e-5)
     # GRPO: each rank sampled its share (other samples than one process's), the same update on both ranks
     grpo = _weights(two / "grpo/model.pt")
     assert all(torch.isfinite(v).all() for v in grpo.values())

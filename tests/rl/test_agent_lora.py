@@ -165,10 +165,8 @@ def test_what_a_multi_process_launch_cannot_run_is_refused_before_anything_is_wr
     monkeypatch.setenv("WORLD_SIZE", "2")
     out = tmp_path / "run"
     args = ["agent", "--config", str(TINY), "--out", str(out), "--set", *SMALL]
-    assert main(args) == 2  # the tiny config trains a perception stage, which is not data parallel
-    assert (
-        "perception.steps or perception.check_notes > 0 runs in one process only" in capsys.readouterr().err
-    )
+    assert main([*args, "perception.batch_size=3"]) == 2
+    assert "perception.batch_size=3 must divide by the 2 processes" in capsys.readouterr().err
     assert main([*args, "perception.steps=0", "sft.batch_size=3"]) == 2
     assert "sft.batch_size=3 must divide by the 2 processes" in capsys.readouterr().err
     ppo = ["perception.steps=0", "ppo.steps=1", "ppo.tasks_per_step=2", "ppo.samples_per_task=2"]

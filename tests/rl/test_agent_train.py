@@ -19,6 +19,7 @@ from rl.agent.train import (
     call_token_weights,
     grpo_loss,
     grpo_step,
+    judged_scores,
     normalise_answer,
     reply_scores,
     sft_loss,
@@ -283,6 +284,26 @@ def test_turn_advantages_golden():
     assert none == [pytest.approx([-2 / 3, -2 / 3, 1 / 3]), pytest.approx([1 / 3])]
     with pytest.raises(ValueError, match="groups of 2"):
         turn_advantages(group1[:1], group_size=2)
+
+
+def test_batch_scaled_turn_advantages_of_a_share_are_the_whole_batchs_rows():
+    # data parallel: a rank holds two of the four groups; with every rank's judged scores it gets the
+    # rows one process computes on the whole batch
+    groups = [
+        [_judged(["a", "b"], {1: 0.0, 2: 1.0}), _judged(["c"], {1: 1.0})],
+        [_judged(["d"], {1: 0.25}), _judged(["e"], {1: 0.75})],
+        [_judged(["f"], {1: 0.0}), _judged(["g", "h"], {2: 0.5})],
+        [_judged(["i"], {1: 1.0}), _judged(["j"], {1: 0.0})],
+    ]
+    whole = [t for g in groups for t in g]
+    want = turn_advantages(whole, group_size=2, scale="batch")
+    scores = judged_scores(whole)
+    assert scores == [0.0, 1.0, 1.0, 0.25, 0.75, 0.0, 0.5, 1.0, 0.0]
+    for rows in (slice(0, 4), slice(4, 8)):
+        share = turn_advantages(whole[rows], group_size=2, scale="batch", batch_scores=scores)
+        assert share == want[rows]
+    alone = turn_advantages(whole[4:], group_size=2, scale="batch")  # its own std: other values
+    assert alone != want[4:]
 
 
 def test_turn_credit_adds_turn_advantages_to_the_trajectory_advantage():
