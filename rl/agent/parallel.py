@@ -9,9 +9,10 @@
   rank); the rewards are all-gathered, so ``scale: batch`` advantages are the global batch's; the loss's
   normaliser (tokens or sequences) is counted over all ranks.
 - PPO: each rank rolls out its share of the tasks and computes its values and GAE; the advantages are
-  whitened, and the rollout's means taken, over every rank's tokens; every rank cuts its rows into the
-  same minibatch plan, and each minibatch's loss normalisers (tokens, sequences, the horizon) are counted
-  over all ranks, so an update is one process's on the union of the ranks' minibatch rows.
+  whitened, and the rollout's means taken, over every rank's tokens; the minibatch plan is one process's
+  over every rank's rows, each rank takes the rows of each minibatch it holds (none, at times), and each
+  minibatch's loss normalisers (tokens, sequences, the horizon) are counted over all ranks, so a step is
+  one process's step on the same rollout.
 - eval: each rank evaluates every world-th task; the rows are gathered back into task order.
 - Only rank 0 writes (results, weights, checkpoints, metrics, eval rows, report, export); every stage ends
   at a barrier, so the next one reads what rank 0 wrote (one machine, or a shared file system). At the end
@@ -125,10 +126,3 @@ def check_parallel(cfg: Any, world: int) -> None:
     for key, n in shares:
         if n % world:
             raise UserError(f"{key}={n} must divide by the {world} processes (each takes an equal share)")
-    rows = cfg.ppo.tasks_per_step // world * cfg.ppo.samples_per_task
-    if cfg.ppo.steps > 0 and rows % cfg.ppo.minibatches:
-        raise UserError(
-            f"ppo.minibatches={cfg.ppo.minibatches} must divide each process's {rows} trajectories a step "
-            f"(ppo.tasks_per_step / {world} processes * ppo.samples_per_task): every rank takes its share of "
-            "each minibatch"
-        )

@@ -41,7 +41,7 @@ from rl.agent.backend import AgentBackend
 from rl.agent.config import AgentPPOConfig, AgentRunConfig
 from rl.agent.loop import trajectory_batch
 from rl.agent.micro import micro_batches
-from rl.agent.parallel import barrier, check_in_sync, is_writer, most, rank_world, total
+from rl.agent.parallel import barrier, check_in_sync, gathered, is_writer, most, rank_world, total
 from rl.agent.stages import (
     build_backend,
     load_checkpoint,
@@ -58,6 +58,7 @@ from rl.agent.trajectory import Trajectory
 from rl.losses import policy_loss, value_loss
 from rl.trainers.grpo_shard import global_moments
 from rl.trainers.ppo_math import explained_variance, minibatch_plan, token_rewards
+from rl.trainers.ppo_shard import local_plan
 from rl.trainers.rm_model import hidden_size
 from rl.trainers.value_head import value_head
 
@@ -252,7 +253,8 @@ def update_backward(
 ) -> tuple[float, dict[str, float]]:
     """Backward of :func:`update_loss` on ``rows``, ``cfg.micro_batch_size`` trajectories a forward; the
     loss value and its metrics (the losses exact, the other metrics token-weighted means of the
-    micro-batches')."""
+    micro-batches'). Under data parallel ``rows`` are this rank's rows of the minibatch, none on a rank
+    that holds none of it (it takes no backward; its gradients count as zero in the average)."""
     world = rank_world()[1]
     parts = micro_batches(len(rows), cfg.micro_batch_size)
     if len(parts) == 1 and world == 1:
@@ -265,7 +267,7 @@ def update_backward(
     by_tokens = cfg.agg == "token-mean"
     pg_whole = total(float((tokens if by_tokens else seqs).sum())) or 1.0  # every rank's minibatch share
     vl_whole = total(float(tokens.sum())) or 1.0
-    horizon = int(most(max(len(t.ids) for t in sub)))  # the whole minibatch's padded length
+    horizon = int(most(max((len(t.ids) for t in sub), default=0)))  # the whole minibatch's padded length
     pg_value = vl_value = 0.0
     sums: dict[str, float] = {}
     for part in parts:
@@ -280,7 +282,11 @@ def update_backward(
         vl_value += float(vl.detach()) * vl_share
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + float(v) * float(tokens[part].sum())
-    out = {k: total(v) / vl_whole for k, v in sorted(sums.items())}
+    merged: dict[str, float] = {}  # every rank's sums (a rank without rows has none)
+    for rank_sums in gathered([sums]):
+        for k, v in rank_sums.items():
+            merged[k] = merged.get(k, 0.0) + v
+    out = {k: v / vl_whole for k, v in sorted(merged.items())}
     out.update(policy_loss=total(pg_value), value_loss=total(vl_value))
     return out["policy_loss"] + cfg.vf_coef * out["value_loss"], out
 
@@ -309,10 +315,14 @@ def ppo_step(
     temperature: float = 1.0,
 ) -> dict[str, float]:
     """Every update of one rollout (``epochs`` x ``minibatches``); returns the step's metrics (update
-    metrics averaged over its updates)."""
+    metrics averaged over its updates). Under data parallel ``trajs`` is this rank's contiguous share of
+    the step's rows: the plan is one process's over every rank's rows, and each rank takes the rows of
+    each minibatch that it holds (:func:`rl.trainers.ppo_shard.local_plan`), so a step is one process's."""
     rewards = torch.tensor([reward(t) for t in trajs], dtype=torch.float32)  # (B,)
     roll = prepare_rollout(backend, head, trajs, rewards, cfg, temperature=temperature)
-    plan = minibatch_plan(len(trajs), epochs=cfg.epochs, minibatches=cfg.minibatches, seed=seed)
+    rank, world = rank_world()
+    plan = minibatch_plan(len(trajs) * world, epochs=cfg.epochs, minibatches=cfg.minibatches, seed=seed)
+    plan = local_plan(plan, lo=rank * len(trajs), hi=(rank + 1) * len(trajs))
     sums: dict[str, float] = {}
     params = [*backend.adapter.model.parameters(), *head.parameters()]
     for rows in plan:

@@ -19,7 +19,7 @@ from mm.config import load_config
 from mm.train.loop import average_gradients
 from rl.agent.config import AgentPPOConfig, AgentRunConfig
 from rl.agent.parallel import join, rank_world, share
-from rl.agent.ppo import prepare_rollout, update_backward
+from rl.agent.ppo import ppo_optimizer, ppo_step, prepare_rollout, update_backward
 from rl.agent.stages import build_backend, demo_trajectories, train_tasks
 from rl.trainers.value_head import value_head
 
@@ -43,6 +43,22 @@ def _update(backend, head, trajs, rewards, rows, cfg):
     return roll, loss, metrics, {n: p.grad.clone() for n, p in zip(names, params, strict=True)}
 
 
+def _step(backend, head, trajs, rewards, cfg):
+    """One whole PPO step (every update of the plan) from the current weights, which it then restores:
+    the step's metrics and the weights it reached."""
+    modules = [backend.adapter.model, head]
+    start = [{k: v.clone() for k, v in m.state_dict().items()} for m in modules]
+    table = dict(zip(map(id, trajs), rewards.tolist(), strict=True))
+    optimizer = ppo_optimizer(backend, head, cfg)
+    for group in optimizer.param_groups:  # as tests.helpers.launch.EPS: float rounding stays below 1e-5
+        group["eps"] = 1e-6
+    metrics = ppo_step(backend, head, optimizer, trajs, lambda t: table[id(t)], cfg, seed=3)
+    reached = {f"{i}.{k}": v.clone() for i, m in enumerate(modules) for k, v in m.state_dict().items()}
+    for m, state in zip(modules, start, strict=True):
+        m.load_state_dict(state)
+    return metrics, reached
+
+
 def main() -> None:
     out, agg = Path(sys.argv[1]), sys.argv[2]
     cfg = load_config(AgentRunConfig, TINY, ["data.train_tasks=6"])
@@ -57,13 +73,24 @@ def main() -> None:
     ppo = AgentPPOConfig(agg=agg, minibatches=1, vf_coef=0.5, whiten_advantages=True)
     # one process: the minibatch is every rank's local rows [1, 0], in rank order
     ref = _update(backend, head, trajs, REWARDS, torch.tensor([1, 0, 3, 2]), ppo)
+    uneven = _update(backend, head, trajs, REWARDS, torch.tensor([1, 0]), ppo)  # rows of rank 0 alone
+    stepped = AgentPPOConfig(agg=agg, minibatches=2, epochs=2, vf_coef=0.5, whiten_advantages=True)
+    ref_step = _step(backend, head, trajs, REWARDS, stepped)
     join(torch.device("cpu"))
     rank, world = rank_world()
     mine = share(list(range(len(trajs))))
-    got = _update(
-        backend, head, [trajs[i] for i in mine], REWARDS[mine], torch.tensor([1, 0]),
-        AgentPPOConfig(agg=agg, minibatches=1, vf_coef=0.5, whiten_advantages=True, micro_batch_size=1),
-    )  # fmt: skip
+    micro = AgentPPOConfig(agg=agg, minibatches=1, vf_coef=0.5, whiten_advantages=True, micro_batch_size=1)
+    got = _update(backend, head, [trajs[i] for i in mine], REWARDS[mine], torch.tensor([1, 0]), micro)
+    none = torch.tensor([], dtype=torch.long)
+    got_uneven = _update(
+        backend,
+        head,
+        [trajs[i] for i in mine],
+        REWARDS[mine],
+        torch.tensor([1, 0]) if rank == 0 else none,
+        micro,
+    )
+    got_step = _step(backend, head, [trajs[i] for i in mine], REWARDS[mine], stepped)
     if rank != 0:
         return
     adv = max(
@@ -82,10 +109,27 @@ def main() -> None:
         got[0].metrics,
     )  # relative: the explained variance of a fresh head is ~ -200
     rollout = {k: abs(ref_m[k] - got_m[k]) / max(1.0, abs(ref_m[k])) for k in ref_m}
+    uneven_grads = max(float((uneven[3][k] - got_uneven[3][k]).abs().max()) for k in uneven[3]) / max(
+        float(g.abs().max()) for g in uneven[3].values()
+    )
+    step_weights = max(float((ref_step[1][k] - got_step[1][k]).abs().max()) for k in ref_step[1])
+    moved = max(float((ref_step[1][k] - v).abs().max()) for k, v in _start_weights(backend, head).items())
+    step_metrics = {
+        k: abs(ref_step[0][k] - got_step[0][k]) / max(1.0, abs(ref_step[0][k])) for k in ref_step[0]
+    }
     out.write_text(json.dumps({
         "world": world, "advantages": adv, "gradients_relative": grads, "loss": abs(ref[1] - got[1]),
         "metrics": metrics, "rollout_metrics": rollout, "grad_names": len(ref[3]),
+        "uneven_gradients_relative": uneven_grads, "uneven_loss": abs(uneven[1] - got_uneven[1]),
+        "step_weights": step_weights, "step_moved": moved, "step_metrics": step_metrics,
+        "step_metric_names": sorted(ref_step[0]) == sorted(got_step[0]),
     }))  # fmt: skip
+
+
+def _start_weights(backend, head):
+    """The weights every step starts from (``_step`` restores them), keyed as ``_step`` keys them."""
+    modules = [backend.adapter.model, head]
+    return {f"{i}.{k}": v for i, m in enumerate(modules) for k, v in m.state_dict().items()}
 
 
 if __name__ == "__main__":

@@ -105,7 +105,8 @@ def test_two_processes_train_and_evaluate_as_one(tmp_path):
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum-norm"])
 def test_a_ppo_update_over_two_processes_is_one_process_update(tmp_path, agg):
     """Advantages whitened over both ranks' tokens, loss normalisers (and the horizon) counted over both:
-    the averaged gradient is one process's on the union of the ranks' minibatch rows."""
+    the averaged gradient is one process's on the union of the ranks' minibatch rows, also when one rank
+    holds none of them; a whole step over one process's minibatch plan reaches one process's weights."""
     out = tmp_path / "diff.json"
     proc = _launch(str(out), agg, module="tests.rl.agent_ppo_dp_worker")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -113,3 +114,8 @@ def test_a_ppo_update_over_two_processes_is_one_process_update(tmp_path, agg):
     assert diff["world"] == 2 and diff["grad_names"] > 10
     assert diff["advantages"] < 1e-4 and diff["gradients_relative"] < 1e-4 and diff["loss"] < 1e-5
     assert max(diff["metrics"].values()) < 1e-5 and max(diff["rollout_metrics"].values()) < 1e-5
+    # a minibatch wholly on rank 0 (rank 1 takes no backward): still one process's gradient
+    assert diff["uneven_gradients_relative"] < 1e-4 and diff["uneven_loss"] < 1e-5
+    # a whole step, 2 epochs x 2 minibatches of one process's plan: the same weights and metrics
+    assert diff["step_moved"] > 1e-4 and diff["step_weights"] < 1e-5
+    assert diff["step_metric_names"] and max(diff["step_metrics"].values()) < 1e-5, diff["step_metrics"]

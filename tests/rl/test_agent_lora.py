@@ -172,8 +172,8 @@ def test_what_a_multi_process_launch_cannot_run_is_refused_before_anything_is_wr
     ppo = ["perception.steps=0", "ppo.steps=1", "ppo.tasks_per_step=2", "ppo.samples_per_task=2"]
     assert main([*args, *ppo, "ppo.tasks_per_step=3", "ppo.samples_per_task=4"]) == 2
     assert "ppo.tasks_per_step=3 must divide by the 2 processes" in capsys.readouterr().err
-    assert main([*args, *ppo, "ppo.minibatches=4"]) == 2
-    assert "ppo.minibatches=4 must divide each process's 2 trajectories" in capsys.readouterr().err
+    assert main([*args, *ppo, "ppo.minibatches=3"]) == 2  # a minibatch may lie on one rank; the step's rows
+    assert "ppo.minibatches=3 must divide the 4 trajectories of a step" in capsys.readouterr().err
     assert not out.exists()
 
 
