@@ -326,7 +326,7 @@ def run_pipeline(
     """
     import torch
 
-    from mm.train.common import is_main_process, on_rank0
+    from mm.train.common import is_main_process, join_launch, on_rank0
     from rl import report
 
     join_launch()
@@ -403,24 +403,9 @@ def run_pipeline(
         stages, post=list(cfg.post), wall_seconds=time.perf_counter() - t_all, rss=_rss_mb(),
         load=_load_avg(), seed_runs=seed_runs,
     )  # fmt: skip
-    on_rank0(lambda: report.write_report(out, metrics) and None)
+    on_rank0(lambda: report.write_report(out, metrics))
     log(f"report: {out / 'report.md'}")
     return metrics
-
-
-def join_launch() -> tuple[int, int]:
-    """Join the launch's process group (``torchrun`` / ``accelerate launch``; gloo, plus nccl where each
-    process has its GPU); ``(0, 1)`` alone. The stages' trainers keep the group joined here."""
-    import os
-
-    import torch
-
-    from mm.train.common import init_distributed
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-        return init_distributed("cpu:gloo,cuda:nccl")
-    return init_distributed()
 
 
 def _recorded(marker: Path, record: dict[str, Any]) -> dict[str, Any]:
@@ -480,9 +465,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mm.config import load_config
-    from mm.train.common import is_main_process
+    from mm.train.common import is_main_process, join_launch
 
     cfg = load_config(PipelineConfig, args.config, args.overrides)
+    join_launch()  # under torchrun: every command below shares its work, rank 0 writes
     if args.world_seeds is not None:
         from rl.pipeline_table import run_table
 

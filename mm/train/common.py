@@ -34,8 +34,8 @@ T = TypeVar("T")
 
 __all__ = [
     "CHECKPOINT_PREFIX", "LengthGroupedBatches", "MetricsLogger", "TornMetricsWarning", "all_reduce_sum",
-    "barrier", "batch_indices", "find_last_checkpoint", "init_distributed", "is_main_process",
-    "list_checkpoints", "on_rank0", "load_checkpoint", "plot_metrics", "progress", "read_checkpoint_meta",
+    "barrier", "batch_indices", "find_last_checkpoint", "init_distributed", "is_main_process", "join_launch",
+    "list_checkpoints", "load_checkpoint", "on_rank0", "plot_metrics", "progress", "read_checkpoint_meta",
     "read_metrics", "rng_state", "save_checkpoint", "seed_everything", "set_rng_state", "shard", "unwrap",
 ]  # fmt: skip
 
@@ -140,6 +140,16 @@ def init_distributed(backend: str = "gloo") -> tuple[int, int]:
         # the process ("terminate called without an active exception") after the work is done.
         atexit.register(_leave_group)
     return dist.get_rank(), dist.get_world_size()
+
+
+def join_launch() -> tuple[int, int]:
+    """Join the launch's process group for a command that chains several stages in one process
+    (``rl pipeline``, ``mm compare-fusion``): gloo, plus nccl with each process on the GPU of its
+    ``LOCAL_RANK`` when there are GPUs; ``(0, 1)`` alone. The stages' trainers keep the group joined here."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        return init_distributed("cpu:gloo,cuda:nccl")
+    return init_distributed()
 
 
 def _leave_group() -> None:

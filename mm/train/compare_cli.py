@@ -35,15 +35,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mm.train.common import is_main_process, join_launch, on_rank0
+
     cfg = load_config(compare.CompareConfig, args.config, args.overrides)
     out = Path(args.out) if args.out else Path("runs/compare") / Path(args.config).stem
     folder = Path(args.data) if args.data else Path(cfg.sft.data.folder)
+    join_launch()  # under torchrun each variant's stages are data parallel; rank 0 writes and prints
     if not folder.exists():
         if args.data:
             raise UserError(f"--data folder {folder} does not exist; generate it with `mm data world`")
-        generate_world(folder, cfg.sft.data.generate_notes, cfg.sft.data.generate_seed)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        on_rank0(lambda: generate_world(folder, cfg.sft.data.generate_notes, cfg.sft.data.generate_seed))
+    on_rank0(lambda: _write_config(cfg, out))
     rows: list[dict] = []
     pretrained: dict = {}
     per_note = f", {cfg.note_budget} tokens per note in note scope" if cfg.note_budget else ""
@@ -56,7 +58,14 @@ def run(args: argparse.Namespace) -> int:
                 pretrained=pretrained, show_progress=args.progress,
             )  # fmt: skip
             rows.append(row)
-            md, _ = compare.write_table(rows, out, header)
-            print(json.dumps(row))
-    print(md.read_text())
+            md, _ = on_rank0(lambda: compare.write_table(rows, out, header))
+            if is_main_process():
+                print(json.dumps(row))
+    if is_main_process():
+        print(md.read_text())
     return 0
+
+
+def _write_config(cfg: compare.CompareConfig, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -250,8 +250,8 @@ def train(
         eval_every=cfg.train.eval_every if heldout is not None else None, grad_clip=cfg.optim.grad_clip,
         resume=resume, show_progress=show_progress, stop_after=stop_after,
     )  # fmt: skip
-    if trainer.rank == 0 and not result.stopped:
-        save_model(trained_adapter(student, result.model), out)
+    if not result.stopped:  # rank 0 writes OUT; every rank returns once it is there
+        common.on_rank0(lambda: save_model(trained_adapter(student, result.model), out))
     return {
         "step": result.step,
         "loss": cfg.loss.kind,

@@ -252,8 +252,8 @@ def train(
         desc="dpo" + ("-lora" if cfg.lora.enabled else ""), plot_keys=DPO_PLOT_KEYS, monitor=failure_warnings,
         grad_clip=cfg.optim.grad_clip, resume=resume, show_progress=show_progress, stop_after=stop_after,
     )  # fmt: skip
-    if rank == 0 and not result.stopped:
-        save_final(result.model, processor, out, lora=cfg.lora.enabled)
+    if not result.stopped:  # rank 0 writes OUT; every rank returns once it is there
+        common.on_rank0(lambda: save_final(result.model, processor, out, lora=cfg.lora.enabled))
     return {
         "step": result.step,
         "pairs": len(pairs),

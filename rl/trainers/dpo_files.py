@@ -154,8 +154,8 @@ def train(
         monitor=failure_warnings, grad_clip=cfg.optim.grad_clip, resume=resume, show_progress=show_progress,
         stop_after=stop_after,
     )  # fmt: skip
-    if rank == 0 and not result.stopped:
-        save_model(trained_adapter(adapter, result.model), out)
+    if not result.stopped:  # rank 0 writes OUT; every rank returns once it is there
+        common.on_rank0(lambda: save_model(trained_adapter(adapter, result.model), out))
     return {
         "step": result.step,
         "family": adapter.family,

@@ -390,8 +390,8 @@ def train(
         desc="grpo" + ("-lora" if cfg.lora.enabled else ""), plot_keys=GRPO_PLOT_KEYS, monitor=monitor,
         grad_clip=cfg.optim.grad_clip, resume=resume, show_progress=show_progress, stop_after=stop_after,
     )  # fmt: skip
-    if trainer.rank == 0 and not result.stopped:
-        save_final(result.model, processor, out, lora=cfg.lora.enabled)
+    if not result.stopped:  # rank 0 writes OUT; every rank returns once it is there
+        common.on_rank0(lambda: save_final(result.model, processor, out, lora=cfg.lora.enabled))
     return {
         "step": result.step,
         "prompts": len(prompts),

@@ -314,8 +314,8 @@ def train(
         desc="grpo-files" + ("-lora" if cfg.lora.enabled else ""), plot_keys=GRPO_PLOT_KEYS, monitor=monitor,
         grad_clip=cfg.optim.grad_clip, resume=resume, show_progress=show_progress,
     )  # fmt: skip
-    if trainer.rank == 0 and not result.stopped:
-        trained_adapter(adapter, result.model).merge_and_save(out / "model")
+    if not result.stopped:  # rank 0 writes OUT; every rank returns once it is there
+        common.on_rank0(lambda: trained_adapter(adapter, result.model).merge_and_save(out / "model"))
     return {
         "step": result.step,
         "prompts": len(records),

@@ -40,7 +40,7 @@ import torch
 from mm.config import to_dict
 from mm.data.format import read_notes
 from mm.errors import UserError
-from mm.train import loop
+from mm.train import common, loop
 from mm.train.config import build_optimizer, param_groups
 from rl.advantages import gae, masked_mean, masked_whiten
 from rl.importance import truncated_is_weights
@@ -268,9 +268,13 @@ def train(
         monitor=monitor, grad_clip=cfg.optim.grad_clip, resume=resume, show_progress=show_progress,
         stop_after=stop_after,
     )  # fmt: skip
-    if trainer.rank == 0 and not result.stopped:  # result.model: the whole weights under FSDP
-        save_final(result.model.policy, processor, out, lora=cfg.lora.enabled)
-        save_value_head(result.model, processor, out, lora=cfg.lora.enabled)
+    if not result.stopped:  # rank 0 writes OUT; every rank returns once it is there
+
+        def save() -> None:  # result.model: the whole weights under FSDP (on rank 0)
+            save_final(result.model.policy, processor, out, lora=cfg.lora.enabled)
+            save_value_head(result.model, processor, out, lora=cfg.lora.enabled)
+
+        common.on_rank0(save)
     return {
         "step": result.step,
         "prompts": len(prompts),

@@ -140,10 +140,14 @@ def train(
         eval_every=cfg.train.eval_every if held else None, grad_clip=cfg.optim.grad_clip, resume=resume,
         show_progress=show_progress, stop_after=stop_after,
     )  # fmt: skip
-    if rank == 0 and not result.stopped:
-        final = result.model if isinstance(result.model, RewardModel) else rm  # FSDP: the gathered copy
-        save_model(final.adapter, out)
-        final.save_head(out)
+    if not result.stopped:  # rank 0 writes OUT; every rank returns once it is there
+
+        def save() -> None:
+            final = result.model if isinstance(result.model, RewardModel) else rm  # FSDP: the gathered copy
+            save_model(final.adapter, out)
+            final.save_head(out)
+
+        common.on_rank0(save)
     return {
         "step": result.step,
         "family": adapter.family,

@@ -34,8 +34,8 @@ def _env(cwd: Path) -> dict[str, str]:
     return env
 
 
-def launch(cwd: Path, launcher: str, *args: str) -> subprocess.CompletedProcess:
-    """2 CPU processes of ``python -m rl ARGS`` under ``accelerate launch`` or ``torchrun``, in ``cwd``."""
+def launch(cwd: Path, launcher: str, *args: str, module: str = "rl") -> subprocess.CompletedProcess:
+    """2 CPU processes of ``python -m MODULE ARGS`` under ``accelerate launch`` or ``torchrun`` in ``cwd``."""
     port = free_port()
     if launcher == "accelerate":
         head = [
@@ -47,7 +47,7 @@ def launch(cwd: Path, launcher: str, *args: str) -> subprocess.CompletedProcess:
         head = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                 "--master_addr", "127.0.0.1", "--master_port", str(port)]  # fmt: skip
     return subprocess.run(
-        [*head, "-m", "rl", *args], cwd=cwd, env=_env(cwd), stdin=subprocess.DEVNULL, capture_output=True,
+        [*head, "-m", module, *args], cwd=cwd, env=_env(cwd), stdin=subprocess.DEVNULL, capture_output=True,
         text=True, timeout=600,
     )  # fmt: skip
 

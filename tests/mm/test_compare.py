@@ -138,3 +138,21 @@ def test_note_budget_config_and_stage_configs():
     assert variant_folder("qformer", "image", "all", 0, 32) == "qformer"
     with pytest.raises(ValueError, match="note_budget=8 needs"):
         CompareConfig(scopes=["image"], note_budget=8)
+
+
+@pytest.mark.slow
+def test_two_processes_compare_as_one(tmp_path):
+    from tests.helpers.launch import launch, same_weights
+
+    world = make_world(tmp_path / "notes", notes=32)
+    eps = ["--set", "pretrain.optim.eps=1e-6", "sft.optim.eps=1e-6"]  # as tests.helpers.launch.EPS
+    args = ["compare-fusion", "--config", str(_config(tmp_path / "c.yaml")), "--data", str(world), *eps]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main([*args, "--out", str(one)]) == 0
+    proc = launch(tmp_path, "torchrun", *args, "--out", str(two), module="mm")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("| qformer |") == 1  # rank 0 prints the table, rank 1 nothing
+    rows = [json.loads((run / "compare.json").read_text()) for run in (one, two)]
+    untimed = [[{k: v for k, v in r.items() if not k.endswith("_seconds")} for r in run] for run in rows]
+    assert untimed[1] == untimed[0]  # every score, size and count, timings aside
+    same_weights(one, two, [f"{r['kind']}/sft/model/model.safetensors" for r in rows[0]])

@@ -147,8 +147,9 @@ def train(
         show_progress=show_progress, stop_after=stop_after,
     )  # fmt: skip
     metrics = dict(result.metrics)
+    if not result.stopped:  # rank 0 writes OUT/model; every rank returns once it is there
+        common.on_rank0(lambda: save_final(result.model, processor, out, lora=cfg.lora.enabled))
     if rank == 0 and not result.stopped:
-        save_final(result.model, processor, out, lora=cfg.lora.enabled)
         metrics["origin"] = origin
         metrics["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return TrainResult(
