@@ -153,6 +153,9 @@ def test_two_processes_compare_as_one(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("| qformer |") == 1  # rank 0 prints the table, rank 1 nothing
     rows = [json.loads((run / "compare.json").read_text()) for run in (one, two)]
-    untimed = [[{k: v for k, v in r.items() if not k.endswith("_seconds")} for r in run] for run in rows]
-    assert untimed[1] == untimed[0]  # every score, size and count, timings aside
+    for a, b in zip(*rows, strict=True):  # every score, size and count, timings aside
+        assert b.keys() == a.keys()
+        for k in (k for k in a if not k.endswith("_seconds")):
+            same = b[k] == pytest.approx(a[k], rel=1e-5) if isinstance(a[k], float) else b[k] == a[k]
+            assert same, (a["kind"], k, a[k], b[k])
     same_weights(one, two, [f"{r['kind']}/sft/model/model.safetensors" for r in rows[0]])
