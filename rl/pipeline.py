@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -61,6 +60,7 @@ from rl.pipeline_stages import (
     _stage_data,
     _stage_eval,
     _stage_post,
+    stage_folder,
     stage_pretrain,
     stage_train,
 )
@@ -365,7 +365,7 @@ def run_pipeline(
             log(f"[{i + 1}/{len(names)}] {name}: done earlier ({done['seconds']:.1f}s), skipped")
             continue
         rerun_rest = True  # a stage that runs again invalidates the stages after it
-        on_rank0(lambda folder=folder, force=force: _clear(folder, force))
+        on_rank0(lambda folder=folder, force=force: stage_folder(folder, force))
         log(f"[{i + 1}/{len(names)}] {name} ...")
         t0 = time.perf_counter()
         c = configs.get(base)
@@ -412,13 +412,6 @@ def _recorded(marker: Path, record: dict[str, Any]) -> dict[str, Any]:
     """``record`` written to the stage marker ``marker``; the record."""
     _atomic_json(marker, record)
     return record
-
-
-def _clear(folder: Path, force: bool) -> None:
-    """``folder`` made empty for a stage run again (``force``), or made when missing."""
-    if force and folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True, exist_ok=True)
 
 
 def _load_avg() -> list[float] | None:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from mm.train.common import on_rank0
-from rl.pipeline_stages import _atomic_json, _config_dict, _rss_mb, _stage_eval, _stage_post
+from rl.pipeline_stages import _atomic_json, _config_dict, _rss_mb, _stage_eval, _stage_post, stage_folder
 from rl.report_uncertainty import SEED_KEYS
 
 
@@ -33,7 +32,7 @@ def _run_once(name: str, folder: Path, conf: Any, fresh: bool, work: Any, log: A
         if done.get("config") == json.loads(json.dumps(conf, default=str)):
             log(f"{name}: done earlier, skipped")
             return done["metrics"]
-    on_rank0(lambda: _fresh_folder(folder))
+    on_rank0(lambda: stage_folder(folder, clear=True))
     log(f"{name} ...")
     t0 = time.perf_counter()
     metrics = work()
@@ -42,12 +41,6 @@ def _run_once(name: str, folder: Path, conf: Any, fresh: bool, work: Any, log: A
     on_rank0(lambda: _atomic_json(marker, record))
     log(f"{name}: {record['seconds']:.1f}s")
     return metrics
-
-
-def _fresh_folder(folder: Path) -> None:
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
 
 
 def _seed_run(cfg: Any, post: str, c: Any, out: Path, fresh: bool, show: bool, log: Any) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,13 @@ def _stage_eval(model_dir: Path, data_dir: Path, spec: Any, out: Path) -> dict[s
         out.mkdir(parents=True, exist_ok=True)
         _atomic_json(out / "eval.json", res)
     return res
+
+
+def stage_folder(folder: Path, clear: bool) -> None:
+    """``folder`` made when missing, emptied first when ``clear`` (a stage run again)."""
+    if clear and folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
 
 
 def _atomic_json(path: Path, obj: Any) -> None:
