@@ -30,6 +30,9 @@ TRAY_GRID = 3
 """The tray is ``TRAY_GRID`` x ``TRAY_GRID`` cells, at most one tiny object per cell."""
 TRAY_LIFT = 28
 """The tray is the background made this much lighter (0-255 scale): a mat the tiny objects lie on."""
+TRAY_PAD = 2
+"""Source pixels added around the tray's box to make the box a tray zoom takes (demonstrations, dialogue
+zooms, perception items, exported notes, the legibility reader)."""
 _GLYPH_RGB = np.asarray((18, 18, 18), np.uint8)
 _SHAPE_OF = {c.name: c.shape for c in vocab.CATEGORIES}
 _GLYPH_OF = {c.name: c.glyph for c in vocab.CATEGORIES}

@@ -3,12 +3,15 @@
 A *silhouette reader* segments an object's colour pixels (away from the tray colour, not the near-black
 glyph) and names the theme category whose silhouette, rendered through the same pipeline (best over
 radii and one-pixel shifts, with the true centre given), overlaps them best (IoU). It reads each tiny
-object of :func:`mm.world.detail.sample_detail_scene` photos twice: from the ``view_size`` downsample
-the tower sees, and from a crop of the source around the object resized to ``view_size`` (a ``zoom``).
-It also answers "what colour is the tiny X" (X once on the tray) with the colour of the blob that best
-matches X. Chance is 1/5 or 1/6 for the category.
+object of :func:`mm.world.detail.sample_detail_scene` photos three times: from the ``view_size``
+downsample the tower sees (``view``), from a crop of the source around the object resized to
+``view_size`` (``zoom``), and from the crop of the whole tray that the agent's demonstrations zoom on
+(``tray``: :data:`mm.world.detail.TRAY_PAD` around the tray, resized to ``view_size``; read in a window
+around the object). It also answers "what colour is the tiny X" (X once on the tray) with the colour of
+the blob that best matches X. Chance is 1/5 or 1/6 for the category. An upper bound for a learned
+reader: it is given each object's centre.
 
-    python -m mm.world.legibility --scenes 30
+    python -m mm.world.legibility --scenes 30 [--set tray_size=48]
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import json
 import cv2
 import numpy as np
 
+from mm.config import ConfigError, load_config
 from mm.world import vocab
 from mm.world.detail import (
     TRAY_LIFT,
+    TRAY_PAD,
     DetailConfig,
     DetailScene,
     crop,
@@ -59,10 +64,13 @@ def template(category: str, cx: float, cy: float, r: float, box: Box, out: tuple
 
 def match(
     cfg: DetailConfig, patch: np.ndarray, o: SceneObject, box: Box, out: tuple[int, int], theme: str,
-    tray: np.ndarray,
+    tray: np.ndarray, window: np.ndarray | None = None,
 ) -> dict[str, float]:  # fmt: skip
-    """Per theme category, the best IoU of its silhouette with the one seen in ``patch``."""
+    """Per theme category, the best IoU of its silhouette with the one seen in ``patch`` (within the
+    ``(h, w)`` bool ``window`` of ``patch`` if given: the object's surroundings in a crop of several)."""
     seen = silhouette(patch, tray)
+    if window is not None:
+        seen = seen & window
     score = {}
     for cat in vocab.categories_of_theme(theme):
         best = 0.0
@@ -70,6 +78,8 @@ def match(
             for dx in (-1.0, 0.0, 1.0):
                 for dy in (-1.0, 0.0, 1.0):
                     t = template(cat, o.cx + dx, o.cy + dy, float(r), box, out, tray)
+                    if window is not None:
+                        t = t & window
                     best = max(best, float((t & seen).sum() / max(1, (t | seen).sum())))
         score[cat] = best
     return score
@@ -84,7 +94,10 @@ def read_scene(cfg: DetailConfig, scene: DetailScene, image: np.ndarray) -> dict
         )
     tray = np.minimum(np.asarray(THEME_BACKGROUND[scene.theme]) + TRAY_LIFT, 255).astype(np.int16)
     view = downsample(image, cfg.view_size)
-    seen: dict[str, list[dict[str, float]]] = {"view": [], "zoom": []}
+    seen: dict[str, list[dict[str, float]]] = {"view": [], "zoom": [], "tray": []}
+    tb = padded_box(scene.tray, TRAY_PAD, cfg.source_size)
+    tray_zoom = crop(image, tb, cfg.view_size)  # (V, V, 3): what a tray zoom shows
+    k = cfg.view_size / (tb[2] - tb[0])  # view pixels per source pixel in it
     for o in scene.tiny:
         zb = padded_box(object_box(o, cfg.source_size), 3, cfg.source_size)
         vb = (zb[0] // s * s, zb[1] // s * s, -(-zb[2] // s) * s, -(-zb[3] // s) * s)  # on the view's grid
@@ -93,12 +106,19 @@ def read_scene(cfg: DetailConfig, scene: DetailScene, image: np.ndarray) -> dict
         seen["view"].append(match(cfg, patch, o, vb, out, scene.theme, tray))
         zoom = crop(image, zb, cfg.view_size)
         seen["zoom"].append(match(cfg, zoom, o, zb, (cfg.view_size,) * 2, scene.theme, tray))
+        window = np.zeros((cfg.view_size,) * 2, bool)  # the object's padded box in the tray zoom
+        window[
+            max(0, int((zb[1] - tb[1]) * k)) : int(np.ceil((zb[3] - tb[1]) * k)),
+            max(0, int((zb[0] - tb[0]) * k)) : int(np.ceil((zb[2] - tb[0]) * k)),
+        ] = True
+        seen["tray"].append(match(cfg, tray_zoom, o, tb, (cfg.view_size,) * 2, scene.theme, tray, window))
     return seen
 
 
 def legibility(cfg: DetailConfig, scenes: int, seed: int = 0) -> dict[str, float]:
-    """Reader accuracy over ``scenes`` photos: ``view`` / ``zoom`` on categories, ``*_color`` on colours."""
-    hits: dict[str, list[bool]] = {k: [] for k in ("view", "zoom", "view_color", "zoom_color")}
+    """Reader accuracy over ``scenes`` photos: ``view`` / ``zoom`` / ``tray`` on categories, ``*_color`` on
+    colours."""
+    hits: dict[str, list[bool]] = {k: [] for w in ("view", "zoom", "tray") for k in (w, f"{w}_color")}
     for i in range(scenes):
         theme = vocab.THEMES[i % len(vocab.THEMES)]
         scene = sample_detail_scene(cfg, theme, np.random.default_rng([seed, i]))
@@ -121,8 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--scenes", type=int, default=30, help="photos to read (default 30)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the photos (default 0)")
+    parser.add_argument(
+        "--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+        help="detail photo settings (mm.world.detail.DetailConfig), e.g. tray_size=48",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    print(json.dumps(legibility(DetailConfig(), args.scenes, args.seed), indent=1))
+    try:
+        cfg = load_config(DetailConfig, None, args.overrides)
+    except (ConfigError, ValueError) as err:
+        parser.error(str(err))
+    print(json.dumps(legibility(cfg, args.scenes, args.seed), indent=1))
     return 0
 
 

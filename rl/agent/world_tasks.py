@@ -34,7 +34,14 @@ import numpy as np
 
 from mm.world import vocab
 from mm.world.change import edit_scene, possible_kinds
-from mm.world.detail import DetailConfig, DetailScene, padded_box, render_detail, sample_detail_scene
+from mm.world.detail import (
+    TRAY_PAD,
+    DetailConfig,
+    DetailScene,
+    padded_box,
+    render_detail,
+    sample_detail_scene,
+)
 from mm.world.render import object_box
 from mm.world.text import NUMBERS
 from rl.agent.simulator import UserSimulator
@@ -44,9 +51,6 @@ SPLITS = ("train", "test")
 """Note splits."""
 ZOOM_PAD = 6
 """Source pixels added around an object's box to make the box a zoom should take."""
-TRAY_PAD = 2
-"""Source pixels added around the tray's box to make the box a tray zoom takes (demonstrations, dialogue
-zooms, perception items, exported notes)."""
 
 
 @dataclass(kw_only=True)
