@@ -66,6 +66,12 @@ class DataConfig:
     bare_answers: bool = True
     """Detail answers and dialogue replies of the demonstrations state the value only ("It is red.",
     "There are 2 in all."), not the object's name, which a small policy tends to misname."""
+    detail_reasoning: bool = False
+    """Detail demonstrations answer in two parts: what lies on the zoomed tray, in the world's caption
+    grammar (which a note model trained on the world's tray crops already writes), then the value in an
+    ``<answer>`` block, the only part that is scored ("On the tray are a tiny red cup and two tiny shells
+    (blue and green). <answer>It is red.</answer>"): the policy looks the asked object up in its own words
+    instead of among the image tokens."""
     detail_zoom: str = "tray"
     """Where detail demonstrations zoom: "tray" (the tray the tiny objects lie on, findable in the
     downsampled view), "target" (the asked objects' box, a few pixels in the view) or "photo_tray" (in a

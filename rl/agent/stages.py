@@ -141,6 +141,7 @@ def demo_trajectories(backend: AgentBackend, cfg: AgentRunConfig, tasks: Sequenc
             change_zoom=d.change_zoom,
             dialogue_zoom=d.dialogue_zoom,
             bare_answers=d.bare_answers,
+            detail_reasoning=d.detail_reasoning,
             recovery=recovers(t, d.dialogue_recovery),
             user=cfg.rollout.simulator(),
         )

@@ -137,15 +137,22 @@ def tray_box(task: AgentTask, tray: list[int]) -> list[int]:
 
 
 def detail_demo(
-    task: AgentTask, run_tool: RunTool, zoom: str = "target", bare: bool = False
+    task: AgentTask, run_tool: RunTool, zoom: str = "target", bare: bool = False, reasoning: bool = False
 ) -> list[DemoTurn]:
+    """Zoom (``zoom``: one of :data:`DETAIL_ZOOMS`), then answer; with ``reasoning`` the answer first says
+    what lies on the tray, in the world's caption grammar, and then gives the value in an ``<answer>``
+    block, the only part that is scored: "On the tray are a tiny red cup and two tiny shells (blue and
+    green). <answer>It is red.</answer>"."""
     m = task.meta
     turns = [DemoTurn("user", task.question, False)]
     box = m["box"] if zoom == "target" else tray_box(task, m["tray"])
     if zoom == "photo_tray" and len(task.sources) > 1:
         _use(turns, {"name": "zoom", "image": m["image"], "box": WHOLE}, task, run_tool)
     _use(turns, zoom_call(task, m["image"], box), task, run_tool)
-    turns.append(DemoTurn("assistant", detail_answer(m["ask"], task.answer, m["object"], bare), True))
+    answer = detail_answer(m["ask"], task.answer, m["object"], bare)
+    if reasoning:
+        answer = f"{m['tray_text']} <answer>{answer}</answer>"
+    turns.append(DemoTurn("assistant", answer, True))
     return turns
 
 
@@ -290,6 +297,7 @@ def demonstration(
     change_zoom: str = "object",
     dialogue_zoom: str = "goal",
     bare_answers: bool = False,
+    detail_reasoning: bool = False,
     recovery: bool = False,
     user: SimulatorConfig | None = None,
 ) -> list[DemoTurn]:
@@ -298,6 +306,7 @@ def demonstration(
     :data:`CAPTION_ZOOMS`, :data:`CHANGE_ZOOMS`, :data:`DIALOGUE_ZOOMS`;
     ``bare_answers``: detail answers and dialogue replies state the value without naming the object ("It
     is red.", "There are 2 in all."), so a policy is not scored 0 for misnaming an object it was told;
+    ``detail_reasoning``: a detail answer first says what is on the tray (:func:`detail_demo`);
     ``recovery``: a dialogue starts with a mistake out of the loss (:func:`dialogue_demo`); ``user``: the
     simulated user's patience and turns (the loop's, so a replayed dialogue ends as the script does)."""
     if detail_zoom not in DETAIL_ZOOMS:
@@ -310,7 +319,7 @@ def demonstration(
         raise ValueError(f"dialogue_zoom must be one of {DIALOGUE_ZOOMS}, got {dialogue_zoom!r}")
     run = run_tool or loop_observation
     if task.kind == "detail":
-        return detail_demo(task, run, detail_zoom, bare_answers)
+        return detail_demo(task, run, detail_zoom, bare_answers, detail_reasoning)
     if task.kind == "change":
         return change_demo(task, run, change_zoom)
     if task.kind == "caption":

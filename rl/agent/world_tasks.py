@@ -168,7 +168,7 @@ def detail_task(cfg: WorldTaskConfig, note: WorldNote) -> AgentTask:
     images = tuple(photo(cfg, note, i) for i in range(len(note.scenes)))
     meta = {
         "note": note.id, "split": note.split, "ask": ask, "object": cat, "image": k + 1,
-        "box": objects_box(cfg, targets), "tray": list(scene.tray),
+        "box": objects_box(cfg, targets), "tray": list(scene.tray), "tray_text": tray_sentence(scene),
     }  # fmt: skip
     return AgentTask(f"{note.id}/detail", "detail", images, question, answer, meta)
 
@@ -196,11 +196,14 @@ def change_task(cfg: WorldTaskConfig, note: WorldNote) -> AgentTask:
 
 def reference_caption(scene: DetailScene) -> str:
     """A true caption of a scene in the world's grammar (every object, colours, counts)."""
+    return f"The photo shows {join_phrases(object_groups(scene.large, ''))}. {tray_sentence(scene)}"
+
+
+def tray_sentence(scene: DetailScene) -> str:
+    """What lies on the scene's tray, in the world's grammar: "On the tray are two tiny cups (red and
+    blue) and a tiny green shell." (the second sentence of :func:`reference_caption`)."""
     verb = "is" if len(scene.tiny) == 1 else "are"
-    return (
-        f"The photo shows {join_phrases(object_groups(scene.large, ''))}. "
-        f"On the tray {verb} {join_phrases(object_groups(scene.tiny, 'tiny '))}."
-    )
+    return f"On the tray {verb} {join_phrases(object_groups(scene.tiny, 'tiny '))}."
 
 
 def object_groups(objs, size: str) -> list[str]:

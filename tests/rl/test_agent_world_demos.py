@@ -175,6 +175,26 @@ def test_bare_answers_name_no_object():
         assert all(objects_in(r) for r in named), named
 
 
+@pytest.mark.parametrize("bare", [False, True])
+def test_detail_reasoning_says_what_is_on_the_tray_then_answers_in_a_block(bare):
+    """The tray as the world's reference caption words it, then the answer the plain demonstration gives,
+    in an <answer> block: that block alone is scored, so every listed colour and count is not a hedge."""
+    from rl.agent.parse import answer_text
+    from rl.agent.world_tasks import reference_caption, world_note
+
+    for index in range(6):
+        task = world_task(CFG, "detail", index)
+        plain = answer_turns(demonstration(task, detail_zoom="tray", bare_answers=bare))
+        (reply,) = answer_turns(
+            demonstration(task, detail_zoom="tray", bare_answers=bare, detail_reasoning=True)
+        )
+        scene = world_note(CFG, int(task.meta["note"].split("-")[1])).scenes[task.meta["image"] - 1]
+        assert reference_caption(scene).endswith(task.meta["tray_text"])
+        assert reply == f"{task.meta['tray_text']} <answer>{plain[0]}</answer>"
+        assert answer_text(reply) == plain[0]
+        assert score_answer(task, reply) == pytest.approx(1.0)
+
+
 def test_change_demo_can_copy_the_first_compare_region_into_both_zooms():
     assert listed_regions("2 regions changed: [0.73, 0.37, 0.77, 0.39] [0.83, 0.19, 0.88, 0.21]") == [
         [0.73, 0.37, 0.77, 0.39],
