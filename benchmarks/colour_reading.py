@@ -3,6 +3,7 @@
     python benchmarks/colour_reading.py probe --model W0/sft/model --data W0/data/world [--notes 256]
     python benchmarks/colour_reading.py swap-pairs --data W0/data/world --out pairs.jsonl [--notes 1200]
     python benchmarks/colour_reading.py confidence --model W0/sft/model --data W0/data/world [--notes 200]
+    python benchmarks/colour_reading.py paired --before SFT.json --after GRPO.json --data W0/data/world
 
 ``probe`` prints three figures on ``--notes`` held-out notes of a world folder:
 
@@ -24,6 +25,12 @@ sure of: it captions ``--notes`` held-out notes greedily, judges each colour cla
 and takes the probability the model gave the colour word it wrote; then the attribute rate of the most
 confident 25-90% of the claims, and of those at or above a probability. Post-training can only learn such
 a choice when the captions it starts from may leave a colour out (world ``colour_prob`` < 1).
+
+``paired`` compares two models on the same held-out notes from their ``mm eval claims --json`` outputs
+(whose ``per_caption`` rows keep the captions): attribute rate, colour coverage, colour claims per object
+mention, CHAIR_i, object recall and caption length of each, and the change with its paired bootstrap 95%
+interval (:func:`mm.eval.bootstrap.paired_intervals`; relative for rates and length, in points for
+coverage and recall). CHAIR is scored on the same captions, so both halves describe one caption per note.
 """
 
 from __future__ import annotations
@@ -225,6 +232,63 @@ def colour_confidence(model_dir: str, data: str, n: int, batch: int = 32) -> dic
     return selective_rates(confidence, wrong)
 
 
+PAIRED_RATIOS: dict[str, tuple[str, str]] = {
+    "attribute rate": ("attr_hallucinated", "attr_judged"),
+    "colour coverage": ("attr_covered", "attr_facts"),
+    "colours per object": ("attr_judged", "mentions"),
+    "chair_i": ("hallucinated", "mentions"),
+    "recall": ("covered", "gt"),
+    "mean_length": ("words", "captions"),
+}
+"""Metric of :func:`paired_changes` -> (numerator, denominator) of :func:`caption_units`."""
+IN_POINTS = {"colour coverage", "recall"}
+
+
+def caption_units(claims_json: dict[str, Any], categories: dict[str, list[str]]) -> dict[str, list]:
+    """Per-caption units of one ``mm eval claims --json`` output: its attribute claim sums and the CHAIR
+    sums (:func:`mm.eval.bootstrap.chair_units`) of the same captions against ``categories``."""
+    from mm.eval.bootstrap import chair_units
+    from mm.eval.chair import Vocabulary, chair_scores
+
+    rows = claims_json["generative"]["per_caption"]
+    missing = [r["id"] for r in rows if r["id"] not in categories]
+    if missing:
+        raise ValueError(
+            f"{len(missing)} captioned notes are not in --data, e.g. {missing[:3]}; pass the folder evaluated"
+        )
+    chair = chair_scores(
+        [{"image_id": r["id"], "caption": r["caption"]} for r in rows],
+        {r["id"]: categories[r["id"]] for r in rows},
+        Vocabulary.world(),
+    )
+    units: dict[str, list] = chair_units(chair["per_caption"])
+    for key in ("hallucinated", "judged", "covered", "facts"):
+        units[f"attr_{key}"] = [float(r["units"]["attribute"][key]) for r in rows]
+    return units
+
+
+def paired_changes(before: dict[str, Any], after: dict[str, Any], categories: dict[str, list[str]]) -> dict:
+    """``{metric: {"before", "after", "change": Interval json}}`` over the notes both outputs captioned."""
+    from mm.eval.bootstrap import intervals, paired_intervals
+
+    b, a = caption_units(before, categories), caption_units(after, categories)
+    relative = {m: m not in IN_POINTS for m in PAIRED_RATIOS}
+    change = paired_intervals(b, a, PAIRED_RATIOS, relative=relative)
+    vb, va = intervals(b, PAIRED_RATIOS), intervals(a, PAIRED_RATIOS)
+    return {m: {"before": vb[m]["value"], "after": va[m]["value"], "change": change[m]} for m in change}
+
+
+def _paired_line(metric: str, row: dict[str, Any]) -> str:
+    c = row["change"]
+    unit = " points" if metric in IN_POINTS else "%"
+    fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
+    ch = lambda v: "n/a" if v is None else f"{100 * v:+.1f}"  # noqa: E731
+    return (
+        f"{metric:20s} {fmt(row['before']):>8s} -> {fmt(row['after']):>8s}   "
+        f"{ch(c['value'])}{unit} [{ch(c['low'])}, {ch(c['high'])}]"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -242,8 +306,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--model", required=True)
     c.add_argument("--data", required=True)
     c.add_argument("--notes", type=int, default=200)
+    d = sub.add_parser("paired", help="two models' claims on the same notes: changes with paired intervals")
+    d.add_argument("--before", required=True, help="mm eval claims --json output of the model before")
+    d.add_argument("--after", required=True, help="the same of the model after")
+    d.add_argument("--data", required=True, help="the note folder both were evaluated on")
+    d.add_argument("--split", default="test")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    if args.cmd == "paired":
+        import json
+
+        cats = {n.id: sorted(n.categories) for n in read_notes(args.data, args.split)}
+        rows = paired_changes(*(json.loads(Path(f).read_text()) for f in (args.before, args.after)), cats)
+        print(f"{'metric':20s} {'before':>8s}    {'after':>8s}   change [paired 95% interval]")
+        for m, row in rows.items():
+            print(_paired_line(m, row))
+        return 0
     if args.cmd == "probe":
         for k, v in probe(args.model, args.data, args.notes).items():
             print(f"{k:38s} {v:.3f}" if isinstance(v, float) else f"{k:38s} {v}")

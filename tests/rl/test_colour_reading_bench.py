@@ -87,3 +87,38 @@ def test_colour_confidence_runs_on_a_saved_model(cr, tmp_path):
 
     r = cr.colour_confidence(str(make_model_dir(tmp_path)), str(make_data_dir(tmp_path)), n=2)
     assert r["claims"] == 0  # a random tiny model writes no colour claim; the path ran end to end
+
+
+def test_paired_changes_of_true_and_colour_swapped_captions(cr, tmp_path):
+    from mm.eval.chair import Vocabulary
+    from mm.eval.claims.extract import build_extractor
+    from mm.eval.claims.generative import generative_scores
+    from mm.eval.claims.truth import note_truth
+
+    write_world(WorldConfig(notes=30, seed=1, questions_per_note=2), tmp_path / "w")
+    notes = read_notes(tmp_path / "w", "train")
+    swapped = {p.note_id: p.rejected for p in cr.swap_pairs(notes, per_note=1, seed=0)}
+    notes = [n for n in notes if n.id in swapped]
+    extractor = build_extractor("world")
+    truth = {n.id: note_truth(n, Vocabulary.world()) for n in notes}
+
+    def claims_json(captions):
+        return {"generative": generative_scores(captions, truth, extractor, n_boot=10)}
+
+    before = claims_json([(n.id, swapped[n.id]) for n in notes])  # one wrong colour per caption
+    after = claims_json([(n.id, n.text) for n in notes])  # the true captions
+    cats = {n.id: sorted(n.categories) for n in notes}
+    rows = cr.paired_changes(before, after, cats)
+    b_attr = before["generative"]["kinds"]["attribute"]
+    assert rows["attribute rate"]["before"] == pytest.approx(b_attr["rate"]) and b_attr["rate"] > 0
+    assert rows["attribute rate"]["after"] == 0.0
+    assert rows["attribute rate"]["change"]["value"] == pytest.approx(-1.0)  # every wrong colour gone
+    assert rows["colour coverage"]["change"]["value"] > 0  # in points: the swapped colour is covered again
+    for m in ("chair_i", "mean_length"):  # the same objects and words: no change, a zero-width interval
+        ch = rows[m]["change"]
+        assert ch["value"] == pytest.approx(0.0) and ch["low"] == pytest.approx(0.0) == ch["high"]
+    assert rows["recall"]["before"] == rows["recall"]["after"]
+    line = cr._paired_line("attribute rate", rows["attribute rate"])
+    assert "-100.0%" in line
+    with pytest.raises(ValueError, match="not in --data"):
+        cr.paired_changes(before, after, {})
