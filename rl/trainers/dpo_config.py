@@ -105,7 +105,6 @@ class DataConfig:
     """colour_corrections: per note with a colour left after the cut, also the corrected caption (chosen)
     against it with every colour cut (rejected), so that the pairs ask for the sure colours as well as
     against the unsure ones."""
-    """colour_corrections with colour_judge self or labeler: the probability under which a colour is cut."""
     split: str = "train"
     """Note split pairs are built from."""
     notes: int = 0
