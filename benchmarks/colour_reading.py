@@ -269,13 +269,17 @@ def caption_units(claims_json: dict[str, Any], categories: dict[str, list[str]])
 
 def paired_changes(before: dict[str, Any], after: dict[str, Any], categories: dict[str, list[str]]) -> dict:
     """``{metric: {"before", "after", "change": Interval json}}`` over the notes both outputs captioned."""
-    from mm.eval.bootstrap import intervals, paired_intervals
+    from mm.eval.bootstrap import paired_intervals
 
     b, a = caption_units(before, categories), caption_units(after, categories)
     relative = {m: m not in IN_POINTS for m in PAIRED_RATIOS}
     change = paired_intervals(b, a, PAIRED_RATIOS, relative=relative)
-    vb, va = intervals(b, PAIRED_RATIOS), intervals(a, PAIRED_RATIOS)
-    return {m: {"before": vb[m]["value"], "after": va[m]["value"], "change": change[m]} for m in change}
+
+    def value(units: dict[str, list], m: str) -> float | None:
+        num, den = (sum(units[k]) for k in PAIRED_RATIOS[m])
+        return num / den if den else None
+
+    return {m: {"before": value(b, m), "after": value(a, m), "change": change[m]} for m in change}
 
 
 def _paired_line(metric: str, row: dict[str, Any]) -> str:
