@@ -173,10 +173,16 @@ class AgentBackend(ABC):
         return {}
 
     # ------------------------------------------------------------------ shared
-    def observation(self, text: str, images: Sequence[np.ndarray] = ()) -> Segment:
-        """``<obs>text[images]</obs>`` as non-policy tokens (``images``: ``(h, w, 3)`` each, in order)."""
+    def observation(
+        self, text: str, images: Sequence[np.ndarray] = (), labels: Sequence[str] = ()
+    ) -> Segment:
+        """``<obs>text[label image]...</obs>`` as non-policy tokens (``images``: ``(h, w, 3)`` each, in
+        order; ``labels``: a text before each image, or none)."""
         parts = [Segment(self.text_ids(OBS_OPEN + text))]
-        parts += [self.image_segment(image) for image in images]
+        for k, image in enumerate(images):
+            if labels:
+                parts.append(Segment(self.text_ids(labels[k])))
+            parts.append(self.image_segment(image))
         return join([*parts, Segment(self.text_ids(OBS_CLOSE))])
 
     def user_message(self, text: str) -> Segment:

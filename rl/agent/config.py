@@ -76,7 +76,9 @@ class DataConfig:
     """Where detail demonstrations zoom: "tray" (the tray the tiny objects lie on, findable in the
     downsampled view), "target" (the asked objects' box, a few pixels in the view) or "photo_tray" (in a
     note of several photos, the whole asked photo first, so it is the last image the policy saw before it
-    aims at the tray; then the tray)."""
+    aims at the tray; then the tray), or "tiles" (the ``tiles`` tool, ``rl.agent.tiles`` in ``tool_modules``,
+    on the tray, one tile per tray cell, each at the tower's size; the answer first says what each tile
+    holds, then gives the value in an ``<answer>`` block; the no-tool baseline answers the value alone)."""
     caption_zoom: str = "objects"
     """Where caption demonstrations zoom: "objects" (the tiny objects' padded box, to the pixel) or "tray"
     (the whole tray, as detail and dialogue demonstrations take it)."""
@@ -472,6 +474,11 @@ class AgentRunConfig:
     """torch CPU threads (0 = torch's default)."""
 
     def __post_init__(self) -> None:
+        if self.data.detail_zoom == "tiles" and "rl.agent.tiles" not in self.tool_modules:
+            raise ValueError(
+                "data.detail_zoom=tiles demonstrates the tiles tool, which is off by default; add it with "
+                "'tool_modules=[rl.agent.tiles]'"
+            )
         if self.note_model.build and self.policy.init is not None:
             raise ValueError(
                 f"note_model.build=true trains the policy's start, but policy.init={self.policy.init!r} "

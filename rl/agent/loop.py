@@ -170,13 +170,13 @@ def step(
         traj.truncation = "max_turns"
         return
     obs = Observation(call.observation) if isinstance(call, ParseError) else registry.run(call, traj.task)
-    text, images = obs.text, obs.images
+    text, images, labels = obs.text, obs.images, obs.labels
     room = backend.max_images
     if images and room is not None and len(traj.images) + len(images) > room:
         shown = "image not shown" if len(images) == 1 else "images not shown"
-        text, images = f"{text} ({shown}: the model takes at most {room} images)", ()
+        text, images, labels = f"{text} ({shown}: the model takes at most {room} images)", (), ()
     traj.calls.append(CallRecord(n, call, text, image_added=bool(images)))
-    traj.add_observation(backend.observation(text, images))
+    traj.add_observation(backend.observation(text, images, labels))
     if traj.policy_tokens >= cfg.max_tokens:
         traj.truncation = "max_tokens"
 

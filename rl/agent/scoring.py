@@ -75,7 +75,8 @@ def first_aim(traj: Trajectory) -> str | None:
     source pixels (``box``: world detail and caption tasks), where the trajectory's first valid tool call
     that aims went (a zoom on a whole photo only looks at it again, and is passed over):
 
-    - ``on_target``: a ``zoom`` of that photo whose crop holds at least :data:`ZOOM_COVERAGE` of the box;
+    - ``on_target``: a ``zoom`` (or another call with an ``image`` and a ``box``, e.g. ``tiles``) of that
+      photo whose crop holds at least :data:`ZOOM_COVERAGE` of the box;
     - ``other_place``: a ``zoom`` of that photo whose crop misses the box (finding the place failed);
     - ``other_photo``: a ``zoom`` of another photo (telling the photos apart failed);
     - ``no_zoom``: no valid aiming call, or another tool first.
@@ -86,7 +87,7 @@ def first_aim(traj: Trajectory) -> str | None:
         return None
     aims = (c.call for c in traj.calls if c.valid and not _whole_photo(c.call))
     call = next(aims, None)
-    if not isinstance(call, ToolCall) or call.name != "zoom":
+    if not isinstance(call, ToolCall) or not {"image", "box"} <= set(call.args):
         return "no_zoom"
     if call.args.get("image") != meta["image"]:
         return "other_photo"

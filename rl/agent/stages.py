@@ -153,6 +153,20 @@ def demo_trajectories(backend: AgentBackend, cfg: AgentRunConfig, tasks: Sequenc
         users=cfg.rollout.simulator(),
     )  # fmt: skip
     for traj in trajs:
+        if traj.truncation == "turn_tokens":
+            raise UserError(
+                f"task {traj.task.task_id!r}: a demonstration's turn is longer than rollout.max_new_tokens="
+                f"{cfg.rollout.max_new_tokens} tokens (it would be learned cut); raise it"
+            )
+        hidden = next(
+            (c.observation for c in traj.calls if "not shown: the model takes at most" in c.observation), None
+        )
+        if hidden is not None:
+            raise UserError(
+                f"task {traj.task.task_id!r}: a demonstration's observation does not fit the policy's images "
+                f"({hidden}); raise max_images in policy.overrides (a note's photos plus every image its "
+                "calls return)"
+            )
         masked = unlearned(demos[traj.task.task_id], tools=tools)
         if masked:
             traj.mask_turns(masked)

@@ -49,6 +49,15 @@ class Observation:
     more_images: tuple[np.ndarray, ...] = ()
     """Further images shown after ``image``, in order (``compare`` with ``zoom``: the changed area of
     the second photo after the first's)."""
+    labels: tuple[str, ...] = ()
+    """Text shown right before each image, one per image (``tiles``: " tile 1:", ...), or none."""
+
+    def __post_init__(self) -> None:
+        if self.labels and len(self.labels) != len(self.images):
+            raise ValueError(
+                f"an observation with labels needs one per image: {len(self.labels)} labels, "
+                f"{len(self.images)} images"
+            )
 
     @property
     def images(self) -> tuple[np.ndarray, ...]:
@@ -175,6 +184,13 @@ def box_pixels(box: list[float], width: int, height: int) -> tuple[int, int, int
     y0, y1 = math.floor(box[1] * height), math.ceil(box[3] * height)
     x0, y0 = min(max(x0, 0), width - 1), min(max(y0, 0), height - 1)
     return x0, y0, max(min(x1, width), x0 + 1), max(min(y1, height), y0 + 1)
+
+
+def tile_bounds(x0: int, x1: int, n: int) -> list[tuple[int, int]]:
+    """``[x0, x1)`` cut into ``n`` consecutive pixel spans as even as rounding allows, none empty (a span
+    repeats a pixel when the range is shorter than ``n``): the columns or rows of ``rl.agent.tiles``."""
+    edges = [x0 + round(i * (x1 - x0) / n) for i in range(n + 1)]
+    return [(a, max(b, a + 1)) for a, b in zip(edges, edges[1:])]
 
 
 WHOLE = [0.0, 0.0, 1.0, 1.0]

@@ -47,11 +47,12 @@ from typing import Any
 import numpy as np
 
 from mm.world import vocab
-from mm.world.detail import padded_box
+from mm.world.detail import TRAY_GRID, padded_box
+from mm.world.text import article
 from rl.agent.parse import ParseError, parse_call
 from rl.agent.simulator import SimulatorConfig, UserSimulator
 from rl.agent.task import AgentTask
-from rl.agent.tools import TOOLS, WHOLE
+from rl.agent.tools import TOOLS, WHOLE, box_pixels, tile_bounds
 from rl.agent.world_tasks import TRAY_PAD
 
 RunTool = Callable[[dict, AgentTask], tuple[str, "np.ndarray | None"]]
@@ -74,6 +75,9 @@ class DemoTurn:
     """A ``zoom`` observation's crop at full resolution, ``(h, w, 3)`` uint8."""
     learn: bool = True
     """False for a policy turn kept as context but out of the loss: a recovery demonstration's mistake."""
+    plain: str | None = None
+    """What the no-tool demonstration answers instead (:func:`answer_turns`), when this answer reads tool
+    observations it would not have (the tiles' inventory); None: the same text."""
 
     def to_json(self) -> dict[str, Any]:
         """The turn as JSON (the image as its shape; it is rebuilt from the call and the task's sources)."""
@@ -83,6 +87,7 @@ class DemoTurn:
             "policy": self.policy,
             "learn": self.learn,
             "call": self.call,
+            "plain": self.plain,
             "image_shape": None if self.image is None else list(self.image.shape),
         }
 
@@ -124,11 +129,12 @@ def zoom_call(task: AgentTask, image: int, box: list[int]) -> dict[str, Any]:
     return {"name": "zoom", "image": image, "box": normalised_box(box, W, H)}
 
 
-DETAIL_ZOOMS = ("target", "tray", "photo_tray")
+DETAIL_ZOOMS = ("target", "tray", "photo_tray", "tiles")
 """Where a detail demonstration zooms: the asked objects' box, or the whole tray they lie on (larger in
 the downsampled view, so a small policy can find it), or, in a note of several photos, first the whole
 asked photo (:data:`WHOLE`: the photo alone again, as the last image before the policy's next turn) and
-then its tray."""
+then its tray; or ``tiles`` (``rl.agent.tiles``, in ``tool_modules``) of the tray, one per tray cell, and
+an answer that first says what each tile holds (:func:`tile_inventory`)."""
 
 
 def tray_box(task: AgentTask, tray: list[int]) -> list[int]:
@@ -148,12 +154,35 @@ def detail_demo(
     box = m["box"] if zoom == "target" else tray_box(task, m["tray"])
     if zoom == "photo_tray" and len(task.sources) > 1:
         _use(turns, {"name": "zoom", "image": m["image"], "box": WHOLE}, task, run_tool)
-    _use(turns, zoom_call(task, m["image"], box), task, run_tool)
     answer = detail_answer(m["ask"], task.answer, m["object"], bare)
+    if zoom == "tiles":
+        call = {**zoom_call(task, m["image"], box), "name": "tiles", "grid": TRAY_GRID}
+        _use(turns, call, task, run_tool)
+        text = f"{tile_inventory(task, call)} <answer>{answer}</answer>"
+        turns.append(DemoTurn("assistant", text, True, plain=answer))
+        return turns
+    _use(turns, zoom_call(task, m["image"], box), task, run_tool)
     if reasoning:
         answer = f"{m['tray_text']} <answer>{answer}</answer>"
     turns.append(DemoTurn("assistant", answer, True))
     return turns
+
+
+def tile_inventory(task: AgentTask, call: dict) -> str:
+    """What each tile of a ``tiles`` call on the asked photo holds, row by row, from the task's tiny
+    objects (``meta["tiny"]``: category, colour, centre in source pixels): "tile 1: a red cup. tile 2:
+    empty. ..."; an object belongs to the tile its centre lies in."""
+    H, W = task.sources[task.meta["image"] - 1].shape[:2]
+    x0, y0, x1, y1 = box_pixels(call["box"], W, H)
+    n = call["grid"]
+    cols, rows = tile_bounds(x0, x1, n), tile_bounds(y0, y1, n)
+    held: dict[int, str] = {}
+    for cat, colour, cx, cy in task.meta["tiny"]:
+        c = next((i for i, (a, b) in enumerate(cols) if a <= cx < b), None)
+        r = next((i for i, (a, b) in enumerate(rows) if a <= cy < b), None)
+        if c is not None and r is not None:
+            held.setdefault(r * n + c, f"{article(colour)} {colour} {cat}")
+    return " ".join(f"tile {k + 1}: {held.get(k, 'empty')}." for k in range(n * n))
 
 
 def detail_answer(ask: str, value: str, obj: str, bare: bool = False, size: str = "tiny") -> str:
@@ -347,8 +376,9 @@ def policy_turns(turns: list[DemoTurn]) -> list[str]:
 
 
 def answer_turns(turns: list[DemoTurn]) -> list[str]:
-    """The assistant's turns without tool calls: the same task answered without looking closer."""
-    return [t.text for t in turns if t.policy and t.call is None]
+    """The assistant's turns without tool calls: the same task answered without looking closer (a turn's
+    ``plain`` text where it has one)."""
+    return [t.text if t.plain is None else t.plain for t in turns if t.policy and t.call is None]
 
 
 def unlearned(turns: list[DemoTurn], *, tools: bool = True) -> set[int]:

@@ -169,6 +169,7 @@ def detail_task(cfg: WorldTaskConfig, note: WorldNote) -> AgentTask:
     meta = {
         "note": note.id, "split": note.split, "ask": ask, "object": cat, "image": k + 1,
         "box": objects_box(cfg, targets), "tray": list(scene.tray), "tray_text": tray_sentence(scene),
+        "tiny": [[o.category, o.color, o.cx, o.cy] for o in scene.tiny],
     }  # fmt: skip
     return AgentTask(f"{note.id}/detail", "detail", images, question, answer, meta)
 
