@@ -78,7 +78,9 @@ class DataConfig:
     note of several photos, the whole asked photo first, so it is the last image the policy saw before it
     aims at the tray; then the tray), or "tiles" (the ``tiles`` tool, ``rl.agent.tiles`` in ``tool_modules``,
     on the tray, one tile per tray cell, each at the tower's size; the answer first says what each tile
-    holds, then gives the value in an ``<answer>`` block; the no-tool baseline answers the value alone)."""
+    holds, then gives the value in an ``<answer>`` block; the no-tool baseline answers the value alone), or
+    "photo_tiles" (the tiles of the whole asked photo first, then "The tray is in tile k." and the tray's
+    tiles, then the same answer)."""
     caption_zoom: str = "objects"
     """Where caption demonstrations zoom: "objects" (the tiny objects' padded box, to the pixel) or "tray"
     (the whole tray, as detail and dialogue demonstrations take it)."""
@@ -474,10 +476,10 @@ class AgentRunConfig:
     """torch CPU threads (0 = torch's default)."""
 
     def __post_init__(self) -> None:
-        if self.data.detail_zoom == "tiles" and "rl.agent.tiles" not in self.tool_modules:
+        if self.data.detail_zoom in ("tiles", "photo_tiles") and "rl.agent.tiles" not in self.tool_modules:
             raise ValueError(
-                "data.detail_zoom=tiles demonstrates the tiles tool, which is off by default; add it with "
-                "'tool_modules=[rl.agent.tiles]'"
+                f"data.detail_zoom={self.data.detail_zoom} demonstrates the tiles tool, which is off by "
+                "default; add it with 'tool_modules=[rl.agent.tiles]'"
             )
         if self.note_model.build and self.policy.init is not None:
             raise ValueError(

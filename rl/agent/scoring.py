@@ -63,7 +63,7 @@ def trajectory_reward(
 
 
 def _whole_photo(call: Any) -> bool:
-    return isinstance(call, ToolCall) and call.name == "zoom" and list(call.args["box"]) == WHOLE
+    return isinstance(call, ToolCall) and list(call.args.get("box", ())) == WHOLE
 
 
 AIMS = ("on_target", "other_place", "other_photo", "no_zoom")
@@ -73,7 +73,7 @@ AIMS = ("on_target", "other_place", "other_photo", "no_zoom")
 def first_aim(traj: Trajectory) -> str | None:
     """For a task whose ``meta`` names the asked photo (``image``, 1-based) and the answer's box in its
     source pixels (``box``: world detail and caption tasks), where the trajectory's first valid tool call
-    that aims went (a zoom on a whole photo only looks at it again, and is passed over):
+    that aims went (a zoom or tiles of a whole photo only look at it again, and are passed over):
 
     - ``on_target``: a ``zoom`` (or another call with an ``image`` and a ``box``, e.g. ``tiles``) of that
       photo whose crop holds at least :data:`ZOOM_COVERAGE` of the box;

@@ -129,12 +129,15 @@ def zoom_call(task: AgentTask, image: int, box: list[int]) -> dict[str, Any]:
     return {"name": "zoom", "image": image, "box": normalised_box(box, W, H)}
 
 
-DETAIL_ZOOMS = ("target", "tray", "photo_tray", "tiles")
+DETAIL_ZOOMS = ("target", "tray", "photo_tray", "tiles", "photo_tiles")
 """Where a detail demonstration zooms: the asked objects' box, or the whole tray they lie on (larger in
 the downsampled view, so a small policy can find it), or, in a note of several photos, first the whole
 asked photo (:data:`WHOLE`: the photo alone again, as the last image before the policy's next turn) and
 then its tray; or ``tiles`` (``rl.agent.tiles``, in ``tool_modules``) of the tray, one per tray cell, and
-an answer that first says what each tile holds (:func:`tile_inventory`)."""
+an answer that first says what each tile holds (:func:`tile_inventory`); or ``photo_tiles``: first the
+tiles of the whole asked photo, then "The tray is in tile k." and the tray's tiles, then the same answer
+(the tray is found by picking one of the photo's tiles, each shown alone, instead of reading its place
+off one downsampled view)."""
 
 
 def tray_box(task: AgentTask, tray: list[int]) -> list[int]:
@@ -155,9 +158,17 @@ def detail_demo(
     if zoom == "photo_tray" and len(task.sources) > 1:
         _use(turns, {"name": "zoom", "image": m["image"], "box": WHOLE}, task, run_tool)
     answer = detail_answer(m["ask"], task.answer, m["object"], bare)
-    if zoom == "tiles":
+    if zoom in ("tiles", "photo_tiles"):
         call = {**zoom_call(task, m["image"], box), "name": "tiles", "grid": TRAY_GRID}
-        _use(turns, call, task, run_tool)
+        if zoom == "photo_tiles":
+            whole = {"name": "tiles", "image": m["image"], "box": WHOLE, "grid": TRAY_GRID}
+            _use(turns, whole, task, run_tool)
+            found = f"The tray is in tile {tray_tile(task, whole)}. "
+            turns.append(DemoTurn("assistant", found + tool_text(call), True, call))
+            text, image = run_tool(call, task)
+            turns.append(DemoTurn("tool", text, False, call, image))
+        else:
+            _use(turns, call, task, run_tool)
         text = f"{tile_inventory(task, call)} <answer>{answer}</answer>"
         turns.append(DemoTurn("assistant", text, True, plain=answer))
         return turns
@@ -168,20 +179,36 @@ def detail_demo(
     return turns
 
 
+def tile_of(task: AgentTask, call: dict, x: float, y: float) -> int | None:
+    """The 0-based tile (row by row) of a ``tiles`` call on the asked photo that holds source pixel
+    ``(x, y)``, or None when the call's box does not."""
+    H, W = task.sources[task.meta["image"] - 1].shape[:2]
+    x0, y0, x1, y1 = box_pixels(call["box"], W, H)
+    n = call["grid"]
+    c = next((i for i, (a, b) in enumerate(tile_bounds(x0, x1, n)) if a <= x < b), None)
+    r = next((i for i, (a, b) in enumerate(tile_bounds(y0, y1, n)) if a <= y < b), None)
+    return None if c is None or r is None else r * n + c
+
+
+def tray_tile(task: AgentTask, call: dict) -> int:
+    """The tile (from 1) of a ``tiles`` call on the whole asked photo that holds the tray's centre."""
+    x0, y0, x1, y1 = task.meta["tray"]
+    k = tile_of(task, call, (x0 + x1) / 2, (y0 + y1) / 2)
+    if k is None:
+        raise ValueError(f"task {task.task_id!r}: the call {call} does not hold the tray")
+    return k + 1
+
+
 def tile_inventory(task: AgentTask, call: dict) -> str:
     """What each tile of a ``tiles`` call on the asked photo holds, row by row, from the task's tiny
     objects (``meta["tiny"]``: category, colour, centre in source pixels): "tile 1: a red cup. tile 2:
     empty. ..."; an object belongs to the tile its centre lies in."""
-    H, W = task.sources[task.meta["image"] - 1].shape[:2]
-    x0, y0, x1, y1 = box_pixels(call["box"], W, H)
     n = call["grid"]
-    cols, rows = tile_bounds(x0, x1, n), tile_bounds(y0, y1, n)
     held: dict[int, str] = {}
     for cat, colour, cx, cy in task.meta["tiny"]:
-        c = next((i for i, (a, b) in enumerate(cols) if a <= cx < b), None)
-        r = next((i for i, (a, b) in enumerate(rows) if a <= cy < b), None)
-        if c is not None and r is not None:
-            held.setdefault(r * n + c, f"{article(colour)} {colour} {cat}")
+        k = tile_of(task, call, cx, cy)
+        if k is not None:
+            held.setdefault(k, f"{article(colour)} {colour} {cat}")
     return " ".join(f"tile {k + 1}: {held.get(k, 'empty')}." for k in range(n * n))
 
 

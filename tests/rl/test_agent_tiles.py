@@ -119,14 +119,40 @@ def _world_tasks(n: int):
     return list(world_tasks(cfg, "detail", "train", n))
 
 
-def test_tile_demonstrations_say_what_each_tile_holds(tiles_tool):
+@pytest.mark.parametrize("zoom", ["tiles", "photo_tiles"])
+def test_tile_demonstrations_say_what_each_tile_holds(tiles_tool, zoom):
     from rl.agent.scoring import first_aim
+    from rl.agent.tools import box_pixels
     from rl.agent.world_demos import answer_turns, demonstration, policy_turns
 
     for task in _world_tasks(12):
-        turns = demonstration(task, detail_zoom="tiles", bare_answers=True)
-        call, tool, answer = turns[1], turns[2], turns[3]
+        turns = demonstration(task, detail_zoom=zoom, bare_answers=True)
+        assert [t.role for t in turns] == [
+            "user",
+            *["assistant", "tool"] * (1 + (zoom == "photo_tiles")),
+            "assistant",
+        ]
+        if zoom == "photo_tiles":  # the whole photo's tiles, then the one holding the tray is named
+            whole, found = turns[1].call, turns[3]
+            assert whole == {
+                "name": "tiles",
+                "image": task.meta["image"],
+                "box": [0.0, 0.0, 1.0, 1.0],
+                "grid": 3,
+            }
+            k = int(found.text.split("The tray is in tile ")[1].split(".")[0])
+            assert found.text.endswith("</tool>") and found.call["box"] == turns[-3].call["box"]
+            S = task.sources[0].shape[0]
+            c0, r0, c1, r1 = [
+                round(v * S / 3) for v in ((k - 1) % 3, (k - 1) // 3, (k - 1) % 3 + 1, (k - 1) // 3 + 1)
+            ]
+            x0, y0, x1, y1 = task.meta["tray"]
+            assert c0 <= x0 and x1 <= c1 and r0 <= y0 and y1 <= r1  # the tray lies in tile k (3 x 3 spots)
+        call, tool, answer = turns[-3], turns[-2], turns[-1]
         assert call.call["name"] == "tiles" and call.call["grid"] == 3 and tool.role == "tool"
+        a0, b0, a1, b1 = box_pixels(call.call["box"], S := task.sources[0].shape[1], S)
+        x0, y0, x1, y1 = task.meta["tray"]
+        assert a0 <= x0 and b0 <= y0 and x1 <= a1 and y1 <= b1  # the tiles cover the whole tray
         inventory, value = answer.text.split(" <answer>")
         entries = inventory.split(". ")
         assert len(entries) == 9 and entries[0].startswith("tile 1: ")
@@ -136,21 +162,24 @@ def test_tile_demonstrations_say_what_each_tile_holds(tiles_tool):
         if task.meta["ask"] == "count":
             assert held[task.meta["object"]] == int(task.answer)
         assert value == f"{answer.plain}</answer>" and answer_turns(turns) == [answer.plain]
-        assert policy_turns(turns)[1] == answer.text
-    # the first aiming call is judged as a zoom is
+        assert policy_turns(turns)[-1] == answer.text
+    # the first aiming call is judged as a zoom is (tiles of the whole photo are passed over, as its zoom)
     from rl.agent.demos import scripted_policy
     from rl.agent.loop import LoopConfig, rollout
     from rl.agent.stages import build_backend
 
     backend = build_backend(
-        load_config(AgentRunConfig, TINY, ["policy.overrides=[max_images=16,max_length=1024]"])
+        load_config(AgentRunConfig, TINY, ["policy.overrides=[max_images=24,max_length=1024]"])
     )
     tasks = _world_tasks(2)
-    demos = {t.task_id: policy_turns(demonstration(t, detail_zoom="tiles", bare_answers=True)) for t in tasks}
+    demos = {t.task_id: policy_turns(demonstration(t, detail_zoom=zoom, bare_answers=True)) for t in tasks}
     trajs = rollout(backend, tasks, LoopConfig(max_new_tokens=256, max_tokens=512),
                     policy=scripted_policy(backend, demos))  # fmt: skip
     assert [first_aim(t) for t in trajs] == ["on_target", "on_target"]
-    assert all(len(t.images) == len(t.task.sources) + 9 for t in trajs)
+    per_call = 9 * (1 + (zoom == "photo_tiles"))
+    assert all(
+        len(t.images) == len(t.task.sources) + per_call and t.n_valid_calls == per_call // 9 for t in trajs
+    )
 
 
 def test_tiles_demonstrations_need_the_module_and_room_for_the_tiles(tiles_tool, tmp_path):
