@@ -24,7 +24,7 @@ no-tool baseline's demonstrations). ``rl.agent.demos.demo_turns`` is the generic
 whose ``meta["box"]`` is already normalised; world tasks use this module.
 
 Scripts: ``detail`` zooms on ``meta["box"]`` in the asked photo (or on its tray, or on the whole photo and
-then its tray: ``detail_zoom``), then answers; ``change`` calls ``compare`` on photos 1 and 2, zooms on
+then its tray, or takes the tray's ``tiles`` and says what each holds: ``detail_zoom``), then answers; ``change`` calls ``compare`` on photos 1 and 2, zooms on
 the changed region in each photo where the object is (or lets ``compare`` show it: ``change_zoom``), then
 states the change; ``caption`` zooms
 on the tray, then gives the reference caption; ``dialogue`` plays against
