@@ -158,6 +158,12 @@ def demo_trajectories(backend: AgentBackend, cfg: AgentRunConfig, tasks: Sequenc
                 f"task {traj.task.task_id!r}: a demonstration's turn is longer than rollout.max_new_tokens="
                 f"{cfg.rollout.max_new_tokens} tokens (it would be learned cut); raise it"
             )
+        if traj.truncation == "context":
+            raise UserError(
+                f"task {traj.task.task_id!r}: a demonstration is longer than rollout.max_length="
+                f"{cfg.rollout.max_length} ids (it would be learned cut); raise rollout.max_length, and "
+                "max_length in policy.overrides with it"
+            )
         hidden = next(
             (c.observation for c in traj.calls if "not shown: the model takes at most" in c.observation), None
         )
