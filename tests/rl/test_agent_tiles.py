@@ -195,6 +195,12 @@ def test_tiles_demonstrations_need_the_module_and_room_for_the_tiles(tiles_tool,
     cfg = load_config(AgentRunConfig, TINY, [*sets, "rollout.max_new_tokens=128", "rollout.max_tokens=256"])
     with pytest.raises(UserError, match="raise max_images"):  # max_images=8: a note's photos and 9 tiles
         demo_trajectories(build_backend(cfg), cfg, _world_tasks(2), tools=True)
+    sets = ["data.detail_zoom=photo_tiles", "tool_modules=[rl.agent.tiles]", "rollout.max_new_tokens=192",
+            "rollout.max_tokens=512", "policy.overrides=[max_images=24,max_length=1024]",
+            "rollout.max_length=500"]  # fmt: skip
+    cfg = load_config(AgentRunConfig, TINY, sets)  # 18 tiles and a photo: 19 x 18 image ids and the text
+    with pytest.raises(UserError, match="longer than rollout.max_length=500 ids"):
+        demo_trajectories(build_backend(cfg), cfg, _world_tasks(2), tools=True)
 
 
 def test_cli_runs_with_tiles(tiles_tool, tmp_path):
