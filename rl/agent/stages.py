@@ -19,6 +19,7 @@ demonstration calls the tool SFT replays.
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -153,30 +154,32 @@ def demo_trajectories(backend: AgentBackend, cfg: AgentRunConfig, tasks: Sequenc
         users=cfg.rollout.simulator(),
     )  # fmt: skip
     for traj in trajs:
-        if traj.truncation == "turn_tokens":
-            raise UserError(
-                f"task {traj.task.task_id!r}: a demonstration's turn is longer than rollout.max_new_tokens="
-                f"{cfg.rollout.max_new_tokens} tokens (it would be learned cut); raise it"
-            )
-        if traj.truncation == "context":
-            raise UserError(
-                f"task {traj.task.task_id!r}: a demonstration is longer than rollout.max_length="
-                f"{cfg.rollout.max_length} ids (it would be learned cut); raise rollout.max_length, and "
-                "max_length in policy.overrides with it"
-            )
-        hidden = next(
-            (c.observation for c in traj.calls if "not shown: the model takes at most" in c.observation), None
-        )
-        if hidden is not None:
-            raise UserError(
-                f"task {traj.task.task_id!r}: a demonstration's observation does not fit the policy's images "
-                f"({hidden}); raise max_images in policy.overrides (a note's photos plus every image its "
-                "calls return)"
-            )
         masked = unlearned(demos[traj.task.task_id], tools=tools)
         if masked:
             traj.mask_turns(masked)
+    warn_cut(trajs)
     return trajs
+
+
+def warn_cut(trajs: Sequence[Trajectory]) -> None:
+    """A warning when demonstrations would be learned cut: a turn past ``rollout.max_new_tokens``, the
+    trajectory past ``rollout.max_length``, or an observation's images past the policy's ``max_images``
+    (fine for a smoke run's small budgets; a real run should raise the budget the warning names)."""
+    hidden = "not shown: the model takes at most"
+    cut = {
+        "a turn longer than rollout.max_new_tokens": sum(t.truncation == "turn_tokens" for t in trajs),
+        "longer than rollout.max_length (raise it, and max_length in policy.overrides)": sum(
+            t.truncation == "context" for t in trajs
+        ),
+        "images beyond max_images (raise it in policy.overrides)": sum(
+            any(hidden in c.observation for c in t.calls) for t in trajs
+        ),
+    }
+    for what, n in cut.items():
+        if n:
+            warnings.warn(
+                f"{n} of {len(trajs)} demonstrations are cut: {what}; they are learned as cut", stacklevel=2
+            )
 
 
 def clip_grads(backend: AgentBackend, limit: float) -> float:

@@ -24,10 +24,10 @@ no-tool baseline's demonstrations). ``rl.agent.demos.demo_turns`` is the generic
 whose ``meta["box"]`` is already normalised; world tasks use this module.
 
 Scripts: ``detail`` zooms on ``meta["box"]`` in the asked photo (or on its tray, or on the whole photo and
-then its tray, or takes the tray's ``tiles`` and says what each holds: ``detail_zoom``), then answers; ``change`` calls ``compare`` on photos 1 and 2, zooms on
-the changed region in each photo where the object is (or lets ``compare`` show it: ``change_zoom``), then
-states the change; ``caption`` zooms
-on the tray, then gives the reference caption; ``dialogue`` plays against
+then its tray, or takes the tray's ``tiles`` and says what each holds: ``detail_zoom``), then answers;
+``change`` calls ``compare`` on photos 1 and 2, zooms on the changed region in each photo where the object
+is (or lets ``compare`` show it: ``change_zoom``), then states the change; ``caption`` zooms on the tray,
+then gives the reference caption; ``dialogue`` plays against
 :class:`rl.agent.simulator.UserSimulator`: zooms on the tray of each photo that holds the goal's
 objects (or of every photo: ``dialogue_zoom``), then answers each slot the user asks (and only that
 slot) until the user is satisfied; ``qa`` (a task from a user's file) replays the file's own calls, then
