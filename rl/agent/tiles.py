@@ -19,13 +19,10 @@ the instructions, demonstrations and rollouts of every other run are unchanged.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from rl.agent.parse import ParseError
 from rl.agent.task import AgentTask
-from rl.agent.tools import TOOLS, Observation, box_pixels, check_box, format_box, tile_bounds
+from rl.agent.tools import TOOLS, ZOOM_SCHEMA, Observation, box_pixels, check_box, format_box, tile_bounds
 
 GRID_MAX = 4
 """Most tiles per side (16 tiles: each is one image of the model's context)."""
@@ -33,14 +30,7 @@ GRID_MAX = 4
 TILES_SCHEMA = {
     "type": "object",
     "properties": {
-        "image": {"type": "integer", "x-image": True, "description": "note image, from 1"},
-        "box": {
-            "type": "array",
-            "items": {"type": "number"},
-            "minItems": 4,
-            "maxItems": 4,
-            "description": "[x0, y0, x1, y1], normalised to [0, 1]",
-        },
+        **ZOOM_SCHEMA["properties"],  # image, box: as zoom takes them
         "grid": {"type": "integer", "minimum": 2, "maximum": GRID_MAX, "description": "tiles per side"},
     },
     "required": ["image", "box", "grid"],
@@ -62,10 +52,6 @@ def tiles(task: AgentTask, image: int, box: list[float], grid: int) -> Observati
     return Observation(text, crops[0], tuple(crops[1:]), labels)
 
 
-def check_tiles(args: dict[str, Any]) -> ParseError | None:
-    return check_box(args)
-
-
 def register(registry=TOOLS) -> None:
     """Add ``tiles`` to ``registry`` (the loop's by default); a registry that has it is left as is."""
     if "tiles" not in registry:
@@ -74,7 +60,7 @@ def register(registry=TOOLS) -> None:
             tiles,
             TILES_SCHEMA,
             description="cut a box of an image into grid x grid tiles at full resolution",
-            check=check_tiles,
+            check=check_box,
         )
 
 
