@@ -59,6 +59,10 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.max_length must be >= 2 or None, got {self.max_length}")
 
 
+IMAGES_CUT = ": the model takes at most "
+"""Marks an observation whose images do not fit: "(images not shown: the model takes at most 8 images)"."""
+
+
 def instructions(registry: ToolRegistry) -> str:
     """How to call tools, in the policy's prompt."""
     return (
@@ -174,7 +178,7 @@ def step(
     room = backend.max_images
     if images and room is not None and len(traj.images) + len(images) > room:
         shown = "image not shown" if len(images) == 1 else "images not shown"
-        text, images, labels = f"{text} ({shown}: the model takes at most {room} images)", (), ()
+        text, images, labels = f"{text} ({shown}{IMAGES_CUT}{room} images)", (), ()
     traj.calls.append(CallRecord(n, call, text, image_added=bool(images)))
     traj.add_observation(backend.observation(text, images, labels))
     if traj.policy_tokens >= cfg.max_tokens:

@@ -34,7 +34,7 @@ from mm.train.metrics import MetricsLogger, read_metrics
 from rl.agent.backend import AgentBackend, Sampling, backend_for
 from rl.agent.config import AgentRunConfig
 from rl.agent.demos import scripted_policy
-from rl.agent.loop import LoopConfig, rollout, summarise, summary, trajectory_counts
+from rl.agent.loop import IMAGES_CUT, LoopConfig, rollout, summarise, summary, trajectory_counts
 from rl.agent.micro import grpo_backward, sft_backward
 from rl.agent.parallel import barrier, check_in_sync, gathered, is_writer, rank_world, share
 from rl.agent.policy_init import INDEX_WEIGHT, load_policy
@@ -165,14 +165,13 @@ def warn_cut(trajs: Sequence[Trajectory]) -> None:
     """A warning when demonstrations would be learned cut: a turn past ``rollout.max_new_tokens``, the
     trajectory past ``rollout.max_length``, or an observation's images past the policy's ``max_images``
     (fine for a smoke run's small budgets; a real run should raise the budget the warning names)."""
-    hidden = "not shown: the model takes at most"
     cut = {
         "a turn longer than rollout.max_new_tokens": sum(t.truncation == "turn_tokens" for t in trajs),
         "longer than rollout.max_length (raise it, and max_length in policy.overrides)": sum(
             t.truncation == "context" for t in trajs
         ),
         "images beyond max_images (raise it in policy.overrides)": sum(
-            any(hidden in c.observation for c in t.calls) for t in trajs
+            any(IMAGES_CUT in c.observation for c in t.calls) for t in trajs
         ),
     }
     for what, n in cut.items():

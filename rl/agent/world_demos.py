@@ -117,8 +117,11 @@ def normalised_box(box: list[int], width: int, height: int) -> list[float]:
     return [down[0], down[1], min(up[0], 1.0), min(up[1], 1.0)]
 
 
-def _use(turns: list[DemoTurn], call: dict, task: AgentTask, run_tool: RunTool, learn: bool = True) -> None:
-    turns.append(DemoTurn("assistant", tool_text(call), True, call, learn=learn))
+def _use(
+    turns: list[DemoTurn], call: dict, task: AgentTask, run_tool: RunTool, learn: bool = True, say: str = ""
+) -> None:
+    """The assistant's call (after ``say``, text the same turn writes first) and the tool's observation."""
+    turns.append(DemoTurn("assistant", say + tool_text(call), True, call, learn=learn))
     text, image = run_tool(call, task)
     turns.append(DemoTurn("tool", text, False, call, image))
 
@@ -160,15 +163,12 @@ def detail_demo(
     answer = detail_answer(m["ask"], task.answer, m["object"], bare)
     if zoom in ("tiles", "photo_tiles"):
         call = {**zoom_call(task, m["image"], box), "name": "tiles", "grid": TRAY_GRID}
+        say = ""
         if zoom == "photo_tiles":
             whole = {"name": "tiles", "image": m["image"], "box": WHOLE, "grid": TRAY_GRID}
             _use(turns, whole, task, run_tool)
-            found = f"The tray is in tile {tray_tile(task, whole)}. "
-            turns.append(DemoTurn("assistant", found + tool_text(call), True, call))
-            text, image = run_tool(call, task)
-            turns.append(DemoTurn("tool", text, False, call, image))
-        else:
-            _use(turns, call, task, run_tool)
+            say = f"The tray is in tile {tray_tile(task, whole)}. "
+        _use(turns, call, task, run_tool, say=say)
         text = f"{tile_inventory(task, call)} <answer>{answer}</answer>"
         turns.append(DemoTurn("assistant", text, True, plain=answer))
         return turns
