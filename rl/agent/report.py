@@ -27,6 +27,10 @@ TARGETS: tuple[tuple[str, str, float], ...] = (
     ("goal_reached", "gain>", 0.0),
 )
 """(metric, test, threshold): the tool GRPO model against the no-tool SFT model ("gain") or alone."""
+TARGET_RUN_SECONDS = 1200.0
+"""Target for the whole run's wall time (sum of stage times, the note model's included): 20 minutes."""
+STAGES = ("note_model", "init", "perception", "sft_tool", "sft_notool", "grpo", "ppo", "eval")
+"""The stages whose times the report lists, in order."""
 SHOWN = ("accuracy/detail", "accuracy/change", "accuracy/caption", "accuracy/dialogue", "score/detail",
          "score/change", "score/caption", "score/dialogue", "caption/attribute_hallucination",
          "caption/count_hallucination", "caption/attribute_claims_per_caption",
@@ -95,11 +99,13 @@ def write_report(cfg: AgentRunConfig, out: Path, models: dict[str, tuple[str, bo
     """Write the report files (module docstring); returns a short result for ``report/result.json``."""
     compared = compare_models(model_rows(out, list(models)), cfg.eval.n_boot, targets=cfg.eval.file is None)
     targets = compared["targets"]
-    seconds = {
-        s: json.loads((out / s / "result.json").read_text()).get("seconds")
-        for s in ("init", "perception", "sft_tool", "sft_notool", "grpo", "ppo", "eval")
-        if (out / s / "result.json").exists()
-    }
+    seconds = stage_seconds(out)
+    if targets:
+        total = round(sum(seconds.values()), 1)
+        targets = [*targets, {"metric": "wall_seconds", "judged_on": "sum of stage times",
+                              "test": f"<= {TARGET_RUN_SECONDS:.0f}", "value": total,
+                              "held": total <= TARGET_RUN_SECONDS}]  # fmt: skip
+        compared["targets"] = targets
     report = {
         "seeds": list(cfg.eval.seeds), "split": cfg.eval.split, "tasks_per_kind": cfg.eval.tasks_per_kind,
         "file": cfg.eval.file,
@@ -115,6 +121,22 @@ def write_report(cfg: AgentRunConfig, out: Path, models: dict[str, tuple[str, bo
         "targets": len(targets),
         "models": list(models),
     }
+
+
+def stage_seconds(out: Path) -> dict[str, float]:
+    """Each finished stage's wall time in seconds; the note model's is the sum of its sub-stages'."""
+    seconds = {}
+    for s in STAGES:
+        path = out / s / "result.json"
+        if not path.exists():
+            continue
+        res = json.loads(path.read_text())
+        if s == "note_model":
+            subs = [v["seconds"] for v in res.values() if isinstance(v, dict) and "seconds" in v]
+            seconds[s] = round(sum(subs), 1)
+        elif res.get("seconds") is not None:
+            seconds[s] = res["seconds"]
+    return seconds
 
 
 def _reading_check(out: Path) -> dict[str, Any] | None:
@@ -155,7 +177,8 @@ def markdown(report: dict[str, Any], models: list[str]) -> str:
     else:
         lines += ["| metric | judged on | test | value | held |", "|---|---|---|---|---|"]
     for t in report["targets"]:
-        value = "-" if t["value"] is None else f"{t['value']:.3f}"
+        fmt = ".1f" if t["metric"] == "wall_seconds" else ".3f"
+        value = "-" if t["value"] is None else format(t["value"], fmt)
         held = "n/a" if t["held"] is None else ("yes" if t["held"] else "no")
         lines.append(f"| {t['metric']} | {t['judged_on']} | {t['test']} | {value} | {held} |")
     if report.get("reading_check"):

@@ -48,6 +48,11 @@ def test_cli_runs_end_to_end(tmp_path, capsys):
         m = report["metrics"]["tool_grpo"][name]
         assert 0.0 <= m["low"] <= m["value"] <= m["high"] <= 1.0
     assert [t["metric"] for t in report["targets"]][:2] == ["accuracy/detail", "accuracy/change"]
+    # the last target is the run's wall time: the sum of its stage times, against 20 minutes
+    wall = report["targets"][-1]
+    assert wall["metric"] == "wall_seconds" and wall["test"] == "<= 1200"
+    assert set(report["stage_seconds"]) >= {"init", "sft_tool", "sft_notool", "grpo", "eval"}
+    assert wall["value"] == pytest.approx(sum(report["stage_seconds"].values()), abs=0.1) and wall["held"]
     assert "| accuracy/change |" in (out / "report.md").read_text()
     assert "[policy 1]" in (out / "transcripts.md").read_text()
     assert (out / "sft.png").stat().st_size > 0 and (out / "grpo.png").stat().st_size > 0
@@ -69,7 +74,10 @@ def test_cli_runs_end_to_end(tmp_path, capsys):
     assert (out / "eval/tool_grpo.jsonl").read_text() == rows_before
     again = json.loads((out / "report.json").read_text())
     assert again.pop("stage_seconds")["eval"] > 0 and "| accuracy/change |" in (out / "report.md").read_text()
-    assert again == {k: v for k, v in json.loads(before).items() if k != "stage_seconds"}
+    old = {k: v for k, v in json.loads(before).items() if k != "stage_seconds"}
+    # every figure is the same but the time the eval took again
+    assert again["targets"].pop()["metric"] == old["targets"].pop()["metric"] == "wall_seconds"
+    assert again == old
     before = (out / "report.json").read_text()
     # a resume with other training settings is refused; --no-resume starts over
     assert main(["agent", "--config", str(TINY), "--out", str(out), "--set", *SMALL, "sft.lr=0.5"]) == 2
@@ -410,3 +418,16 @@ def test_policy_init_takes_a_model_folder(tmp_path):
     (tmp_path / "sft").mkdir()
     result = run_sft(cfg, tmp_path / "sft", tmp_path / "init.pt", tools=True, stage="sft_tool")
     assert result["demos"] == 2 and result["final_loss"] > 0 and (tmp_path / "sft/model.pt").exists()
+
+
+def test_stage_seconds_count_the_note_model_sub_stages(tmp_path):
+    from rl.agent.report import stage_seconds
+
+    def done(stage: str, result: dict) -> None:
+        (tmp_path / stage).mkdir()
+        (tmp_path / stage / "result.json").write_text(json.dumps(result))
+
+    done("note_model", {"model": "m", "data": {"seconds": 60.5}, "pretrain": {"seconds": 300.0, "step": 9}})
+    done("sft_tool", {"seconds": 200.25})
+    done("eval", {"seconds": 50.0})
+    assert stage_seconds(tmp_path) == {"note_model": 360.5, "sft_tool": 200.25, "eval": 50.0}
