@@ -124,7 +124,8 @@ def write_report(cfg: AgentRunConfig, out: Path, models: dict[str, tuple[str, bo
 
 
 def stage_seconds(out: Path) -> dict[str, float]:
-    """Each finished stage's wall time in seconds; the note model's is the sum of its sub-stages'."""
+    """Each finished stage's wall time in seconds; the note model's is the sum of its sub-stages' (none
+    listed when the run started from ``policy.init`` and built no note model)."""
     seconds = {}
     for s in STAGES:
         path = out / s / "result.json"
@@ -133,7 +134,8 @@ def stage_seconds(out: Path) -> dict[str, float]:
         res = json.loads(path.read_text())
         if s == "note_model":
             subs = [v["seconds"] for v in res.values() if isinstance(v, dict) and "seconds" in v]
-            seconds[s] = round(sum(subs), 1)
+            if subs:
+                seconds[s] = round(sum(subs), 1)
         elif res.get("seconds") is not None:
             seconds[s] = res["seconds"]
     return seconds

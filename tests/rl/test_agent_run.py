@@ -431,3 +431,6 @@ def test_stage_seconds_count_the_note_model_sub_stages(tmp_path):
     done("sft_tool", {"seconds": 200.25})
     done("eval", {"seconds": 50.0})
     assert stage_seconds(tmp_path) == {"note_model": 360.5, "sft_tool": 200.25, "eval": 50.0}
+    # a run from policy.init builds no note model: no time listed for it
+    (tmp_path / "note_model" / "result.json").write_text(json.dumps({"build": False, "seconds": 0.0}))
+    assert stage_seconds(tmp_path) == {"sft_tool": 200.25, "eval": 50.0}
