@@ -132,7 +132,7 @@ def zoom_call(task: AgentTask, image: int, box: list[int]) -> dict[str, Any]:
     return {"name": "zoom", "image": image, "box": normalised_box(box, W, H)}
 
 
-DETAIL_ZOOMS = ("target", "tray", "photo_tray", "tiles", "photo_tiles")
+DETAIL_ZOOMS = ("target", "tray", "photo_tray", "tiles", "photo_tiles", "objects")
 """Where a detail demonstration zooms: the asked objects' box, or the whole tray they lie on (larger in
 the downsampled view, so a small policy can find it), or, in a note of several photos, first the whole
 asked photo (:data:`WHOLE`: the photo alone again, as the last image before the policy's next turn) and
@@ -140,7 +140,8 @@ then its tray; or ``tiles`` (``rl.agent.tiles``, in ``tool_modules``) of the tra
 an answer that first says what each tile holds (:func:`tile_inventory`); or ``photo_tiles``: first the
 tiles of the whole asked photo, then "The tray is in tile k." and the tray's tiles, then the same answer
 (the tray is found by picking one of the photo's tiles, each shown alone, instead of reading its place
-off one downsampled view)."""
+off one downsampled view); or ``objects`` (``rl.agent.objects``, in ``tool_modules``) on the tray: each
+tiny object cut out alone, and an answer that first says what each one is (:func:`object_inventory`)."""
 
 
 def tray_box(task: AgentTask, tray: list[int]) -> list[int]:
@@ -170,6 +171,12 @@ def detail_demo(
             say = f"The tray is in tile {tray_tile(task, whole)}. "
         _use(turns, call, task, run_tool, say=say)
         text = f"{tile_inventory(task, call)} <answer>{answer}</answer>"
+        turns.append(DemoTurn("assistant", text, True, plain=answer))
+        return turns
+    if zoom == "objects":
+        call = {**zoom_call(task, m["image"], box), "name": "objects"}
+        _use(turns, call, task, run_tool)
+        text = f"{object_inventory(task, call)} <answer>{answer}</answer>"
         turns.append(DemoTurn("assistant", text, True, plain=answer))
         return turns
     _use(turns, zoom_call(task, m["image"], box), task, run_tool)
@@ -210,6 +217,21 @@ def tile_inventory(task: AgentTask, call: dict) -> str:
         if k is not None:
             held.setdefault(k, f"{article(colour)} {colour} {cat}")
     return " ".join(f"tile {k + 1}: {held.get(k, 'empty')}." for k in range(n * n))
+
+
+def object_inventory(task: AgentTask, call: dict) -> str:
+    """What each object an ``objects`` call on the asked photo shows is, in its order, from the task's tiny
+    objects (``meta["tiny"]``: category, colour, centre in source pixels): "object 1: a red cup. object 2:
+    a blue shell."; an object whose box holds no tiny object's centre is "something else"."""
+    from rl.agent.objects import located
+
+    entries = []
+    for k, found in enumerate(located(task, call["image"], call["box"]), 1):
+        x0, y0, x1, y1 = found.box
+        inside = [(cat, col) for cat, col, cx, cy in task.meta["tiny"] if x0 <= cx < x1 and y0 <= cy < y1]
+        what = f"{article(inside[0][1])} {inside[0][1]} {inside[0][0]}" if inside else "something else"
+        entries.append(f"object {k}: {what}.")
+    return " ".join(entries)
 
 
 def detail_answer(ask: str, value: str, obj: str, bare: bool = False, size: str = "tiny") -> str:

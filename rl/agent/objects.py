@@ -1,0 +1,137 @@
+"""``objects``: the separate objects inside a box of a note image, each cut out on its own at full
+resolution (a built-in tool that is off unless named in ``tool_modules``).
+
+    rl agent --config configs/rl/agent_world.yaml --out runs/o0 \\
+        --set 'tool_modules=[rl.agent.objects]' data.detail_zoom=objects
+
+    <tool>{"name": "objects", "image": 2, "box": [0.36, 0.36, 0.66, 0.66]}</tool>
+    -> "3 objects in image 2 at [0.36, 0.36, 0.66, 0.66], in reading order:" object 1: [img] ... object 3:
+       [img]
+
+A plain region proposer, no model: in the crop of ``box``, an object is a connected region (8-neighbours)
+of pixels that differ from the crop's median colour by more than :data:`CONTRAST` in some channel,
+at least :data:`MIN_PIXELS` large, and not touching the crop's edge (a region cut by the box is left to a
+wider box; the frame of another surface around a tray is one such region). Each object is shown as the
+square around its bounding box padded by :data:`PAD` source pixels, cut from the full-resolution image
+and encoded at the tower's input size: an object 8 px wide in the source fills a third of the view, where
+a ``zoom`` of a whole tray shows it 7 px wide in 64. Objects come in reading order (rows of centres
+:data:`ROW_GAP` px apart or more, top to bottom; left to right within a row), each after its own label
+(" object k:"), at most :data:`MAX_OBJECTS`, the largest kept when there are more.
+
+It suits flat backgrounds (a tray, a table, a screenshot, a document): on a textured one the median is
+no background and the regions are noise. Importing this module registers the tool in
+:data:`rl.agent.tools.TOOLS` (``tool_modules``); without it every other run is unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from rl.agent.task import AgentTask
+from rl.agent.tools import TOOLS, ZOOM_SCHEMA, Observation, box_pixels, check_box, format_box
+
+CONTRAST = 40
+"""Least per-channel difference (0-255) from the crop's median colour that makes a pixel an object's."""
+MIN_PIXELS = 4
+"""Smallest object, in source pixels (smaller regions are noise)."""
+PAD = 6
+"""Source pixels of context around an object's box in its cut-out (the world's ``ZOOM_PAD``)."""
+ROW_GAP = 8
+"""Objects whose centres lie fewer source pixels apart vertically share a row of the reading order."""
+MAX_OBJECTS = 6
+"""Most objects one call shows (each is one image of the model's context)."""
+
+
+class Found(NamedTuple):
+    """One object of a crop: its bounding box in source pixels (``x0, y0, x1, y1``, ends exclusive) and
+    its pixel count."""
+
+    box: tuple[int, int, int, int]
+    pixels: int
+
+
+def find_objects(crop: np.ndarray, offset: tuple[int, int] = (0, 0)) -> list[Found]:
+    """The objects of ``crop`` (``(h, w, 3)`` uint8), in reading order (module docstring); boxes moved by
+    ``offset`` (the crop's top-left ``(x, y)`` in the source)."""
+    import cv2
+
+    h, w = crop.shape[:2]
+    background = np.median(crop.reshape(-1, crop.shape[2]), axis=0)  # (3,)
+    diff = np.abs(crop.astype(np.int16) - background.astype(np.int16)).max(axis=2)  # (h, w)
+    mask = (diff > CONTRAST).astype(np.uint8)
+    n, _, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)  # stats: (n, 5) x, y, w, h, area
+    found = [
+        Found((int(x), int(y), int(x + bw), int(y + bh)), int(area))
+        for x, y, bw, bh, area in stats[1:]
+        if area >= MIN_PIXELS and x > 0 and y > 0 and x + bw < w and y + bh < h
+    ]
+    found = sorted(found, key=lambda f: -f.pixels)[:MAX_OBJECTS]  # the largest, when there are too many
+    ox, oy = offset
+    found = [Found((f.box[0] + ox, f.box[1] + oy, f.box[2] + ox, f.box[3] + oy), f.pixels) for f in found]
+    return reading_order(found)
+
+
+def reading_order(found: list[Found]) -> list[Found]:
+    """``found`` row by row (centres less than :data:`ROW_GAP` apart vertically share a row), top to
+    bottom, each row left to right."""
+    by_y = sorted(found, key=lambda f: (f.box[1] + f.box[3], f.box[0] + f.box[2]))
+    rows: list[list[Found]] = []
+    for f in by_y:
+        cy = (f.box[1] + f.box[3]) / 2
+        if rows and cy - (rows[-1][0].box[1] + rows[-1][0].box[3]) / 2 < ROW_GAP:
+            rows[-1].append(f)
+        else:
+            rows.append([f])
+    return [f for row in rows for f in sorted(row, key=lambda f: f.box[0] + f.box[2])]
+
+
+def cutout_box(box: tuple[int, int, int, int], width: int, height: int) -> tuple[int, int, int, int]:
+    """The square around ``box`` padded by :data:`PAD`, moved (not cut) to lie in the image where it fits."""
+    x0, y0, x1, y1 = box
+    side = min(max(x1 - x0, y1 - y0) + 2 * PAD, width, height)
+    cx, cy = (x0 + x1) // 2, (y0 + y1) // 2
+    x0 = min(max(cx - side // 2, 0), width - side)
+    y0 = min(max(cy - side // 2, 0), height - side)
+    return x0, y0, x0 + side, y0 + side
+
+
+def located(task: AgentTask, image: int, box: list[float]) -> list[Found]:
+    """The objects an ``objects`` call on ``box`` of note image ``image`` finds, in source pixels."""
+    src = task.sources[image - 1]  # (H, W, 3)
+    H, W = src.shape[:2]
+    x0, y0, x1, y1 = box_pixels(box, W, H)
+    return find_objects(src[y0:y1, x0:x1], (x0, y0))
+
+
+def objects(task: AgentTask, image: int, box: list[float]) -> str | Observation:
+    """The objects inside ``box`` of note image ``image``, each cut out at full resolution."""
+    src = task.sources[image - 1]  # (H, W, 3)
+    H, W = src.shape[:2]
+    found = located(task, image, box)
+    where = f"in image {image} at {format_box(box)}"
+    if not found:
+        return f"no objects {where}"
+    crops = []
+    for f in found:
+        a0, b0, a1, b1 = cutout_box(f.box, W, H)
+        crops.append(np.ascontiguousarray(src[b0:b1, a0:a1]))  # (s, s, 3)
+    labels = tuple(f" object {k}:" for k in range(1, len(crops) + 1))
+    text = f"{len(found)} object{'s' if len(found) != 1 else ''} {where}, in reading order:"
+    return Observation(text, crops[0], tuple(crops[1:]), labels)
+
+
+def register(registry=TOOLS) -> None:
+    """Add ``objects`` to ``registry`` (the loop's by default); a registry that has it is left as is."""
+    if "objects" not in registry:
+        registry.register(
+            "objects",
+            objects,
+            dict(ZOOM_SCHEMA),  # image, box: as zoom takes them
+            description="cut out each separate object inside a box of an image, at full resolution",
+            check=check_box,
+        )
+
+
+register()
