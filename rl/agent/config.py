@@ -82,7 +82,8 @@ class DataConfig:
     "photo_tiles" (the tiles of the whole asked photo first, then "The tray is in tile k." and the tray's
     tiles, then the same answer), or "objects" (the ``objects`` tool, ``rl.agent.objects`` in
     ``tool_modules``, on the tray: each tiny object cut out alone; the answer first says what each one is,
-    then gives the value in an ``<answer>`` block; the no-tool baseline answers the value alone)."""
+    then gives the value in an ``<answer>`` block; the no-tool baseline answers the value alone), or
+    "photo_objects" (the same on the whole asked photo, its small objects only: no box to find)."""
     caption_zoom: str = "objects"
     """Where caption demonstrations zoom: "objects" (the tiny objects' padded box, to the pixel) or "tray"
     (the whole tray, as detail and dialogue demonstrations take it)."""
@@ -483,10 +484,13 @@ class AgentRunConfig:
                 f"data.detail_zoom={self.data.detail_zoom} demonstrates the tiles tool, which is off by "
                 "default; add it with 'tool_modules=[rl.agent.tiles]'"
             )
-        if self.data.detail_zoom == "objects" and "rl.agent.objects" not in self.tool_modules:
+        if (
+            self.data.detail_zoom in ("objects", "photo_objects")
+            and "rl.agent.objects" not in self.tool_modules
+        ):
             raise ValueError(
-                "data.detail_zoom=objects demonstrates the objects tool, which is off by default; add it "
-                "with 'tool_modules=[rl.agent.objects]'"
+                f"data.detail_zoom={self.data.detail_zoom} demonstrates the objects tool, which is off by "
+                "default; add it with 'tool_modules=[rl.agent.objects]'"
             )
         if self.note_model.build and self.policy.init is not None:
             raise ValueError(

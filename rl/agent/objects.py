@@ -7,10 +7,12 @@ resolution (a built-in tool that is off unless named in ``tool_modules``).
     <tool>{"name": "objects", "image": 2, "box": [0.36, 0.36, 0.66, 0.66]}</tool>
     -> "3 objects in image 2 at [0.36, 0.36, 0.66, 0.66], in reading order:" object 1: [img] ... object 3:
        [img]
+    <tool>{"name": "objects", "image": 2, "max_size": 0.005}</tool>      # the whole image, small objects only
 
 A plain region proposer, no model: in the crop of ``box``, an object is a connected region (8-neighbours)
 of pixels that differ from the crop's median colour by more than :data:`CONTRAST` in some channel,
-at least :data:`MIN_PIXELS` large, and not touching the crop's edge (a region cut by the box is left to a
+at least :data:`MIN_PIXELS` large (and at most ``max_size`` of the box's area when the call gives it), and
+not touching the crop's edge (a region cut by the box is left to a
 wider box; the frame of another surface around a tray is one such region). Each object is shown as the
 square around its bounding box padded by :data:`PAD` source pixels, cut from the full-resolution image
 and encoded at the tower's input size: an object 8 px wide in the source fills a third of the view, where
@@ -29,19 +31,34 @@ from typing import NamedTuple
 
 import numpy as np
 
+from rl.agent.parse import ParseError
 from rl.agent.task import AgentTask
-from rl.agent.tools import TOOLS, ZOOM_SCHEMA, Observation, box_pixels, check_box, format_box
+from rl.agent.tools import TOOLS, WHOLE, ZOOM_SCHEMA, Observation, box_pixels, check_box, format_box
 
 CONTRAST = 40
 """Least per-channel difference (0-255) from the crop's median colour that makes a pixel an object's."""
-MIN_PIXELS = 4
+MIN_PIXELS = 16
 """Smallest object, in source pixels (smaller regions are noise)."""
 PAD = 6
 """Source pixels of context around an object's box in its cut-out (the world's ``ZOOM_PAD``)."""
 ROW_GAP = 8
 """Objects whose centres lie fewer source pixels apart vertically share a row of the reading order."""
-MAX_OBJECTS = 6
+MAX_OBJECTS = 10
 """Most objects one call shows (each is one image of the model's context)."""
+
+OBJECTS_SCHEMA = {
+    "type": "object",
+    "properties": {
+        **ZOOM_SCHEMA["properties"],  # image, box: as zoom takes them
+        "max_size": {
+            "type": "number",
+            "minimum": 0.0,
+            "maximum": 1.0,
+            "description": "largest object shown, as a share of the box's area (default: any size)",
+        },
+    },
+    "required": ["image"],  # without a box: the whole image
+}
 
 
 class Found(NamedTuple):
@@ -52,9 +69,11 @@ class Found(NamedTuple):
     pixels: int
 
 
-def find_objects(crop: np.ndarray, offset: tuple[int, int] = (0, 0)) -> list[Found]:
-    """The objects of ``crop`` (``(h, w, 3)`` uint8), in reading order (module docstring); boxes moved by
-    ``offset`` (the crop's top-left ``(x, y)`` in the source)."""
+def find_objects(
+    crop: np.ndarray, offset: tuple[int, int] = (0, 0), max_pixels: float | None = None
+) -> list[Found]:
+    """The objects of ``crop`` (``(h, w, 3)`` uint8), in reading order (module docstring), none larger than
+    ``max_pixels`` when given; boxes moved by ``offset`` (the crop's top-left ``(x, y)`` in the source)."""
     import cv2
 
     h, w = crop.shape[:2]
@@ -65,7 +84,12 @@ def find_objects(crop: np.ndarray, offset: tuple[int, int] = (0, 0)) -> list[Fou
     found = [
         Found((int(x), int(y), int(x + bw), int(y + bh)), int(area))
         for x, y, bw, bh, area in stats[1:]
-        if area >= MIN_PIXELS and x > 0 and y > 0 and x + bw < w and y + bh < h
+        if MIN_PIXELS <= area
+        and (max_pixels is None or area <= max_pixels)
+        and x > 0
+        and y > 0
+        and x + bw < w
+        and y + bh < h
     ]
     found = sorted(found, key=lambda f: -f.pixels)[:MAX_OBJECTS]  # the largest, when there are too many
     ox, oy = offset
@@ -97,19 +121,27 @@ def cutout_box(box: tuple[int, int, int, int], width: int, height: int) -> tuple
     return x0, y0, x0 + side, y0 + side
 
 
-def located(task: AgentTask, image: int, box: list[float]) -> list[Found]:
-    """The objects an ``objects`` call on ``box`` of note image ``image`` finds, in source pixels."""
+def located(
+    task: AgentTask, image: int, box: list[float] | None = None, max_size: float | None = None
+) -> list[Found]:
+    """The objects an ``objects`` call on ``box`` (default: the whole image) of note image ``image`` finds,
+    in source pixels."""
     src = task.sources[image - 1]  # (H, W, 3)
     H, W = src.shape[:2]
-    x0, y0, x1, y1 = box_pixels(box, W, H)
-    return find_objects(src[y0:y1, x0:x1], (x0, y0))
+    x0, y0, x1, y1 = box_pixels(box or WHOLE, W, H)
+    limit = None if max_size is None else max_size * (x1 - x0) * (y1 - y0)
+    return find_objects(src[y0:y1, x0:x1], (x0, y0), limit)
 
 
-def objects(task: AgentTask, image: int, box: list[float]) -> str | Observation:
-    """The objects inside ``box`` of note image ``image``, each cut out at full resolution."""
+def objects(
+    task: AgentTask, image: int, box: list[float] | None = None, max_size: float | None = None
+) -> str | Observation:
+    """The objects inside ``box`` (default: the whole image) of note image ``image``, none larger than
+    ``max_size`` of the box's area when given, each cut out at full resolution."""
     src = task.sources[image - 1]  # (H, W, 3)
     H, W = src.shape[:2]
-    found = located(task, image, box)
+    found = located(task, image, box, max_size)
+    box = box or WHOLE
     where = f"in image {image} at {format_box(box)}"
     if not found:
         return f"no objects {where}"
@@ -122,15 +154,20 @@ def objects(task: AgentTask, image: int, box: list[float]) -> str | Observation:
     return Observation(text, crops[0], tuple(crops[1:]), labels)
 
 
+def _check_box(args: dict) -> ParseError | None:
+    return check_box(args) if "box" in args else None
+
+
 def register(registry=TOOLS) -> None:
     """Add ``objects`` to ``registry`` (the loop's by default); a registry that has it is left as is."""
     if "objects" not in registry:
         registry.register(
             "objects",
             objects,
-            dict(ZOOM_SCHEMA),  # image, box: as zoom takes them
-            description="cut out each separate object inside a box of an image, at full resolution",
-            check=check_box,
+            OBJECTS_SCHEMA,
+            description="cut out each separate object inside a box of an image (default: all of it), at full "
+            "resolution",
+            check=_check_box,
         )
 
 

@@ -132,7 +132,7 @@ def zoom_call(task: AgentTask, image: int, box: list[int]) -> dict[str, Any]:
     return {"name": "zoom", "image": image, "box": normalised_box(box, W, H)}
 
 
-DETAIL_ZOOMS = ("target", "tray", "photo_tray", "tiles", "photo_tiles", "objects")
+DETAIL_ZOOMS = ("target", "tray", "photo_tray", "tiles", "photo_tiles", "objects", "photo_objects")
 """Where a detail demonstration zooms: the asked objects' box, or the whole tray they lie on (larger in
 the downsampled view, so a small policy can find it), or, in a note of several photos, first the whole
 asked photo (:data:`WHOLE`: the photo alone again, as the last image before the policy's next turn) and
@@ -141,7 +141,13 @@ an answer that first says what each tile holds (:func:`tile_inventory`); or ``ph
 tiles of the whole asked photo, then "The tray is in tile k." and the tray's tiles, then the same answer
 (the tray is found by picking one of the photo's tiles, each shown alone, instead of reading its place
 off one downsampled view); or ``objects`` (``rl.agent.objects``, in ``tool_modules``) on the tray: each
-tiny object cut out alone, and an answer that first says what each one is (:func:`object_inventory`)."""
+tiny object cut out alone, and an answer that first says what each one is (:func:`object_inventory`); or
+``photo_objects``: the same on the whole asked photo, objects up to :data:`SMALL_OBJECTS` of its area (the
+tiny ones; no box to find)."""
+
+SMALL_OBJECTS = 0.005
+"""``max_size`` of a ``photo_objects`` call: a share of the photo's area above the tiny objects' (at most
+110 of 65,536 source pixels) and below the large ones' (520 and more)."""
 
 
 def tray_box(task: AgentTask, tray: list[int]) -> list[int]:
@@ -173,8 +179,12 @@ def detail_demo(
         text = f"{tile_inventory(task, call)} <answer>{answer}</answer>"
         turns.append(DemoTurn("assistant", text, True, plain=answer))
         return turns
-    if zoom == "objects":
-        call = {**zoom_call(task, m["image"], box), "name": "objects"}
+    if zoom in ("objects", "photo_objects"):
+        call = (
+            {**zoom_call(task, m["image"], box), "name": "objects"}
+            if zoom == "objects"
+            else {"name": "objects", "image": m["image"], "max_size": SMALL_OBJECTS}
+        )
         _use(turns, call, task, run_tool)
         text = f"{object_inventory(task, call)} <answer>{answer}</answer>"
         turns.append(DemoTurn("assistant", text, True, plain=answer))
@@ -226,7 +236,7 @@ def object_inventory(task: AgentTask, call: dict) -> str:
     from rl.agent.objects import located
 
     entries = []
-    for k, found in enumerate(located(task, call["image"], call["box"]), 1):
+    for k, found in enumerate(located(task, call["image"], call.get("box"), call.get("max_size")), 1):
         x0, y0, x1, y1 = found.box
         inside = [(cat, col) for cat, col, cx, cy in task.meta["tiny"] if x0 <= cx < x1 and y0 <= cy < y1]
         what = f"{article(inside[0][1])} {inside[0][1]} {inside[0][0]}" if inside else "something else"

@@ -74,12 +74,15 @@ def test_objects_are_found_to_the_pixel_in_reading_order(objects_tool, noise):
 
 
 def test_the_largest_objects_are_kept_when_there_are_too_many(objects_tool):
-    img = np.full((40, 100, 3), 120, np.uint8)
-    for k in range(8):  # 8 squares, sides 2..9 px, left to right in one row
-        img[20 : 20 + k + 2, 5 + 12 * k : 5 + 12 * k + k + 2] = 250
+    img = np.full((40, 200, 3), 120, np.uint8)
+    for k in range(12):  # 12 squares, sides 3..14 px, left to right in one row
+        img[12 : 12 + k + 3, 5 + 16 * k : 5 + 16 * k + k + 3] = 250
     found = objects_tool.find_objects(img)
-    assert len(found) == objects_tool.MAX_OBJECTS == 6
-    assert [f.box[2] - f.box[0] for f in found] == [4, 5, 6, 7, 8, 9]  # the six largest, left to right
+    assert len(found) == objects_tool.MAX_OBJECTS == 10
+    assert [f.box[2] - f.box[0] for f in found] == list(range(5, 15))  # the ten largest, left to right
+    # 3 x 3 = 9 px is below MIN_PIXELS, 4 x 4 = 16 is not: with at most 100 px, sides 4..10 are left
+    small = objects_tool.find_objects(img, max_pixels=100)
+    assert [f.box[2] - f.box[0] for f in small] == [4, 5, 6, 7, 8, 9, 10]
 
 
 @pytest.mark.parametrize(
@@ -106,6 +109,13 @@ def test_the_tool_shows_each_object_after_its_label(objects_tool):
     x0, y0, x1, y1 = objects_tool.cutout_box((20, 30, 30, 40), 80, 60)
     np.testing.assert_array_equal(obs.images[2], img[y0:y1, x0:x1])  # the full-resolution pixels
     assert [im.shape for im in obs.images] == [(17, 17, 3), (20, 20, 3), (22, 22, 3)]
+    small = '<tool>{"name": "objects", "image": 2, "max_size": 0.009}</tool>'  # whole image, <= 43.2 px
+    obs = TOOLS.run(parse_call(small, TOOLS, n_images=2), task)
+    assert obs.text == "1 object in image 2 at [0.00, 0.00, 1.00, 1.00], in reading order:"
+    assert obs.labels == (" object 1:",) and obs.images[0].shape == (17, 17, 3)  # the 25-px one
+    for bad in ('"max_size": 1.5', '"box": [0.5, 0.0, 0.2, 1.0]'):
+        call = parse_call(f'<tool>{{"name": "objects", "image": 2, {bad}}}</tool>', TOOLS, n_images=2)
+        assert call.reason in ("bad_value", "bad_box")
     empty = '<tool>{"name": "objects", "image": 2, "box": [0.0, 0.7, 0.3, 1.0]}</tool>'
     assert TOOLS.run(parse_call(empty, TOOLS, n_images=2), task) == Observation(
         "no objects in image 2 at [0.00, 0.70, 0.30, 1.00]"
@@ -119,18 +129,21 @@ def _world_tasks(n: int):
     return list(world_tasks(cfg, "detail", "train", n))
 
 
-def test_object_demonstrations_name_every_tiny_object_once(objects_tool):
-    from rl.agent.world_demos import answer_turns, demonstration, policy_turns
+@pytest.mark.parametrize("zoom", ["objects", "photo_objects"])
+def test_object_demonstrations_name_every_tiny_object_once(objects_tool, zoom):
+    from rl.agent.world_demos import SMALL_OBJECTS, answer_turns, demonstration, policy_turns
 
     for task in _world_tasks(24):
-        turns = demonstration(task, detail_zoom="objects", bare_answers=True)
+        turns = demonstration(task, detail_zoom=zoom, bare_answers=True)
         assert [t.role for t in turns] == ["user", "assistant", "tool", "assistant"]
         call, answer = turns[1].call, turns[-1]
         assert call["name"] == "objects" and call["image"] == task.meta["image"]
+        if zoom == "photo_objects":  # the whole photo, small objects only: no box
+            assert call == {"name": "objects", "image": task.meta["image"], "max_size": SMALL_OBJECTS}
         inventory, value = answer.text.split(" <answer>")
         entries = inventory.split(". ")
         assert [e.split(":")[0] for e in entries] == [f"object {k}" for k in range(1, len(entries) + 1)]
-        named = Counter(tuple(e.rstrip(".").split()[-2:]) for e in entries)  # (colour, category)
+        named = Counter(tuple(e.rstrip(".").split()[-2:]) for e in entries if "something else" not in e)
         assert named == Counter((colour, cat) for cat, colour, *_ in task.meta["tiny"])
         if task.meta["ask"] == "count":
             assert sum(n for (_, cat), n in named.items() if cat == task.meta["object"]) == int(task.answer)
@@ -156,7 +169,7 @@ def test_cli_runs_with_objects(objects_tool, tmp_path):
     from rl.agent.loop import instructions
     from rl.agent.stages import build_backend, demo_trajectories, train_tasks
 
-    assert "objects(image, box)" in instructions(TOOLS)  # the policy is told of it
+    assert "objects(image, box, max_size)" in instructions(TOOLS)  # the policy is told of it
     cfg = load_config(AgentRunConfig, out / "config.yaml")
     trajs = demo_trajectories(build_backend(cfg), cfg, train_tasks(cfg), tools=True)
     detail = [t for t in trajs if t.task.kind == "detail"]
