@@ -80,17 +80,11 @@ def find_objects(
     background = np.median(crop.reshape(-1, crop.shape[2]), axis=0)  # (3,)
     diff = np.abs(crop.astype(np.int16) - background.astype(np.int16)).max(axis=2)  # (h, w)
     mask = (diff > CONTRAST).astype(np.uint8)
-    n, _, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)  # stats: (n, 5) x, y, w, h, area
-    found = [
-        Found((int(x), int(y), int(x + bw), int(y + bh)), int(area))
-        for x, y, bw, bh, area in stats[1:]
-        if MIN_PIXELS <= area
-        and (max_pixels is None or area <= max_pixels)
-        and x > 0
-        and y > 0
-        and x + bw < w
-        and y + bh < h
-    ]
+    _, _, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)  # (n, 5): x, y, w, h, area
+    x, y, bw, bh, area = stats[1:].T  # (n - 1,) each; row 0 is the background
+    limit = np.inf if max_pixels is None else max_pixels
+    keep = (x > 0) & (y > 0) & (x + bw < w) & (y + bh < h) & (area >= MIN_PIXELS) & (area <= limit)
+    found = [Found((int(a), int(b), int(a + c), int(b + d)), int(n)) for a, b, c, d, n in stats[1:][keep]]
     found = sorted(found, key=lambda f: -f.pixels)[:MAX_OBJECTS]  # the largest, when there are too many
     ox, oy = offset
     found = [Found((f.box[0] + ox, f.box[1] + oy, f.box[2] + ox, f.box[3] + oy), f.pixels) for f in found]
