@@ -2,6 +2,7 @@
 
     python -m rl.agent.read_probe runs/sft/model --seed 0 --notes 96
     python -m rl.agent.read_probe runs/sft/model --detail --tray-spots 3 --set detail.tiny_radius_min=6
+    python -m rl.agent.read_probe runs/sft/model --objects --tray-spots 3 --notes 48
 
 The model captions ("Describe the photo.", greedy) each test caption task's photo as a whole and its
 tray as a zoom crop returns it; a caption *mentions* an object when it holds the object's name, and its
@@ -14,6 +15,10 @@ sees the asked photo's tray as the detail demonstrations' zoom crops it and is a
 in the words of the SFT tasks ``colour_answer`` / ``count_answer`` ("What colour is the cup in this
 photo?", "How many cups are in this photo?"); accuracy per ask, against the share of the most common true
 answer (what one constant answer scores), and the answers the model gives.
+
+``--objects``: how the ``objects`` tool cuts up the asked photos of test detail tasks (the tray's tiny
+objects exactly? on the whole photo, every tiny one, and how many other regions?) and whether the model
+names the category (and colour) of each tiny object it cuts out of the tray (:func:`object_reading`).
 """
 
 from __future__ import annotations
@@ -131,6 +136,50 @@ def detail_reading(backend: AgentBackend, cfg: WorldTaskConfig, tasks: int, *, b
     return out
 
 
+def object_reading(backend: AgentBackend, cfg: WorldTaskConfig, tasks: int, *, batch_size: int = 16) -> dict:
+    """``--objects``: how the ``objects`` tool (``rl.agent.objects``) cuts up the asked photos of ``tasks``
+    test detail tasks, and whether the model names each tiny object it cuts out of the tray.
+
+    ``trays_exact``: trays whose objects are exactly the tiny ones; on the whole photo with
+    ``SMALL_OBJECTS`` (``photo_objects``): ``tiny_missed`` and the count of other regions per photo; then
+    the share of the tray's cut-outs whose caption ("Describe the photo.") holds the category, and colour
+    and category, of the tiny object at its centre."""
+    from rl.agent.objects import located, objects
+    from rl.agent.world_demos import SMALL_OBJECTS
+
+    def holds(f: Any, o: Sequence) -> bool:  # o: [category, colour, cx, cy]
+        return f.box[0] <= o[2] < f.box[2] and f.box[1] <= o[3] < f.box[3]
+
+    items = list(world_tasks(cfg, "detail", "test", tasks))
+    images, truth, exact, missed, others = [], [], 0, 0, Counter()
+    for t in items:
+        tiny = t.meta["tiny"]
+        box = zoom_call(t, t.meta["image"], tray_box(t, t.meta["tray"]))["box"]
+        found = located(t, t.meta["image"], box)
+        exact += len(found) == len(tiny) and all(sum(holds(f, o) for f in found) == 1 for o in tiny)
+        obs = objects(t, t.meta["image"], box)
+        for f, image in zip(found, getattr(obs, "images", ())):
+            inside = [o for o in tiny if holds(f, o)]
+            if inside:
+                images.append(image)
+                truth.append(inside[0][:2])
+        whole = located(t, t.meta["image"], None, SMALL_OBJECTS)
+        missed += sum(not any(holds(f, o) for f in whole) for o in tiny)
+        others[len(whole) - sum(any(holds(f, o) for o in tiny) for f in whole)] += 1
+    said = captions(backend, images, batch_size=batch_size, max_new_tokens=24)
+    n = max(len(images), 1)
+    return {
+        "seed": cfg.seed,
+        "tasks": len(items),
+        "trays_exact": exact,
+        "photo": {"tiny_missed": missed, "other_regions": dict(sorted(others.items()))},
+        "cutouts": len(images),
+        "category": sum(cat in s for (cat, _), s in zip(truth, said)) / n,
+        "colour_and_category": sum(f"{col} {cat}" in s for (cat, col), s in zip(truth, said)) / n,
+        "examples": said[:3],
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from mm.model.adapter.load import load_adapter
     from rl.agent.backend import backend_for
@@ -146,6 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--detail", action="store_true", help="ask test detail tasks' questions on the right tray zoom"
     )
     parser.add_argument(
+        "--objects",
+        action="store_true",
+        help="the objects tool's cut-outs of the asked tray, named one by one",
+    )
+    parser.add_argument(
         "--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
         help="world settings, as rl agent's world: section (detail.tiny_radius_min=6)",
     )  # fmt: skip
@@ -156,7 +210,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         parser.error(str(err))
     backend = backend_for(load_adapter(args.model))
-    result = detail_reading(backend, cfg, args.notes) if args.detail else read_probe(backend, cfg, args.notes)
+    if args.objects:
+        result = object_reading(backend, cfg, args.notes)
+    else:
+        result = (
+            detail_reading(backend, cfg, args.notes) if args.detail else read_probe(backend, cfg, args.notes)
+        )
     print(json.dumps(result, indent=1))
     return 0
 

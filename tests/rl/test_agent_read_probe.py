@@ -94,3 +94,21 @@ def test_cli_world_settings_reach_the_tasks_and_bad_keys_are_refused(tmp_path, c
     with pytest.raises(SystemExit) as info:
         main([str(tmp_path / "m"), "--set", "detail.bogus=1"])
     assert info.value.code == 2 and "unknown key 'detail.bogus'" in capsys.readouterr().err
+
+
+def test_objects_cli_on_a_tiny_model(tmp_path, capsys, monkeypatch):
+    import sys
+
+    from rl.agent.tools import TOOLS
+
+    monkeypatch.setattr(TOOLS, "_tools", dict(TOOLS._tools))  # importing rl.agent.objects registers its tool
+    monkeypatch.delitem(sys.modules, "rl.agent.objects", raising=False)
+    adapter = tiny_notevlm()
+    adapter.model.save_pretrained(str(tmp_path / "m"))
+    adapter.processor.save_pretrained(tmp_path / "m")
+    assert main([str(tmp_path / "m"), "--notes", "4", "--objects", "--tray-spots", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # the tool cuts out exactly the tray's tiny objects, and every one of them on the whole photo
+    assert out["tasks"] == 4 and out["trays_exact"] == 4 and out["photo"]["tiny_missed"] == 0
+    assert out["cutouts"] >= 12 and sum(out["photo"]["other_regions"].values()) == 4
+    assert 0.0 <= out["colour_and_category"] <= out["category"] <= 1.0
