@@ -119,3 +119,46 @@ def forced(backend_cls, adapter, script: dict[str, Sequence[str]]):
             return {"logits_processor": LogitsProcessorList([ForceScript(self, script, prompt_length)])}
 
     return Forced(adapter)
+
+
+def run_tool_module(tmp_path, config, sets: Sequence[str]):
+    """A two-step ``rl agent`` run of ``config`` with ``sets`` (a tool module's demonstrations), checked to
+    evaluate every kind; returns its config and its tool demonstrations' detail trajectories."""
+    import json
+
+    from mm.config import load_config
+    from rl.agent.config import AgentRunConfig
+    from rl.agent.stages import build_backend, demo_trajectories, train_tasks
+    from rl.cli import main
+
+    out = tmp_path / "run"
+    short = ["data.train_tasks=4", "sft.steps=2", "grpo.steps=1", "eval.n_boot=20"]
+    assert main(["agent", "--config", str(config), "--out", str(out), "--set", *short, *sets]) == 0
+    rows = [json.loads(x) for x in (out / "eval/tool_sft.jsonl").read_text().splitlines()]
+    assert {r["kind"] for r in rows} == {"caption", "change", "detail", "dialogue"}
+    cfg = load_config(AgentRunConfig, out / "config.yaml")
+    trajs = demo_trajectories(build_backend(cfg), cfg, train_tasks(cfg), tools=True)
+    return cfg, [t for t in trajs if t.task.kind == "detail"]
+
+
+def tool_module(monkeypatch, name: str):
+    """A fixture's body: tool module ``name`` imported afresh (registering its tools) into a copy of the
+    loop's registry; the registry is restored and the module forgotten at the test's end."""
+    import importlib
+    import sys
+
+    from rl.agent.tools import TOOLS
+
+    monkeypatch.setattr(TOOLS, "_tools", dict(TOOLS._tools))
+    sys.modules.pop(name, None)
+    yield importlib.import_module(name)
+    sys.modules.pop(name, None)
+
+
+def tray_detail_tasks(n: int) -> list[AgentTask]:
+    """The first ``n`` train detail tasks of world 0 with trays at 3 x 3 spots (``agent_world.yaml``)."""
+    from mm.config import load_config
+    from rl.agent.world_tasks import WorldTaskConfig, world_tasks
+
+    cfg = load_config(WorldTaskConfig, None, ["seed=0", "detail.tray_spots=3"])
+    return list(world_tasks(cfg, "detail", "train", n))

@@ -4,8 +4,6 @@ object demonstrations name every tiny object of the tray once; ``rl agent`` runs
 
 from __future__ import annotations
 
-import json
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from rl.agent.config import AgentRunConfig
 from rl.agent.parse import parse_call
 from rl.agent.task import AgentTask
 from rl.agent.tools import TOOLS, Observation
+from tests.rl.agent_helpers import run_tool_module, tool_module, tray_detail_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs/rl/agent_tiny.yaml"
@@ -25,12 +24,7 @@ TINY = ROOT / "configs/rl/agent_tiny.yaml"
 @pytest.fixture
 def objects_tool(monkeypatch):
     """``rl.agent.objects`` imported (its tool registered); the loop's registry restored afterwards."""
-    monkeypatch.setattr(TOOLS, "_tools", dict(TOOLS._tools))
-    sys.modules.pop("rl.agent.objects", None)
-    import rl.agent.objects as module
-
-    yield module
-    sys.modules.pop("rl.agent.objects", None)
+    yield from tool_module(monkeypatch, "rl.agent.objects")
 
 
 def _scene(noise: int = 0, seed: int = 0) -> np.ndarray:
@@ -122,18 +116,11 @@ def test_the_tool_shows_each_object_after_its_label(objects_tool):
     )
 
 
-def _world_tasks(n: int):
-    from rl.agent.world_tasks import WorldTaskConfig, world_tasks
-
-    cfg = load_config(WorldTaskConfig, None, ["seed=0", "detail.tray_spots=3"])
-    return list(world_tasks(cfg, "detail", "train", n))
-
-
 @pytest.mark.parametrize("zoom", ["objects", "photo_objects"])
 def test_object_demonstrations_name_every_tiny_object_once(objects_tool, zoom):
     from rl.agent.world_demos import SMALL_OBJECTS, answer_turns, demonstration, policy_turns
 
-    for task in _world_tasks(24):
+    for task in tray_detail_tasks(24):
         turns = demonstration(task, detail_zoom=zoom, bare_answers=True)
         assert [t.role for t in turns] == ["user", "assistant", "tool", "assistant"]
         call, answer = turns[1].call, turns[-1]
@@ -157,22 +144,13 @@ def test_object_demonstrations_need_the_module(objects_tool):
 
 
 def test_cli_runs_with_objects(objects_tool, tmp_path):
-    from rl.cli import main
-
-    out = tmp_path / "run"
-    sets = ["data.train_tasks=4", "sft.steps=2", "grpo.steps=1", "eval.n_boot=20", "data.detail_zoom=objects",
-            "tool_modules=[rl.agent.objects]", "policy.overrides=[max_images=12,max_length=1024]",
-            "rollout.max_new_tokens=128", "rollout.max_tokens=256"]  # fmt: skip
-    assert main(["agent", "--config", str(TINY), "--out", str(out), "--set", *sets]) == 0
-    rows = [json.loads(x) for x in (out / "eval/tool_sft.jsonl").read_text().splitlines()]
-    assert {r["kind"] for r in rows} == {"caption", "change", "detail", "dialogue"}
     from rl.agent.loop import instructions
-    from rl.agent.stages import build_backend, demo_trajectories, train_tasks
 
+    sets = ["data.detail_zoom=objects", "tool_modules=[rl.agent.objects]",
+            "policy.overrides=[max_images=12,max_length=1024]", "rollout.max_new_tokens=128",
+            "rollout.max_tokens=256"]  # fmt: skip
+    _, detail = run_tool_module(tmp_path, TINY, sets)
     assert "objects(image, box, max_size)" in instructions(TOOLS)  # the policy is told of it
-    cfg = load_config(AgentRunConfig, out / "config.yaml")
-    trajs = demo_trajectories(build_backend(cfg), cfg, train_tasks(cfg), tools=True)
-    detail = [t for t in trajs if t.task.kind == "detail"]
     assert {t.calls[0].call.name for t in detail} == {"objects"}
     # each object's cut-out is one more image of the trajectory, as the tool returned it
     assert all(len(t.images) == len(t.task.sources) + len(t.task.meta["tiny"]) for t in detail)

@@ -4,8 +4,6 @@ holds, and ``rl agent`` runs with it end to end; without the module nothing chan
 
 from __future__ import annotations
 
-import json
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from rl.agent.config import AgentRunConfig
 from rl.agent.parse import ParseError, parse_call
 from rl.agent.task import AgentTask
 from rl.agent.tools import TOOLS, Observation, tile_bounds
+from tests.rl.agent_helpers import run_tool_module, tool_module, tray_detail_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs/rl/agent_tiny.yaml"
@@ -25,12 +24,7 @@ TINY = ROOT / "configs/rl/agent_tiny.yaml"
 @pytest.fixture
 def tiles_tool(monkeypatch):
     """``rl.agent.tiles`` imported (its tool registered); the loop's registry restored afterwards."""
-    monkeypatch.setattr(TOOLS, "_tools", dict(TOOLS._tools))
-    sys.modules.pop("rl.agent.tiles", None)
-    import rl.agent.tiles as module
-
-    yield module
-    sys.modules.pop("rl.agent.tiles", None)
+    yield from tool_module(monkeypatch, "rl.agent.tiles")
 
 
 def _task(*sources: np.ndarray, meta: dict | None = None) -> AgentTask:
@@ -112,20 +106,13 @@ def test_labels_come_before_their_images_in_the_ids(tiles_tool):
     ]  # fmt: skip
 
 
-def _world_tasks(n: int):
-    from rl.agent.world_tasks import WorldTaskConfig, world_tasks
-
-    cfg = load_config(WorldTaskConfig, None, ["seed=0", "detail.tray_spots=3"])
-    return list(world_tasks(cfg, "detail", "train", n))
-
-
 @pytest.mark.parametrize("zoom", ["tiles", "photo_tiles"])
 def test_tile_demonstrations_say_what_each_tile_holds(tiles_tool, zoom):
     from rl.agent.scoring import first_aim
     from rl.agent.tools import box_pixels
     from rl.agent.world_demos import answer_turns, demonstration, policy_turns
 
-    for task in _world_tasks(12):
+    for task in tray_detail_tasks(12):
         turns = demonstration(task, detail_zoom=zoom, bare_answers=True)
         assert [t.role for t in turns] == [
             "user",
@@ -171,7 +158,7 @@ def test_tile_demonstrations_say_what_each_tile_holds(tiles_tool, zoom):
     backend = build_backend(
         load_config(AgentRunConfig, TINY, ["policy.overrides=[max_images=24,max_length=1024]"])
     )
-    tasks = _world_tasks(2)
+    tasks = tray_detail_tasks(2)
     demos = {t.task_id: policy_turns(demonstration(t, detail_zoom=zoom, bare_answers=True)) for t in tasks}
     trajs = rollout(backend, tasks, LoopConfig(max_new_tokens=256, max_tokens=512),
                     policy=scripted_policy(backend, demos))  # fmt: skip
@@ -190,34 +177,26 @@ def test_tiles_demonstrations_need_the_module_and_room_for_the_tiles(tiles_tool,
     sets = ["data.detail_zoom=tiles", "tool_modules=[rl.agent.tiles]"]
     cfg = load_config(AgentRunConfig, TINY, sets)  # the call is longer than a 64-token turn
     with pytest.warns(UserWarning, match="2 of 2 demonstrations are cut: a turn longer than rollout.max_new"):
-        demo_trajectories(build_backend(cfg), cfg, _world_tasks(2), tools=True)
+        demo_trajectories(build_backend(cfg), cfg, tray_detail_tasks(2), tools=True)
     cfg = load_config(AgentRunConfig, TINY, [*sets, "rollout.max_new_tokens=128", "rollout.max_tokens=256"])
     with pytest.warns(
         UserWarning, match="2 demonstrations are cut: images beyond max_images"
     ):  # 8: photos + 9
-        demo_trajectories(build_backend(cfg), cfg, _world_tasks(2), tools=True)
+        demo_trajectories(build_backend(cfg), cfg, tray_detail_tasks(2), tools=True)
     sets = ["data.detail_zoom=photo_tiles", "tool_modules=[rl.agent.tiles]", "rollout.max_new_tokens=192",
             "rollout.max_tokens=512", "policy.overrides=[max_images=24,max_length=1024]",
             "rollout.max_length=500"]  # fmt: skip
     cfg = load_config(AgentRunConfig, TINY, sets)  # 18 tiles and a photo: 19 x 18 image ids and the text
     with pytest.warns(UserWarning, match="are cut: longer than rollout.max_length"):
-        demo_trajectories(build_backend(cfg), cfg, _world_tasks(2), tools=True)
+        demo_trajectories(build_backend(cfg), cfg, tray_detail_tasks(2), tools=True)
 
 
 def test_cli_runs_with_tiles(tiles_tool, tmp_path):
-    from rl.cli import main
-
-    out = tmp_path / "run"
-    sets = ["data.train_tasks=4", "sft.steps=2", "grpo.steps=1", "eval.n_boot=20", "data.detail_zoom=tiles",
-            "tool_modules=[rl.agent.tiles]", "policy.overrides=[max_images=16,max_length=1024]",
-            "rollout.max_new_tokens=128", "rollout.max_tokens=256"]  # fmt: skip
-    assert main(["agent", "--config", str(TINY), "--out", str(out), "--set", *sets]) == 0
-    rows = [json.loads(x) for x in (out / "eval/tool_sft.jsonl").read_text().splitlines()]
-    assert {r["kind"] for r in rows} == {"caption", "change", "detail", "dialogue"}
     from rl.agent.loop import instructions
-    from rl.agent.stages import build_backend, demo_trajectories, train_tasks
 
+    sets = ["data.detail_zoom=tiles", "tool_modules=[rl.agent.tiles]",
+            "policy.overrides=[max_images=16,max_length=1024]", "rollout.max_new_tokens=128",
+            "rollout.max_tokens=256"]  # fmt: skip
+    _, detail = run_tool_module(tmp_path, TINY, sets)
     assert "tiles(image, box, grid)" in instructions(TOOLS)  # the policy is told of it
-    cfg = load_config(AgentRunConfig, out / "config.yaml")
-    trajs = demo_trajectories(build_backend(cfg), cfg, train_tasks(cfg), tools=True)
-    assert {t.calls[0].call.name for t in trajs if t.task.kind == "detail"} == {"tiles"}
+    assert {t.calls[0].call.name for t in detail} == {"tiles"}
