@@ -15,7 +15,7 @@ from rl.advantages import ADVANTAGE_SCALES
 from rl.agent.perception import PERCEPTION_VIEWS
 from rl.agent.simulator import SimulatorConfig
 from rl.agent.task import KINDS
-from rl.agent.world_demos import CAPTION_ZOOMS, CHANGE_ZOOMS, DETAIL_ZOOMS, DIALOGUE_ZOOMS
+from rl.agent.world_demos import CAPTION_ZOOMS, CHANGE_ZOOMS, DETAIL_ZOOMS, DIALOGUE_ZOOMS, ZOOM_TOOL_MODULES
 from rl.agent.world_tasks import SPLITS, WorldTaskConfig
 from rl.losses import AGG_MODES
 from rl.pipeline import StageSpec
@@ -479,18 +479,11 @@ class AgentRunConfig:
     """torch CPU threads (0 = torch's default)."""
 
     def __post_init__(self) -> None:
-        if self.data.detail_zoom in ("tiles", "photo_tiles") and "rl.agent.tiles" not in self.tool_modules:
+        module = ZOOM_TOOL_MODULES.get(self.data.detail_zoom)
+        if module is not None and module not in self.tool_modules:
             raise ValueError(
-                f"data.detail_zoom={self.data.detail_zoom} demonstrates the tiles tool, which is off by "
-                "default; add it with 'tool_modules=[rl.agent.tiles]'"
-            )
-        if (
-            self.data.detail_zoom in ("objects", "photo_objects")
-            and "rl.agent.objects" not in self.tool_modules
-        ):
-            raise ValueError(
-                f"data.detail_zoom={self.data.detail_zoom} demonstrates the objects tool, which is off by "
-                "default; add it with 'tool_modules=[rl.agent.objects]'"
+                f"data.detail_zoom={self.data.detail_zoom} demonstrates a tool that is off by default; "
+                f"add it with 'tool_modules=[{module}]'"
             )
         if self.note_model.build and self.policy.init is not None:
             raise ValueError(

@@ -18,12 +18,13 @@ value alone as its answer, and ``where`` (the asked objects' photo and box), so 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 from dataclasses import replace
 from pathlib import Path
 
 from rl.agent.task import AgentTask
-from rl.agent.world_demos import DETAIL_ZOOMS, demonstration
+from rl.agent.world_demos import DETAIL_ZOOMS, ZOOM_TOOL_MODULES, demonstration
 from rl.agent.world_tasks import SPLITS, WorldTaskConfig, world_tasks
 
 
@@ -83,9 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(AgentRunConfig, args.config)
         world, zoom = cfg.world, cfg.data.detail_zoom
     world = replace(world, seed=world.seed if args.seed is None else args.seed)
-    path = export_tasks(
-        world, Path(args.out), args.split, args.tasks, start=args.start, zoom=args.zoom or zoom
-    )
+    zoom = args.zoom or zoom
+    if zoom in ZOOM_TOOL_MODULES:  # an opt-in tool the demonstrations call
+        importlib.import_module(ZOOM_TOOL_MODULES[zoom])
+    path = export_tasks(world, Path(args.out), args.split, args.tasks, start=args.start, zoom=zoom)
     print(f"[task_export] {args.tasks} tasks: {path}")
     return 0
 

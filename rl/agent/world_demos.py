@@ -145,6 +145,14 @@ tiny object cut out alone, and an answer that first says what each one is (:func
 ``photo_objects``: the same on the whole asked photo, objects up to :data:`SMALL_OBJECTS` of its area (the
 tiny ones; no box to find)."""
 
+ZOOM_TOOL_MODULES = {
+    "tiles": "rl.agent.tiles",
+    "photo_tiles": "rl.agent.tiles",
+    "objects": "rl.agent.objects",
+    "photo_objects": "rl.agent.objects",
+}
+"""The opt-in tool module (``tool_modules``) each detail zoom that calls one needs."""
+
 SMALL_OBJECTS = 0.005
 """``max_size`` of a ``photo_objects`` call: a share of the photo's area above the tiny objects' (at most
 110 of 65,536 source pixels) and below the large ones' (520 and more)."""

@@ -4,6 +4,8 @@ object demonstrations name every tiny object of the tray once; ``rl agent`` runs
 
 from __future__ import annotations
 
+import json
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -154,3 +156,14 @@ def test_cli_runs_with_objects(objects_tool, tmp_path):
     assert {t.calls[0].call.name for t in detail} == {"objects"}
     # each object's cut-out is one more image of the trajectory, as the tool returned it
     assert all(len(t.images) == len(t.task.sources) + len(t.task.meta["tiny"]) for t in detail)
+
+
+def test_task_export_brings_the_tool_its_demonstrations_call(objects_tool, tmp_path, capsys):
+    from rl.agent.task_export import main
+
+    sys.modules.pop("rl.agent.objects")  # as in a fresh process: neither the module nor its tool
+    del TOOLS._tools["objects"]  # (the fixture's copy of the registry)
+    assert main(["--out", str(tmp_path), "--tasks", "2", "--zoom", "photo_objects"]) == 0
+    assert "objects" in TOOLS and "2 tasks" in capsys.readouterr().out
+    rows = [json.loads(x) for x in (tmp_path / "train.jsonl").read_text().splitlines()]
+    assert [[call["name"] for call in r["demo"]] for r in rows] == [["objects"], ["objects"]]
