@@ -83,7 +83,9 @@ class DataConfig:
     tiles, then the same answer), or "objects" (the ``objects`` tool, ``rl.agent.objects`` in
     ``tool_modules``, on the tray: each tiny object cut out alone; the answer first says what each one is,
     then gives the value in an ``<answer>`` block; the no-tool baseline answers the value alone), or
-    "photo_objects" (the same on the whole asked photo, its small objects only: no box to find)."""
+    "photo_objects" (the same on the whole asked photo, its small objects only: no box to find), or "find"
+    (the ``find`` tool, ``rl.agent.find`` in ``tool_modules``, on the whole asked photo for the asked thing in
+    the question's words: the regions the policy's starting model names so, then the answer)."""
     caption_zoom: str = "objects"
     """Where caption demonstrations zoom: "objects" (the tiny objects' padded box, to the pixel) or "tray"
     (the whole tray, as detail and dialogue demonstrations take it)."""

@@ -56,7 +56,7 @@ from rl.agent.ppo import run_ppo
 from rl.agent.report import write_report
 from rl.agent.stages import build_backend, run_grpo, run_sft, save_weights, train_tasks
 from rl.agent.task_file import file_digest
-from rl.agent.tools import import_tool_modules
+from rl.agent.tools import configure_tool_modules, import_tool_modules
 
 STAGES = (
     "note_model",
@@ -188,8 +188,10 @@ def run_agent(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     for stage in STAGES:
-        if stage == "init" and cfg.note_model.build:  # every stage from here starts from the note model
-            cfg = starting_from_it(cfg, out / "note_model")
+        if stage == "init":
+            if cfg.note_model.build:  # every stage from here starts from the note model
+                cfg = starting_from_it(cfg, out / "note_model")
+            configure_tool_modules(cfg.tool_modules, cfg)  # a tool that needs the starting model
         barrier()  # every rank decides from what rank 0 wrote
         if _done(out, stage, cfg):
             log(f"[agent] {stage}: done before, skipped")

@@ -391,3 +391,15 @@ def import_tool_modules(names: list[str], registry: ToolRegistry | None = None) 
             )
         added += new
     return added
+
+
+def configure_tool_modules(names: list[str], cfg: Any) -> None:
+    """Call ``configure(cfg)`` of each module of ``names`` that defines one, once the run knows the policy's
+    start (``rl agent``'s config, ``policy.init`` filled in): a tool that needs a model takes it there
+    (``rl.agent.find``'s namer)."""
+    import importlib
+
+    for name in names:
+        hook = getattr(importlib.import_module(name), "configure", None)
+        if callable(hook):
+            hook(cfg)

@@ -132,7 +132,7 @@ def zoom_call(task: AgentTask, image: int, box: list[int]) -> dict[str, Any]:
     return {"name": "zoom", "image": image, "box": normalised_box(box, W, H)}
 
 
-DETAIL_ZOOMS = ("target", "tray", "photo_tray", "tiles", "photo_tiles", "objects", "photo_objects")
+DETAIL_ZOOMS = ("target", "tray", "photo_tray", "tiles", "photo_tiles", "objects", "photo_objects", "find")
 """Where a detail demonstration zooms: the asked objects' box, or the whole tray they lie on (larger in
 the downsampled view, so a small policy can find it), or, in a note of several photos, first the whole
 asked photo (:data:`WHOLE`: the photo alone again, as the last image before the policy's next turn) and
@@ -143,13 +143,16 @@ tiles of the whole asked photo, then "The tray is in tile k." and the tray's til
 off one downsampled view); or ``objects`` (``rl.agent.objects``, in ``tool_modules``) on the tray: each
 tiny object cut out alone, and an answer that first says what each one is (:func:`object_inventory`); or
 ``photo_objects``: the same on the whole asked photo, objects up to :data:`SMALL_OBJECTS` of its area (the
-tiny ones; no box to find)."""
+tiny ones; no box to find); or ``find`` (``rl.agent.find``, in ``tool_modules``) on the whole asked photo,
+the asked thing in the question's own words ("tiny towels"): the regions a model names so, then the
+answer (no box to find, no object to pick out of the tray)."""
 
 ZOOM_TOOL_MODULES = {
     "tiles": "rl.agent.tiles",
     "photo_tiles": "rl.agent.tiles",
     "objects": "rl.agent.objects",
     "photo_objects": "rl.agent.objects",
+    "find": "rl.agent.find",
 }
 """The opt-in tool module (``tool_modules``) each detail zoom that calls one needs."""
 
@@ -196,6 +199,10 @@ def detail_demo(
         _use(turns, call, task, run_tool)
         text = f"{object_inventory(task, call)} <answer>{answer}</answer>"
         turns.append(DemoTurn("assistant", text, True, plain=answer))
+        return turns
+    if zoom == "find":
+        _use(turns, find_call(task), task, run_tool)
+        turns.append(DemoTurn("assistant", answer, True))
         return turns
     _use(turns, zoom_call(task, m["image"], box), task, run_tool)
     if reasoning:
@@ -250,6 +257,16 @@ def object_inventory(task: AgentTask, call: dict) -> str:
         what = f"{article(inside[0][1])} {inside[0][1]} {inside[0][0]}" if inside else "something else"
         entries.append(f"object {k}: {what}.")
     return " ".join(entries)
+
+
+def find_call(task: AgentTask) -> dict[str, Any]:
+    """A ``find`` call on a detail task's asked photo for the asked thing, in the question's words: "the tiny
+    towels" for a count, "the tiny towel" for a colour. After "the", "tiny" and the name are the question's
+    own tokens (after a quote the tokenizer splits "tiny" into pieces), so the policy copies them."""
+    m = task.meta
+    c = vocab.category(m["object"])
+    name = c.plural if m["ask"] == "count" else c.name
+    return {"name": "find", "image": m["image"], "object": f"the tiny {name}"}
 
 
 def detail_answer(ask: str, value: str, obj: str, bare: bool = False, size: str = "tiny") -> str:

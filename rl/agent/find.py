@@ -1,0 +1,188 @@
+"""``find``: the regions of a note image that a model names as the asked thing, each cut out at full
+resolution (a built-in tool that is off unless named in ``tool_modules``).
+
+    rl agent --config configs/rl/agent_world.yaml --out runs/f0 \\
+        --set 'tool_modules=[rl.agent.find]' data.detail_zoom=find
+
+    <tool>{"name": "find", "image": 2, "object": "the tiny towels"}</tool>
+    -> '2 matches for "the tiny towels" in image 2:' match 1: [img] match 2: [img]
+    <tool>{"name": "find", "image": 1, "object": "cup", "box": [0.3, 0.3, 0.7, 0.7]}</tool>
+
+A region proposer and a namer, the open-vocabulary detector of a tool-using VLM built from parts this
+toolkit already has. The proposer is ``rl.agent.objects``' (connected regions that differ from the
+box's median colour); without a box it looks at the whole image and keeps regions up to
+:data:`SMALL` of its area (small things: a whole-image call is for what the downsampled view cannot
+show), with a box at any size. The namer is a model that describes each region's cut-out ("It is a tiny
+red towel."); a region matches when its description holds every word of ``object`` but its articles (the
+last word also in its plural or singular form: "the tiny towels" matches "a tiny red towel"). The
+matches are shown in reading order, each after its label, at most ``MAX_OBJECTS``; the text says how
+many there are.
+
+In ``rl agent`` the namer is the policy's starting model (``policy.init``, or the note model the run
+builds), frozen: the tool sees nothing the policy could not, and never the world's ground truth
+(:func:`configure`, called once the start is known). Elsewhere give it one with :func:`set_namer`
+(:func:`model_namer` for a model folder). Descriptions are cached by the cut-out's pixels, so a group of
+trajectories on one photo names each region once.
+
+Importing this module registers the tool in :data:`rl.agent.tools.TOOLS` (``tool_modules``); without it
+every other run is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rl.agent.objects import Found, cutout_box, located
+from rl.agent.parse import ParseError
+from rl.agent.task import AgentTask
+from rl.agent.tools import TOOLS, ZOOM_SCHEMA, Observation, check_box, format_box
+
+SMALL = 0.005
+"""Largest region a call without a box considers, as a share of the image's area (a 256-px photo: 327
+pixels; the agent world's tiny objects are at most 110, its large ones 520 and more)."""
+PROMPT = "Describe the photo."
+"""What the model namer is asked of each cut-out (the pipeline's image caption prompt)."""
+
+ARTICLES = frozenset({"a", "an", "the"})
+"""Words of a name that a description need not hold ("the tiny cup" matches "It is a tiny red cup.")."""
+
+Namer = Callable[[Sequence[np.ndarray]], list[str]]
+"""Describes each ``(h, w, 3)`` uint8 cut-out in words, one text per image."""
+
+FIND_SCHEMA = {
+    "type": "object",
+    "properties": {
+        **ZOOM_SCHEMA["properties"],  # image, box: as zoom takes them
+        "object": {"type": "string", "description": 'what to find, e.g. "tiny cup"'},
+    },
+    "required": ["image", "object"],  # without a box: the whole image, small regions only
+}
+
+_namer: Namer | None = None
+
+
+def set_namer(namer: Namer | None) -> Namer | None:
+    """Make ``namer`` the one :func:`find` asks; returns the one before (None: none was set)."""
+    global _namer
+    before, _namer = _namer, namer
+    return before
+
+
+def model_namer(folder: str | Path, *, batch_size: int = 16, max_new_tokens: int = 24) -> Namer:
+    """A namer from a model folder (a NoteVLM or a supported family, ``load_adapter``): the model's greedy
+    answer to :data:`PROMPT` on each cut-out. The model loads on the first call; answers are cached by
+    the cut-out's pixels."""
+    from rl.agent.backend import Sampling
+
+    backend: Any = None
+    cache: dict[bytes, str] = {}
+
+    def name(images: Sequence[np.ndarray]) -> list[str]:
+        nonlocal backend
+        keys = [
+            hashlib.sha1(np.ascontiguousarray(im).tobytes() + str(im.shape).encode()).digest()
+            for im in images
+        ]
+        todo = list(dict.fromkeys(k for k in keys if k not in cache))  # unique, in order
+        if todo:
+            if backend is None:
+                from mm.model.adapter.load import load_adapter
+                from rl.agent.backend import backend_for
+
+                backend = backend_for(load_adapter(str(folder)))
+                backend.adapter.model.eval()
+            first = {k: im for k, im in zip(keys, images)}
+            rows = [backend.prompt([first[k]], PROMPT) for k in todo]
+            for i in range(0, len(rows), batch_size):
+                turns = backend.generate(
+                    rows[i : i + batch_size], max_new_tokens=max_new_tokens, sampling=Sampling()
+                )
+                cache.update((k, t.text) for k, t in zip(todo[i : i + batch_size], turns))
+        return [cache[k] for k in keys]
+
+    return name
+
+
+def configure(cfg: Any) -> None:
+    """``rl agent``'s hook, once the policy's start is known: the namer is that model (``policy.init``)."""
+    from mm.errors import UserError
+
+    if cfg.policy.init is None:
+        raise UserError(
+            "the find tool names regions with the policy's starting model, and policy.init is not set; "
+            "set policy.init=MODEL_FOLDER or note_model.build=true"
+        )
+    set_namer(model_namer(cfg.policy.init))
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def matches(name: str, text: str) -> bool:
+    """True when ``text`` holds every word of ``name`` but its articles, the last also in its plural or
+    singular form."""
+    from mm.train.tasks import plural
+
+    want, have = [w for w in _words(name) if w not in ARTICLES], set(_words(text))
+    if not want:
+        return False
+    *rest, last = want
+    forms = {last, plural(last)} | {w for w in have if plural(w) == last}
+    return all(w in have for w in rest) and bool(forms & have)
+
+
+def regions(task: AgentTask, image: int, box: list[float] | None = None) -> list[tuple[Found, np.ndarray]]:
+    """The regions a ``find`` call on ``box`` of note image ``image`` considers (without a box: the whole
+    image, regions up to :data:`SMALL` of it), each with its ``(s, s, 3)`` cut-out, in reading order."""
+    src = task.sources[image - 1]  # (H, W, 3)
+    H, W = src.shape[:2]
+    out = []
+    for f in located(task, image, box, None if box is not None else SMALL):
+        x0, y0, x1, y1 = cutout_box(f.box, W, H)
+        out.append((f, np.ascontiguousarray(src[y0:y1, x0:x1])))
+    return out
+
+
+def find(task: AgentTask, image: int, object: str, box: list[float] | None = None) -> str | Observation:
+    """The regions of note image ``image`` (inside ``box``, default the whole image and small regions only)
+    that the namer calls ``object``, each cut out at full resolution."""
+    if _namer is None:
+        raise RuntimeError(
+            "find has no namer: rl agent uses the policy's starting model; elsewhere call "
+            "rl.agent.find.set_namer(rl.agent.find.model_namer(MODEL_FOLDER)) first"
+        )
+    crops = [crop for _, crop in regions(task, image, box)]
+    names = _namer(crops) if crops else []
+    hits = [c for c, said in zip(crops, names) if matches(object, said)]
+    where = f"in image {image}" + (f" at {format_box(box)}" if box is not None else "")
+    if not hits:
+        return f'no match for "{object}" {where}'
+    labels = tuple(f" match {k}:" for k in range(1, len(hits) + 1))
+    text = f'{len(hits)} match{"es" if len(hits) != 1 else ""} for "{object}" {where}:'
+    return Observation(text, hits[0], tuple(hits[1:]), labels)
+
+
+def _check_box(args: dict) -> ParseError | None:
+    return check_box(args) if "box" in args else None
+
+
+def register(registry=TOOLS) -> None:
+    """Add ``find`` to ``registry`` (the loop's by default); a registry that has it is left as is."""
+    if "find" not in registry:
+        registry.register(
+            "find",
+            find,
+            FIND_SCHEMA,
+            description="cut out each region of an image (default: its small ones) showing the named thing",
+            check=_check_box,
+        )
+
+
+register()

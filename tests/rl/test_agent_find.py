@@ -1,0 +1,199 @@
+"""The ``find`` tool (``rl.agent.find``, off unless in ``tool_modules``): which descriptions match a name, the
+regions it shows for a scripted namer (whole image: small ones only; a box: any size), the model namer on a
+tiny model (one answer per crop, each crop asked once), ``rl agent``'s namer (the policy's start), the
+world's find demonstrations, and a short ``rl agent`` run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mm.config import ConfigError, load_config
+from mm.errors import UserError
+from rl.agent.config import AgentRunConfig
+from rl.agent.parse import parse_call
+from rl.agent.task import AgentTask
+from rl.agent.tools import TOOLS, Observation
+from tests.rl.agent_helpers import run_tool_module, tiny_notevlm, tool_module, tray_detail_tasks
+from tests.rl.test_agent_objects import TINY
+
+COLOURS = {"red": (220, 30, 30), "blue": (30, 30, 220), "green": (30, 200, 30)}
+
+
+@pytest.fixture
+def find_tool(monkeypatch):
+    """``rl.agent.find`` imported afresh (its tool registered, no namer); the registry restored afterwards."""
+    yield from tool_module(monkeypatch, "rl.agent.find")
+
+
+def colour_namer(asked: list | None = None):
+    """Names a cut-out "a tiny <colour> square" by its most saturated pixel's colour; records each call."""
+
+    def name(images):
+        if asked is not None:
+            asked.append(len(images))
+        out = []
+        for im in images:
+            px = im.reshape(-1, 3).astype(int)
+            p = px[np.argmax(px.max(axis=1) - px.min(axis=1))]
+            out.append(f"It is a tiny {min(COLOURS, key=lambda c: sum(abs(p - COLOURS[c])))} square.")
+        return out
+
+    return name
+
+
+def _scene() -> AgentTask:
+    """A 200 x 200 grey photo: red 6x6 and blue 6x6 squares in the top row, red 8x8 below; a green 30x30
+    square (900 px, over 0.5% of the photo)."""
+    img = np.full((200, 200, 3), 128, np.uint8)
+    img[20:26, 20:26] = COLOURS["red"]
+    img[22:28, 100:106] = COLOURS["blue"]
+    img[150:158, 150:158] = COLOURS["red"]
+    img[100:130, 30:60] = COLOURS["green"]
+    return AgentTask("t/detail", "detail", (img,), "q?", "a")
+
+
+@pytest.mark.parametrize(
+    "name, text, want",
+    [
+        ("tiny towel", "It is a tiny red towel.", True),
+        ("tiny towels", "It is a tiny red towel.", True),  # plural asked, singular said
+        ("tiny mice", "It is a tiny grey mouse.", True),  # the world's irregular plural
+        ("tiny mouse", "two tiny mice", True),
+        ("tiny cup", "It is a large red cup.", False),  # every word
+        ("tiny cup", "It is a tiny cupboard.", False),  # whole words
+        ("Tiny  CUP", "a tiny cup", True),
+        ("the tiny cups", "It is a tiny red cup.", True),  # articles need not be said
+        ("", "a tiny cup", False),
+    ],
+)
+def test_matches(find_tool, name, text, want):
+    assert find_tool.matches(name, text) is want
+
+
+def test_find_shows_the_matching_small_regions_in_reading_order(find_tool):
+    task = _scene()
+    find_tool.set_namer(colour_namer())
+    obs = find_tool.find(task, 1, "tiny red square")
+    assert isinstance(obs, Observation)
+    assert obs.text == '2 matches for "tiny red square" in image 1:'
+    assert obs.labels == (" match 1:", " match 2:")
+    src = task.sources[0]
+    # each match is the square around it padded by objects' PAD (6 px), cut at full resolution
+    assert np.array_equal(obs.images[0], src[14:32, 14:32]) and np.array_equal(
+        obs.images[1], src[144:164, 144:164]
+    )
+    assert find_tool.find(task, 1, "tiny squares").text.startswith("3 matches")  # the green one is too large
+    assert find_tool.find(task, 1, "tiny green square") == 'no match for "tiny green square" in image 1'
+    inside = find_tool.find(task, 1, "tiny green square", box=[0.1, 0.45, 0.35, 0.7])  # a box: any size
+    assert inside.text == '1 match for "tiny green square" in image 1 at [0.10, 0.45, 0.35, 0.70]:'
+
+
+def test_find_without_a_namer_is_an_error_observation(find_tool):
+    call = parse_call('<tool>{"name": "find", "image": 1, "object": "cup"}</tool>', TOOLS, n_images=1)
+    obs = TOOLS.run(call, _scene())
+    assert "find has no namer" in obs.text and "set_namer" in obs.text and obs.image is None
+
+
+def test_bad_find_calls_are_parse_errors(find_tool):
+    from rl.agent.parse import ParseError
+
+    for text in ('{"name": "find", "image": 1}', '{"name": "find", "image": 3, "object": "cup"}',
+                 '{"name": "find", "image": 1, "object": "cup", "box": [0.5, 0.5, 0.2, 0.9]}'):  # fmt: skip
+        assert isinstance(parse_call(f"<tool>{text}</tool>", TOOLS, n_images=1), ParseError)
+
+
+def test_model_namer_answers_each_crop_once(find_tool, tmp_path, monkeypatch):
+    import rl.agent.backend as backend_module
+
+    adapter = tiny_notevlm()
+    adapter.model.save_pretrained(str(tmp_path / "m"))
+    adapter.processor.save_pretrained(tmp_path / "m")
+    rows = []
+    real = backend_module.backend_for
+
+    def counting(adapter):
+        backend = real(adapter)
+        generate = backend.generate
+
+        def counted(batch, **kw):
+            rows.append(len(batch))
+            return generate(batch, **kw)
+
+        backend.generate = counted
+        return backend
+
+    monkeypatch.setattr(backend_module, "backend_for", counting)
+    namer = find_tool.model_namer(tmp_path / "m", batch_size=2, max_new_tokens=4)
+    a, b, c = (np.full((12, 12, 3), v, np.uint8) for v in (10, 120, 240))
+    said = namer([a, b, a, c])
+    assert len(said) == 4 and said[0] == said[2] and all(isinstance(s, str) for s in said)
+    assert rows == [2, 1]  # three distinct crops, two per batch
+    assert namer([c, b]) == [said[3], said[1]] and rows == [2, 1]  # cached: no model call
+
+
+def test_rl_agent_takes_the_policy_start_as_namer(find_tool, tmp_path):
+    from rl.agent.tools import configure_tool_modules
+
+    cfg = load_config(AgentRunConfig, TINY, ["tool_modules=[rl.agent.find]"])
+    with pytest.raises(UserError, match="set policy.init=MODEL_FOLDER or note_model.build=true"):
+        configure_tool_modules(cfg.tool_modules, cfg)
+    cfg = load_config(AgentRunConfig, TINY, ["tool_modules=[rl.agent.find]", f"policy.init={tmp_path}"])
+    configure_tool_modules(cfg.tool_modules, cfg)
+    assert find_tool._namer is not None  # loaded on its first call
+
+
+def test_find_demonstrations_ask_for_the_question_words(find_tool):
+    from rl.agent.world_demos import demonstration, detail_answer, policy_turns
+
+    tasks = tray_detail_tasks(8)
+    truth = {}  # an oracle namer: each cut-out named after the tiny object inside its region, if any
+    for t in tasks:
+        for f, crop in find_tool.regions(t, t.meta["image"]):
+            inside = [
+                o for o in t.meta["tiny"] if f.box[0] <= o[2] < f.box[2] and f.box[1] <= o[3] < f.box[3]
+            ]
+            truth[crop.tobytes()] = f"It is a tiny {inside[0][1]} {inside[0][0]}." if inside else "A stroke."
+    find_tool.set_namer(lambda images: [truth[im.tobytes()] for im in images])
+    for t in tasks:
+        turns = demonstration(t, detail_zoom="find")
+        call = turns[1].call
+        assert (
+            call["name"] == "find" and call["image"] == t.meta["image"] and call["object"][4:] in t.question
+        )
+        assert call["object"].startswith("the tiny ")
+        if t.meta["ask"] == "count":
+            assert turns[2].text.startswith(f"{t.answer} match")  # the oracle finds every one
+        else:
+            assert turns[2].text.startswith("1 match") and t.answer in truth[turns[2].image.tobytes()]
+        assert policy_turns(turns)[-1] == detail_answer(t.meta["ask"], t.answer, t.meta["object"])
+
+
+def test_find_demonstrations_need_the_module(find_tool):
+    with pytest.raises(ConfigError, match=r"tool_modules=\[rl.agent.find\]"):
+        load_config(AgentRunConfig, TINY, ["data.detail_zoom=find"])
+
+
+def test_cli_runs_with_find(find_tool, tmp_path):
+    from rl.agent.loop import instructions
+
+    adapter = tiny_notevlm()
+    adapter.model.save_pretrained(str(tmp_path / "m"))
+    adapter.processor.save_pretrained(tmp_path / "m")
+    sets = ["data.detail_zoom=find", "tool_modules=[rl.agent.find]", f"policy.init={tmp_path / 'm'}"]
+    _, detail = run_tool_module(tmp_path, TINY, sets)
+    assert "find(image, box, object)" in instructions(TOOLS)  # the policy is told of it
+    assert {t.calls[0].call.name for t in detail} == {"find"}
+    assert all("match" in t.calls[0].observation for t in detail)  # the namer ran (whatever it said)
+
+
+def test_task_export_writes_find_calls_without_a_namer(find_tool, tmp_path, capsys):
+    import json
+
+    from rl.agent.task_export import main
+
+    assert main(["--out", str(tmp_path), "--tasks", "2", "--zoom", "find"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "train.jsonl").read_text().splitlines()]
+    for r in rows:
+        (call,) = r["demo"]
+        assert call["name"] == "find" and call["object"].replace("the ", "", 1) in r["question"]
