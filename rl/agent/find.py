@@ -9,14 +9,14 @@ resolution (a built-in tool that is off unless named in ``tool_modules``).
     <tool>{"name": "find", "image": 1, "object": "cup", "box": [0.3, 0.3, 0.7, 0.7]}</tool>
 
 A region proposer and a namer, the open-vocabulary detector of a tool-using VLM built from parts this
-toolkit already has. The proposer is ``rl.agent.objects``' (connected regions that differ from the
+toolkit already has. The proposer is :mod:`rl.agent.regions` (connected regions that differ from the
 box's median colour); without a box it looks at the whole image and keeps regions up to
 :data:`SMALL` of its area (small things: a whole-image call is for what the downsampled view cannot
 show), with a box at any size. The namer is a model that describes each region's cut-out ("It is a tiny
 red towel."); a region matches when its description holds every word of ``object`` but its articles (the
 last word also in its plural or singular form: "the tiny towels" matches "a tiny red towel"). The
-matches are shown in reading order, each after its label, at most ``MAX_OBJECTS``; the text says how
-many there are.
+matches are shown in reading order, each after its label (at most
+:data:`rl.agent.regions.MAX_OBJECTS` regions are named); the text says how many there are.
 
 In ``rl agent`` the namer is the policy's starting model (``policy.init``, or the note model the run
 builds), frozen: the tool sees nothing the policy could not, and never the world's ground truth
@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from rl.agent.objects import Found, cutout_box, located
 from rl.agent.parse import ParseError
+from rl.agent.regions import Found, cutout_box, located
 from rl.agent.task import AgentTask
 from rl.agent.tools import TOOLS, ZOOM_SCHEMA, Observation, check_box, format_box
 

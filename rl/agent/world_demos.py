@@ -248,7 +248,7 @@ def object_inventory(task: AgentTask, call: dict) -> str:
     """What each object an ``objects`` call on the asked photo shows is, in its order, from the task's tiny
     objects (``meta["tiny"]``: category, colour, centre in source pixels): "object 1: a red cup. object 2:
     a blue shell."; an object whose box holds no tiny object's centre is "something else"."""
-    from rl.agent.objects import located
+    from rl.agent.regions import located
 
     entries = []
     for k, found in enumerate(located(task, call["image"], call.get("box"), call.get("max_size")), 1):

@@ -197,3 +197,12 @@ def test_task_export_writes_find_calls_without_a_namer(find_tool, tmp_path, caps
     for r in rows:
         (call,) = r["demo"]
         assert call["name"] == "find" and call["object"].replace("the ", "", 1) in r["question"]
+
+
+def test_find_registers_find_alone():
+    import subprocess
+    import sys
+
+    code = "import sys, rl.agent.find; from rl.agent.tools import TOOLS; print(TOOLS.names, 'rl.agent.objects' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['zoom', 'compare', 'find'] False"  # the region proposer is rl.agent.regions
