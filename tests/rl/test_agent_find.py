@@ -203,6 +203,9 @@ def test_find_registers_find_alone():
     import subprocess
     import sys
 
-    code = "import sys, rl.agent.find; from rl.agent.tools import TOOLS; print(TOOLS.names, 'rl.agent.objects' in sys.modules)"
+    code = (
+        "import sys, rl.agent.find; from rl.agent.tools import TOOLS; "
+        "print(TOOLS.names, 'rl.agent.objects' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['zoom', 'compare', 'find'] False"  # the region proposer is rl.agent.regions
