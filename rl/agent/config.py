@@ -63,6 +63,10 @@ class DataConfig:
     """Task kinds of the training mix and of the eval (detail, change, caption, dialogue)."""
     train_tasks: int = 256
     """Tasks of the train split (cycling through kinds, one note each) for the SFTs and GRPO."""
+    mix: list[str] | None = None
+    """The training tasks' cycle of kinds, a kind given k times making k of each cycle's tasks (``[detail,
+    detail, change, caption, dialogue]``: two in five are detail tasks); null: ``kinds`` once each. Only the
+    training tasks: the eval asks each of ``kinds`` alike."""
     bare_answers: bool = True
     """Detail answers and dialogue replies of the demonstrations state the value only ("It is red.",
     "There are 2 in all."), not the object's name, which a small policy tends to misname."""
@@ -122,6 +126,11 @@ class DataConfig:
         bad = [k for k in self.kinds if k not in KINDS]
         if bad or not self.kinds:
             raise ValueError(f"data.kinds must be a non-empty subset of {list(KINDS)}, got {self.kinds}")
+        if self.mix is not None and (not self.mix or set(self.mix) != set(self.kinds)):
+            raise ValueError(
+                f"data.mix must name each of data.kinds {self.kinds} at least once and nothing else, got "
+                f"{self.mix}"
+            )
         if self.detail_zoom not in DETAIL_ZOOMS:
             raise ValueError(f"data.detail_zoom must be one of {DETAIL_ZOOMS}, got {self.detail_zoom!r}")
         if self.caption_zoom not in CAPTION_ZOOMS:

@@ -121,7 +121,7 @@ def train_tasks(cfg: AgentRunConfig) -> list[AgentTask]:
     d = cfg.data
     if d.file is not None:
         return data_tasks(d.file, d)
-    return list(mixed_tasks(cfg.world, "train", d.train_tasks, tuple(d.kinds)))
+    return list(mixed_tasks(cfg.world, "train", d.train_tasks, tuple(d.mix or d.kinds)))
 
 
 def recovers(task: AgentTask, share: float) -> bool:

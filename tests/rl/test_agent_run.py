@@ -5,6 +5,7 @@ simulated dialogues inside the loop; trajectory rewards."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -261,6 +262,8 @@ def test_grpo_stopped_after_step_k_and_resumed_equals_uninterrupted(tmp_path):
         ("grpo.scale=wide", "grpo.scale"),
         ("data.dialogue_recovery=1.5", "dialogue_recovery"),
         ("sft.call_weight=0", "sft.call_weight"),
+        ("data.mix=[detail,change]", "data.mix must name each of data.kinds"),
+        ("data.mix=[detail,detail,change,caption,dialogue,poem]", "data.mix"),
     ],
 )
 def test_bad_config_is_an_error(override, message):
@@ -435,3 +438,12 @@ def test_stage_seconds_count_the_note_model_sub_stages(tmp_path):
     # a run from policy.init builds no note model: no time listed for it
     (tmp_path / "note_model" / "result.json").write_text(json.dumps({"build": False, "seconds": 0.0}))
     assert stage_seconds(tmp_path) == {"sft_tool": 200.25, "eval": 50.0}
+
+
+def test_data_mix_weights_the_training_kinds_not_the_eval():
+    from rl.agent.evaluate import heldout_tasks
+    from rl.agent.stages import train_tasks
+
+    cfg = _cfg("data.mix=[detail,detail,change,caption,dialogue]", "data.train_tasks=10")
+    assert [t.kind for t in train_tasks(cfg)] == ["detail", "detail", "change", "caption", "dialogue"] * 2
+    assert Counter(t.kind for t in heldout_tasks(cfg, 0)) == Counter(_cfg().data.kinds)  # one of each
