@@ -3,6 +3,7 @@
     python -m rl.agent.read_probe runs/sft/model --seed 0 --notes 96
     python -m rl.agent.read_probe runs/sft/model --detail --tray-spots 3 --set detail.tiny_radius_min=6
     python -m rl.agent.read_probe runs/sft/model --objects --tray-spots 3 --notes 48
+    python -m rl.agent.read_probe runs/sft/model --find --tray-spots 3 --notes 100
 
 The model captions ("Describe the photo.", greedy) each test caption task's photo as a whole and its
 tray as a zoom crop returns it; a caption *mentions* an object when it holds the object's name, and its
@@ -19,6 +20,10 @@ answer (what one constant answer scores), and the answers the model gives.
 ``--objects``: how the ``objects`` tool cuts up the asked photos of test detail tasks (the tray's tiny
 objects exactly? on the whole photo, every tiny one, and how many other regions?) and whether the model
 names the category (and colour) of each tiny object it cuts out of the tray (:func:`object_reading`).
+
+``--find``: the ``find`` tool with the model as its namer on the asked photo of each test detail task, for
+the asked thing in the question's words: how many count and colour questions its matches answer
+(:func:`find_reading`).
 """
 
 from __future__ import annotations
@@ -180,6 +185,37 @@ def object_reading(backend: AgentBackend, cfg: WorldTaskConfig, tasks: int, *, b
     }
 
 
+def find_reading(backend: AgentBackend, cfg: WorldTaskConfig, tasks: int, *, batch_size: int = 16) -> dict:
+    """``--find``: the ``find`` tool (``rl.agent.find``) with the model as its namer, called on the asked
+    photo of ``tasks`` test detail tasks for the asked thing in the question's words (as the demonstrations
+    call it): a count is right when the matches are as many as the answer, a colour when there is one
+    match and the model's description of it holds the answer. What a policy that copies the call reads."""
+    from rl.agent import find as tool
+    from rl.agent.world_demos import find_call
+
+    def name(images: Sequence[Any]) -> list[str]:
+        return captions(backend, images, batch_size=batch_size, max_new_tokens=24)
+
+    before = tool.set_namer(name)
+    try:
+        out: dict[str, Any] = {"seed": cfg.seed, "tasks": tasks, "regions": 0}
+        for t in world_tasks(cfg, "detail", "test", tasks):
+            call = find_call(t)
+            crops = [crop for _, crop in tool.regions(t, call["image"])]
+            said = name(crops) if crops else []
+            hits = [s for s in said if tool.matches(call["object"], s)]
+            ask = out.setdefault(t.meta["ask"], {"tasks": 0, "right": 0})
+            ask["tasks"] += 1
+            if t.meta["ask"] == "count":
+                ask["right"] += len(hits) == int(t.answer)
+            else:
+                ask["right"] += len(hits) == 1 and t.answer in colors_in(hits[0])
+            out["regions"] += len(crops)
+        return out
+    finally:
+        tool.set_namer(before)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from mm.model.adapter.load import load_adapter
     from rl.agent.backend import backend_for
@@ -200,6 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the objects tool's cut-outs of the asked tray, named one by one",
     )
     parser.add_argument(
+        "--find", action="store_true", help="the find tool on the asked photo, the model as its namer"
+    )
+    parser.add_argument(
         "--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
         help="world settings, as rl agent's world: section (detail.tiny_radius_min=6)",
     )  # fmt: skip
@@ -210,7 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         parser.error(str(err))
     backend = backend_for(load_adapter(args.model))
-    if args.objects:
+    if args.find:
+        result = find_reading(backend, cfg, args.notes)
+    elif args.objects:
         result = object_reading(backend, cfg, args.notes)
     else:
         result = (

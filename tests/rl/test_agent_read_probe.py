@@ -112,3 +112,52 @@ def test_objects_cli_on_a_tiny_model(tmp_path, capsys, monkeypatch):
     assert out["tasks"] == 4 and out["trays_exact"] == 4 and out["photo"]["tiny_missed"] == 0
     assert out["cutouts"] >= 12 and sum(out["photo"]["other_regions"].values()) == 4
     assert 0.0 <= out["colour_and_category"] <= out["category"] <= 1.0
+
+
+@pytest.fixture
+def find_tool(monkeypatch):
+    """``rl.agent.find`` imported afresh (its tool registered, no namer); the registry restored afterwards."""
+    from tests.rl.agent_helpers import tool_module
+
+    yield from tool_module(monkeypatch, "rl.agent.find")
+
+
+def test_find_reading_with_an_oracle_namer_answers_every_question(find_tool):
+    from mm.config import load_config
+    from rl.agent.read_probe import find_reading
+    from rl.agent.world_demos import find_call
+    from rl.agent.world_tasks import WorldTaskConfig, world_tasks
+
+    tool = find_tool
+    cfg = load_config(WorldTaskConfig, None, ["seed=0", "detail.tray_spots=3"])
+    truth = {}  # each cut-out described as the tiny object inside its region, if any
+    for t in world_tasks(cfg, "detail", "test", 12):
+        for f, crop in tool.regions(t, find_call(t)["image"]):
+            inside = [
+                o for o in t.meta["tiny"] if f.box[0] <= o[2] < f.box[2] and f.box[1] <= o[3] < f.box[3]
+            ]
+            truth[crop.tobytes()] = f"It is a tiny {inside[0][1]} {inside[0][0]}." if inside else "A stroke."
+
+    class Oracle:
+        def prompt(self, images, text):
+            return truth[images[0].tobytes()]
+
+        def generate(self, rows, max_new_tokens, sampling):
+            return [type("Turn", (), {"text": row})() for row in rows]
+
+    out = find_reading(Oracle(), cfg, 12, batch_size=5)
+    assert out["color"]["tasks"] + out["count"]["tasks"] == 12 and out["regions"] >= 36
+    assert out["color"]["right"] == out["color"]["tasks"] and out["count"]["right"] == out["count"]["tasks"]
+    assert tool._namer is None  # the probe's namer is not left behind
+
+
+def test_find_cli_on_a_tiny_model(tmp_path, capsys, find_tool):
+    adapter = tiny_notevlm()
+    adapter.model.save_pretrained(str(tmp_path / "m"))
+    adapter.processor.save_pretrained(tmp_path / "m")
+    assert main([str(tmp_path / "m"), "--notes", "3", "--find", "--tray-spots", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    asks = [k for k in ("color", "count") if k in out]
+    assert sum(out[k]["tasks"] for k in asks) == 3 and all(
+        0 <= out[k]["right"] <= out[k]["tasks"] for k in asks
+    )

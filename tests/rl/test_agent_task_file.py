@@ -341,7 +341,15 @@ def test_a_task_file_config_that_cannot_work_is_an_error(override, message):
         load_config(AgentRunConfig, TINY, [*base, *override])
 
 
-def test_export_cli_takes_an_agent_configs_world(tmp_path, capsys):
+@pytest.fixture
+def find_module(monkeypatch):
+    """``rl.agent.find`` (agent_world.yaml's tool module) for one test; the registry restored afterwards."""
+    from tests.rl.agent_helpers import tool_module
+
+    yield from tool_module(monkeypatch, "rl.agent.find")
+
+
+def test_export_cli_takes_an_agent_configs_world(tmp_path, capsys, find_module):
     from mm.config import load_config
     from rl.agent.config import AgentRunConfig
     from rl.agent.task_export import main
