@@ -23,21 +23,15 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from rl.agent.parse import ParseError, parse_call
 from rl.agent.task import AgentTask
-from rl.agent.tools import TOOLS
-from rl.agent.world_demos import DETAIL_ZOOMS, ZOOM_TOOL_MODULES, demonstration, tool_text
+from rl.agent.world_demos import DETAIL_ZOOMS, ZOOM_TOOL_MODULES, checked_call, demonstration
 from rl.agent.world_tasks import SPLITS, WorldTaskConfig, world_tasks
 
 
-def checked_call(call: dict, task: AgentTask) -> tuple[str, None]:
+def unrun_call(call: dict, task: AgentTask) -> tuple[str, None]:
     """A demonstration's ``call`` checked as the loop parses it, not run (a file keeps the calls only, and a
     tool may need what only a run has: ``find``'s namer)."""
-    parsed = parse_call(tool_text(call), TOOLS, n_images=len(task.sources))
-    if isinstance(parsed, ParseError):
-        raise ValueError(
-            f"task {task.task_id!r}: the demonstration's call {call} is invalid: {parsed.message}"
-        )
+    checked_call(call, task)
     return "", None
 
 
@@ -45,7 +39,7 @@ def task_record(task: AgentTask, images: list[str], zoom: str) -> dict:
     """One task file line for world detail ``task`` whose photos are saved at ``images``."""
     if task.kind != "detail":
         raise ValueError(f"only detail tasks have one exact answer; {task.task_id!r} is {task.kind!r}")
-    demo = demonstration(task, checked_call, detail_zoom=zoom)
+    demo = demonstration(task, unrun_call, detail_zoom=zoom)
     calls = [t.call for t in demo if t.policy and t.call is not None]
     H, W = task.sources[task.meta["image"] - 1].shape[:2]
     x0, y0, x1, y1 = task.meta["box"]  # source pixels, ends exclusive

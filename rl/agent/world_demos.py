@@ -97,14 +97,19 @@ def tool_text(call: dict) -> str:
     return f"<tool>{json.dumps(call)}</tool>"
 
 
-def loop_observation(call: dict, task: AgentTask) -> tuple[str, np.ndarray | None]:
-    """The observation the agent loop shows for ``call``: the call parsed and run by :data:`TOOLS`."""
+def checked_call(call: dict, task: AgentTask) -> Any:
+    """A demonstration's ``call`` parsed as the loop parses it (a ``ToolCall``); ValueError when invalid."""
     parsed = parse_call(tool_text(call), TOOLS, n_images=len(task.sources))
     if isinstance(parsed, ParseError):
         raise ValueError(
             f"task {task.task_id!r}: the demonstration's call {call} is invalid: {parsed.message}"
         )
-    obs = TOOLS.run(parsed, task)
+    return parsed
+
+
+def loop_observation(call: dict, task: AgentTask) -> tuple[str, np.ndarray | None]:
+    """The observation the agent loop shows for ``call``: the call parsed and run by :data:`TOOLS`."""
+    obs = TOOLS.run(checked_call(call, task), task)
     return obs.text, obs.image
 
 
