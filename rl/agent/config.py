@@ -213,6 +213,10 @@ class PerceptionConfig:
             raise ValueError(f"perception.check_notes must be >= 0, got {self.check_notes}")
 
 
+SFT_SCHEDULES = ("constant", "cosine")
+"""The SFT stages' learning-rate schedules (:attr:`SFTConfig.schedule`)."""
+
+
 @dataclass(kw_only=True)
 class SFTConfig:
     """Supervised training on demonstrations (the tool cold start and the no-tool baseline alike)."""
@@ -222,7 +226,12 @@ class SFTConfig:
     batch_size: int = 8
     """Demonstrations per step."""
     lr: float = 1.0e-3
-    """AdamW learning rate (constant)."""
+    """AdamW learning rate (the peak under ``schedule: cosine``)."""
+    schedule: str = "constant"
+    """The learning rate over the steps: ``constant``, or ``cosine`` (linear warm-up over ``warmup_steps``,
+    then a cosine decay to 0 at the last step: the same steps end on a lower, less noisy loss)."""
+    warmup_steps: int = 0
+    """Steps of linear warm-up from ``lr / warmup_steps`` under ``schedule: cosine``."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     grad_clip: float = 1.0
@@ -250,6 +259,12 @@ class SFTConfig:
             )
         if self.call_weight <= 0:
             raise ValueError(f"sft.call_weight must be > 0, got {self.call_weight}")
+        if self.schedule not in SFT_SCHEDULES:
+            raise ValueError(f"sft.schedule must be one of {SFT_SCHEDULES}, got {self.schedule!r}")
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ValueError(
+                f"sft.warmup_steps must be >= 0 and below sft.steps ({self.steps}), got {self.warmup_steps}"
+            )
 
 
 @dataclass(kw_only=True)

@@ -28,11 +28,12 @@ from typing import Any
 import torch
 
 from mm.errors import UserError
+from mm.train.config import OptimConfig, lr_lambda
 from mm.train.devices import enable_gradient_checkpointing, resolve_device
 from mm.train.loop import average_gradients
 from mm.train.metrics import MetricsLogger, read_metrics
 from rl.agent.backend import AgentBackend, Sampling, backend_for
-from rl.agent.config import AgentRunConfig
+from rl.agent.config import AgentRunConfig, SFTConfig
 from rl.agent.demos import scripted_policy
 from rl.agent.loop import IMAGES_CUT, LoopConfig, rollout, summarise, summary, trajectory_counts
 from rl.agent.micro import grpo_backward, sft_backward
@@ -218,6 +219,15 @@ def optimizer_for(backend: AgentBackend, lr: float, weight_decay: float = 0.0) -
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
+def sft_schedule(optimizer: torch.optim.Optimizer, s: SFTConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    """``sft.schedule``'s learning rate: a multiplier of ``sft.lr`` per step (1 throughout for ``constant``;
+    for ``cosine`` :func:`mm.train.config.lr_lambda`'s warm-up and cosine decay, to 0)."""
+    if s.schedule == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    shape = OptimConfig(lr=s.lr, warmup_steps=s.warmup_steps, min_lr_ratio=0.0)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(shape, s.steps))
+
+
 def save_weights(backend: AgentBackend, path: Path) -> None:
     """What a stage keeps of the policy (:func:`rl.agent.weights.policy_state`), written atomically."""
     tmp = path.with_suffix(".tmp")
@@ -232,6 +242,7 @@ def run_sft(cfg: AgentRunConfig, stage_dir: Path, init: Path, *, tools: bool, st
     demos = demo_trajectories(backend, cfg, tasks, tools=tools)
     s = cfg.sft
     optimizer = optimizer_for(backend, s.lr, s.weight_decay)
+    scheduler = sft_schedule(optimizer, s)
     log = MetricsLogger(stage_dir / "metrics.jsonl") if is_writer() else None
     backend.adapter.model.train()
     order: list[int] = []
@@ -250,8 +261,10 @@ def run_sft(cfg: AgentRunConfig, stage_dir: Path, init: Path, *, tools: bool, st
             call_weight=s.call_weight,
             micro=s.micro_batch_size,
         )
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
         if log is not None and (step % s.log_every == 0 or step == s.steps):
-            log.log({"step": step, "loss": loss, "grad_norm": norm})
+            log.log({"step": step, "loss": loss, "grad_norm": norm, "lr": lr})
     check_in_sync(backend.adapter.model, stage)
     if not is_writer():
         return {"stage": stage}

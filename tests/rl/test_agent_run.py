@@ -262,6 +262,8 @@ def test_grpo_stopped_after_step_k_and_resumed_equals_uninterrupted(tmp_path):
         ("grpo.scale=wide", "grpo.scale"),
         ("data.dialogue_recovery=1.5", "dialogue_recovery"),
         ("sft.call_weight=0", "sft.call_weight"),
+        ("sft.schedule=linear", "sft.schedule must be one of"),
+        ("sft.warmup_steps=2", "sft.warmup_steps must be >= 0 and below sft.steps"),
         ("data.mix=[detail,change]", "data.mix must name each of data.kinds"),
         ("data.mix=[detail,detail,change,caption,dialogue,poem]", "data.mix"),
     ],
@@ -422,6 +424,40 @@ def test_policy_init_takes_a_model_folder(tmp_path):
     (tmp_path / "sft").mkdir()
     result = run_sft(cfg, tmp_path / "sft", tmp_path / "init.pt", tools=True, stage="sft_tool")
     assert result["demos"] == 2 and result["final_loss"] > 0 and (tmp_path / "sft/model.pt").exists()
+
+
+@pytest.mark.parametrize(
+    "schedule, warmup, factors",
+    [
+        ("constant", 0, [1.0] * 4),
+        ("cosine", 0, [1.0, 0.5 + 0.5 * 2**-0.5, 0.5, 0.5 - 0.5 * 2**-0.5]),  # (1 + cos(pi t)) / 2, t = k/4
+        ("cosine", 2, [0.5, 1.0, 1.0, 0.5]),  # warm-up 1/2, 2/2; then t = 0, 1/2
+    ],
+)
+def test_sft_schedule_multiplies_lr_per_step(schedule, warmup, factors):
+    from rl.agent.stages import sft_schedule
+
+    s = _cfg("sft.steps=4", "sft.lr=0.01", f"sft.schedule={schedule}", f"sft.warmup_steps={warmup}").sft
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=s.lr)
+    scheduler, lrs = sft_schedule(optimizer, s), []
+    for _ in range(s.steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs == pytest.approx([0.01 * f for f in factors], abs=1e-12)
+
+
+def test_sft_stage_logs_the_scheduled_lr(tmp_path):
+    from rl.agent.stages import run_sft
+
+    cfg = _cfg("data.train_tasks=2", "sft.steps=4", "sft.batch_size=1", "sft.log_every=1", "sft.lr=0.01",
+               "sft.schedule=cosine")  # fmt: skip
+    torch.save(build_backend(cfg).adapter.model.state_dict(), tmp_path / "init.pt")
+    (tmp_path / "sft").mkdir()
+    run_sft(cfg, tmp_path / "sft", tmp_path / "init.pt", tools=True, stage="sft_tool")
+    rows = [json.loads(x) for x in (tmp_path / "sft/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["lr"] for r in rows] == pytest.approx([0.01, 0.00853553, 0.005, 0.00146447], abs=1e-8)
 
 
 def test_stage_seconds_count_the_note_model_sub_stages(tmp_path):
