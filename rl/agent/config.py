@@ -505,12 +505,14 @@ class AgentRunConfig:
     """torch CPU threads (0 = torch's default)."""
 
     def __post_init__(self) -> None:
-        module = ZOOM_TOOL_MODULES.get(self.data.detail_zoom)
-        if module is not None and module not in self.tool_modules:
-            raise ValueError(
-                f"data.detail_zoom={self.data.detail_zoom} demonstrates a tool that is off by default; "
-                f"add it with 'tool_modules=[{module}]'"
-            )
+        for knob in ("detail_zoom", "caption_zoom"):
+            zoom = getattr(self.data, knob)
+            module = ZOOM_TOOL_MODULES.get(zoom) if knob == "detail_zoom" or zoom == "find" else None
+            if module is not None and module not in self.tool_modules:
+                raise ValueError(
+                    f"data.{knob}={zoom} demonstrates a tool that is off by default; "
+                    f"add it with 'tool_modules=[{module}]'"
+                )
         if self.note_model.build and self.policy.init is not None:
             raise ValueError(
                 f"note_model.build=true trains the policy's start, but policy.init={self.policy.init!r} "

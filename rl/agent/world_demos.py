@@ -319,15 +319,22 @@ def change_demo(task: AgentTask, run_tool: RunTool, zoom: str = "object") -> lis
     return turns
 
 
-CAPTION_ZOOMS = ("objects", "tray")
-"""Where a caption demonstration zooms: the tiny objects' padded box (anywhere on the tray, to the pixel),
-or the whole tray (one of few boxes when the world puts trays at ``detail.tray_spots``)."""
+CAPTION_ZOOMS = ("objects", "tray", "find")
+"""Where a caption demonstration looks: a zoom on the tiny objects' padded box (anywhere on the tray, to the
+pixel), or on the whole tray (one of few boxes when the world puts trays at ``detail.tray_spots``); or
+``find`` for "tiny" on the whole photo (:data:`CAPTION_FIND`: each small region the namer calls tiny, cut
+out; ``rl.agent.find``)."""
+CAPTION_FIND = {"name": "find", "image": 1, "object": "tiny"}
+"""The call of a ``find`` caption demonstration (the same for every caption)."""
 
 
 def caption_demo(task: AgentTask, run_tool: RunTool, zoom: str = "objects") -> list[DemoTurn]:
     turns = [DemoTurn("user", task.question, False)]
-    box = task.meta["box"] if zoom == "objects" else tray_box(task, task.meta["tray"])
-    _use(turns, zoom_call(task, 1, box), task, run_tool)
+    if zoom == "find":
+        _use(turns, dict(CAPTION_FIND), task, run_tool)
+    else:
+        box = task.meta["box"] if zoom == "objects" else tray_box(task, task.meta["tray"])
+        _use(turns, zoom_call(task, 1, box), task, run_tool)
     turns.append(DemoTurn("assistant", task.answer, True))
     return turns
 

@@ -169,9 +169,34 @@ def test_find_demonstrations_ask_for_the_question_words(find_tool):
         assert policy_turns(turns)[-1] == detail_answer(t.meta["ask"], t.answer, t.meta["object"])
 
 
+def test_caption_find_demonstrations_cut_out_the_regions_named_tiny(find_tool):
+    from mm.config import load_config as load
+    from rl.agent.world_demos import CAPTION_FIND, demonstration, policy_turns
+    from rl.agent.world_tasks import WorldTaskConfig, world_tasks
+
+    tasks = list(
+        world_tasks(load(WorldTaskConfig, None, ["seed=0", "detail.tray_spots=3"]), "caption", "train", 6)
+    )
+    on_tray = {}  # a namer that calls the regions inside the tray tiny and the rest something else
+    for t in tasks:
+        x0, y0, x1, y1 = t.meta["tray"]
+        for f, crop in find_tool.regions(t, 1):
+            inside = x0 <= f.box[0] and y0 <= f.box[1] and f.box[2] <= x1 and f.box[3] <= y1
+            on_tray[crop.tobytes()] = "It is a tiny cup." if inside else "It is a red stroke."
+    find_tool.set_namer(lambda images: [on_tray[im.tobytes()] for im in images])
+    for t in tasks:
+        turns = demonstration(t, caption_zoom="find")
+        assert turns[1].call == CAPTION_FIND
+        n = sum(on_tray[crop.tobytes()] == "It is a tiny cup." for _, crop in find_tool.regions(t, 1))
+        assert n >= 1 and turns[2].text.startswith(f'{n} match{"es" if n > 1 else ""} for "tiny" in image 1')
+        assert policy_turns(turns)[-1] == t.answer  # then the reference caption
+
+
 def test_find_demonstrations_need_the_module(find_tool):
     with pytest.raises(ConfigError, match=r"tool_modules=\[rl.agent.find\]"):
         load_config(AgentRunConfig, TINY, ["data.detail_zoom=find"])
+    with pytest.raises(ConfigError, match=r"data.caption_zoom=find .* 'tool_modules=\[rl.agent.find\]"):
+        load_config(AgentRunConfig, TINY, ["data.caption_zoom=find"])
 
 
 def test_cli_runs_with_find(find_tool, tmp_path):
