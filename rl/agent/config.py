@@ -145,6 +145,11 @@ class DataConfig:
             raise ValueError(f"data.train_tasks must be >= 1, got {self.train_tasks}")
         if not 0.0 <= self.dialogue_recovery <= 1.0:
             raise ValueError(f"data.dialogue_recovery must be in [0, 1], got {self.dialogue_recovery}")
+        if self.dialogue_zoom == "find" and self.dialogue_recovery:
+            raise ValueError(
+                "data.dialogue_zoom=find has no recovery demonstrations; set data.dialogue_recovery=0 or "
+                "another dialogue_zoom"
+            )
         if self.max_side < 0:
             raise ValueError(f"data.max_side must be >= 0 (0 keeps images whole), got {self.max_side}")
 
@@ -505,7 +510,7 @@ class AgentRunConfig:
     """torch CPU threads (0 = torch's default)."""
 
     def __post_init__(self) -> None:
-        for knob in ("detail_zoom", "caption_zoom"):
+        for knob in ("detail_zoom", "caption_zoom", "dialogue_zoom"):
             zoom = getattr(self.data, knob)
             module = ZOOM_TOOL_MODULES.get(zoom) if knob == "detail_zoom" or zoom == "find" else None
             if module is not None and module not in self.tool_modules:

@@ -352,10 +352,21 @@ def slot_answer(goal: dict, slot: str, bare: bool = False) -> str:
     return f"They are {' and '.join(cols)}."
 
 
-DIALOGUE_ZOOMS = ("goal", "all")
+DIALOGUE_ZOOMS = ("goal", "all", "find")
 """Which photos' trays a dialogue demonstration zooms on before answering: those that hold the goal's
 objects (known from the ground truth only: the tiny objects are not legible in the downsampled view),
-or every photo's."""
+or every photo's; or ``find`` on every photo for the asked thing in the user's words (:func:`goal_find_calls`,
+``rl.agent.find``)."""
+
+
+def goal_find_calls(task: AgentTask) -> list[dict[str, Any]]:
+    """A dialogue's ``find`` calls: every photo, for "the tiny X" with X the goal's plural, the user's own
+    word ("What colours are the tiny buckets in these photos?")."""
+    c = vocab.category(task.meta["goal"]["object"])
+    return [
+        {"name": "find", "image": k, "object": f"the tiny {c.plural}"}
+        for k in range(1, len(task.sources) + 1)
+    ]
 
 
 def wrong_slot_answer(goal: dict, slot: str, rng: np.random.Generator, bare: bool = False) -> str:
@@ -392,6 +403,15 @@ def dialogue_demo(
     goal = task.meta["goal"]
     turns = [DemoTurn("user", sim.opening(), False)]
     zooms = [(image, box) for image, box in task.meta["zooms"] if zoom == "all" or image in goal["images"]]
+    if zoom == "find":
+        if recovery:
+            raise ValueError(
+                f"task {task.task_id!r}: dialogue_zoom=find has no recovery demonstration; set "
+                "data.dialogue_recovery=0"
+            )
+        for call in goal_find_calls(task):
+            _use(turns, call, task, run_tool)
+        zooms = []
     if recovery:
         # the mistake, kept as context out of the loss: zooms on all but the last of those photos, a
         # wrong reply, the user's objection; then the rest of the zooms and the right replies

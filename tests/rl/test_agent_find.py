@@ -10,10 +10,12 @@ import pytest
 
 from mm.config import ConfigError, load_config
 from mm.errors import UserError
+from mm.world import vocab
 from rl.agent.config import AgentRunConfig
 from rl.agent.parse import parse_call
 from rl.agent.task import AgentTask
 from rl.agent.tools import TOOLS, Observation
+from rl.agent.world_tasks import WorldTaskConfig, world_tasks
 from tests.rl.agent_helpers import run_tool_module, tiny_notevlm, tool_module, tray_detail_tasks
 from tests.rl.test_agent_objects import TINY
 
@@ -234,3 +236,26 @@ def test_find_registers_find_alone():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['zoom', 'compare', 'find'] False"  # the region proposer is rl.agent.regions
+
+
+def test_dialogue_find_demonstrations_search_every_photo_in_the_users_words(find_tool):
+    from mm.config import load_config as load
+    from rl.agent.simulator import SimulatorConfig
+    from rl.agent.world_demos import demonstration, goal_find_calls
+
+    cfg = load(WorldTaskConfig, None, ["seed=0", "detail.tray_spots=3"])
+    tasks = [t for t in world_tasks(cfg, "dialogue", "train", 12) if len(t.sources) > 1][:4]
+    find_tool.set_namer(lambda images: ["It is something."] * len(images))  # matches nothing
+    user = SimulatorConfig(patience=2, max_turns=4)
+    for t in tasks:
+        plural = vocab.category(t.meta["goal"]["object"]).plural
+        calls = goal_find_calls(t)
+        assert [c["image"] for c in calls] == list(range(1, len(t.sources) + 1))
+        assert {c["object"] for c in calls} == {f"the tiny {plural}"} and f"tiny {plural}" in t.question
+        turns = demonstration(t, dialogue_zoom="find", user=user)
+        assert [x.call for x in turns if x.role == "assistant" and x.call] == calls
+        assert all(x.text.startswith("no match for") for x in turns if x.role == "tool")
+        assert turns[-1].role == "user"  # the replies satisfied the simulated user
+    with pytest.raises(ConfigError, match="dialogue_recovery=0"):
+        load_config(AgentRunConfig, TINY, ["data.dialogue_zoom=find", "data.dialogue_recovery=0.5",
+                                           "tool_modules=[rl.agent.find]"])  # fmt: skip
