@@ -5,7 +5,7 @@ resolution (a built-in tool that is off unless named in ``tool_modules``).
         --set 'tool_modules=[rl.agent.find]' data.detail_zoom=find
 
     <tool>{"name": "find", "image": 2, "object": "the tiny towels"}</tool>
-    -> '2 matches for "the tiny towels" in image 2:' match 1: [img] match 2: [img]
+    -> '2 matches for "the tiny towels" in image 2 of 3:' match 1: [img] match 2: [img]
     <tool>{"name": "find", "image": 1, "object": "cup", "box": [0.3, 0.3, 0.7, 0.7]}</tool>
 
 A region proposer and a namer, the open-vocabulary detector of a tool-using VLM built from parts this
@@ -16,7 +16,8 @@ show), with a box at any size. The namer is a model that describes each region's
 red towel."); a region matches when its description holds every word of ``object`` but its articles (the
 last word also in its plural or singular form: "the tiny towels" matches "a tiny red towel"). The
 matches are shown in reading order, each after its label (at most
-:data:`rl.agent.regions.MAX_OBJECTS` regions are named); the text says how many there are.
+:data:`rl.agent.regions.MAX_OBJECTS` regions are named); the text says how many there are, and how many
+photos the note has ("in image 2 of 3": a policy that looks through every photo knows where to stop).
 
 In ``rl agent`` the namer is the policy's starting model (``policy.init``, or the note model the run
 builds), frozen: the tool sees nothing the policy could not, and never the world's ground truth
@@ -161,7 +162,7 @@ def find(task: AgentTask, image: int, object: str, box: list[float] | None = Non
     crops = [crop for _, crop in regions(task, image, box)]
     names = _namer(crops) if crops else []
     hits = [c for c, said in zip(crops, names) if matches(object, said)]
-    where = f"in image {image}" + (f" at {format_box(box)}" if box is not None else "")
+    where = f"in image {image} of {len(task.sources)}" + (f" at {format_box(box)}" if box is not None else "")
     if not hits:
         return f'no match for "{object}" {where}'
     labels = tuple(f" match {k}:" for k in range(1, len(hits) + 1))

@@ -78,7 +78,7 @@ def test_find_shows_the_matching_small_regions_in_reading_order(find_tool):
     find_tool.set_namer(colour_namer())
     obs = find_tool.find(task, 1, "tiny red square")
     assert isinstance(obs, Observation)
-    assert obs.text == '2 matches for "tiny red square" in image 1:'
+    assert obs.text == '2 matches for "tiny red square" in image 1 of 1:'
     assert obs.labels == (" match 1:", " match 2:")
     src = task.sources[0]
     # each match is the square around it padded by objects' PAD (6 px), cut at full resolution
@@ -86,9 +86,9 @@ def test_find_shows_the_matching_small_regions_in_reading_order(find_tool):
         obs.images[1], src[144:164, 144:164]
     )
     assert find_tool.find(task, 1, "tiny squares").text.startswith("3 matches")  # the green one is too large
-    assert find_tool.find(task, 1, "tiny green square") == 'no match for "tiny green square" in image 1'
+    assert find_tool.find(task, 1, "tiny green square") == 'no match for "tiny green square" in image 1 of 1'
     inside = find_tool.find(task, 1, "tiny green square", box=[0.1, 0.45, 0.35, 0.7])  # a box: any size
-    assert inside.text == '1 match for "tiny green square" in image 1 at [0.10, 0.45, 0.35, 0.70]:'
+    assert inside.text == '1 match for "tiny green square" in image 1 of 1 at [0.10, 0.45, 0.35, 0.70]:'
 
 
 def test_find_without_a_namer_is_an_error_observation(find_tool):
@@ -190,7 +190,9 @@ def test_caption_find_demonstrations_cut_out_the_regions_named_tiny(find_tool):
         turns = demonstration(t, caption_zoom="find")
         assert turns[1].call == CAPTION_FIND
         n = sum(on_tray[crop.tobytes()] == "It is a tiny cup." for _, crop in find_tool.regions(t, 1))
-        assert n >= 1 and turns[2].text.startswith(f'{n} match{"es" if n > 1 else ""} for "tiny" in image 1')
+        assert n >= 1 and turns[2].text.startswith(
+            f'{n} match{"es" if n > 1 else ""} for "tiny" in image 1 of 1'
+        )
         assert policy_turns(turns)[-1] == t.answer  # then the reference caption
 
 
@@ -254,7 +256,10 @@ def test_dialogue_find_demonstrations_search_every_photo_in_the_users_words(find
         assert {c["object"] for c in calls} == {f"the tiny {plural}"} and f"tiny {plural}" in t.question
         turns = demonstration(t, dialogue_zoom="find", user=user)
         assert [x.call for x in turns if x.role == "assistant" and x.call] == calls
-        assert all(x.text.startswith("no match for") for x in turns if x.role == "tool")
+        seen = [x.text for x in turns if x.role == "tool"]
+        assert seen == [
+            f'no match for "the tiny {plural}" in image {k} of {len(calls)}' for k in range(1, len(calls) + 1)
+        ]
         assert turns[-1].role == "user"  # the replies satisfied the simulated user
     with pytest.raises(ConfigError, match="dialogue_recovery=0"):
         load_config(AgentRunConfig, TINY, ["data.dialogue_zoom=find", "data.dialogue_recovery=0.5",
