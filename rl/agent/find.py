@@ -7,6 +7,8 @@ resolution (a built-in tool that is off unless named in ``tool_modules``).
     <tool>{"name": "find", "image": 2, "object": "the tiny towels"}</tool>
     -> '2 matches for "the tiny towels" in image 2 of 3:' match 1: [img] match 2: [img]
     <tool>{"name": "find", "image": 1, "object": "cup", "box": [0.3, 0.3, 0.7, 0.7]}</tool>
+    <tool>{"name": "find", "object": "the tiny towels"}</tool>        # every photo of the note
+    -> '3 matches for "the tiny towels" in images 1-3:' match 1 (image 1): [img] match 2 (image 3): ...
 
 A region proposer and a namer, the open-vocabulary detector of a tool-using VLM built from parts this
 toolkit already has. The proposer is :mod:`rl.agent.regions` (connected regions that differ from the
@@ -62,7 +64,7 @@ FIND_SCHEMA = {
         **ZOOM_SCHEMA["properties"],  # image, box: as zoom takes them
         "object": {"type": "string", "description": 'what to find, e.g. "tiny cup"'},
     },
-    "required": ["image", "object"],  # without a box: the whole image, small regions only
+    "required": ["object"],  # without a box: the whole image, small regions only; without an image: every one
 }
 
 _namer: Namer | None = None
@@ -151,26 +153,36 @@ def regions(task: AgentTask, image: int, box: list[float] | None = None) -> list
     return out
 
 
-def find(task: AgentTask, image: int, object: str, box: list[float] | None = None) -> str | Observation:
-    """The regions of note image ``image`` (inside ``box``, default the whole image and small regions only)
-    that the namer calls ``object``, each cut out at full resolution."""
+def find(
+    task: AgentTask, image: int | None = None, object: str = "", box: list[float] | None = None
+) -> str | Observation:
+    """The regions of note image ``image`` (inside ``box``, default the whole image and small regions only;
+    no ``image``: every image of the note, whole) that the namer calls ``object``, each cut out at full
+    resolution."""
     if _namer is None:
         raise RuntimeError(
             "find has no namer: rl agent uses the policy's starting model; elsewhere call "
             "rl.agent.find.set_namer(rl.agent.find.model_namer(MODEL_FOLDER)) first"
         )
-    crops = [crop for _, crop in regions(task, image, box)]
-    names = _namer(crops) if crops else []
-    hits = [c for c, said in zip(crops, names) if matches(object, said)]
-    where = f"in image {image} of {len(task.sources)}" + (f" at {format_box(box)}" if box is not None else "")
+    n = len(task.sources)
+    images = [image] if image is not None else list(range(1, n + 1))
+    seen = [(j, crop) for j in images for _, crop in regions(task, j, box)]
+    names = _namer([crop for _, crop in seen]) if seen else []
+    hits = [(j, crop) for (j, crop), said in zip(seen, names) if matches(object, said)]
+    where = f"in image {image} of {n}" if image is not None or n == 1 else f"in images 1-{n}"
+    where += f" at {format_box(box)}" if box is not None else ""
     if not hits:
         return f'no match for "{object}" {where}'
-    labels = tuple(f" match {k}:" for k in range(1, len(hits) + 1))
+    each = image is None and n > 1  # say which photo each match is in
+    labels = tuple(f" match {k}{f' (image {j})' if each else ''}:" for k, (j, _) in enumerate(hits, 1))
     text = f'{len(hits)} match{"es" if len(hits) != 1 else ""} for "{object}" {where}:'
-    return Observation(text, hits[0], tuple(hits[1:]), labels)
+    crops = [crop for _, crop in hits]
+    return Observation(text, crops[0], tuple(crops[1:]), labels)
 
 
-def _check_box(args: dict) -> ParseError | None:
+def _check(args: dict) -> ParseError | None:
+    if "box" in args and "image" not in args:
+        return ParseError("bad_box", "a box is a box of one image; give its image too, or no box")
     return check_box(args) if "box" in args else None
 
 
@@ -181,8 +193,9 @@ def register(registry=TOOLS) -> None:
             "find",
             find,
             FIND_SCHEMA,
-            description="cut out each region of an image (default: its small ones) showing the named thing",
-            check=_check_box,
+            description="cut out each region of an image (default: its small ones; no image: of each) "
+            "showing the named thing",
+            check=_check,
         )
 
 

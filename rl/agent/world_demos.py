@@ -355,18 +355,15 @@ def slot_answer(goal: dict, slot: str, bare: bool = False) -> str:
 DIALOGUE_ZOOMS = ("goal", "all", "find")
 """Which photos' trays a dialogue demonstration zooms on before answering: those that hold the goal's
 objects (known from the ground truth only: the tiny objects are not legible in the downsampled view),
-or every photo's; or ``find`` on every photo for the asked thing in the user's words (:func:`goal_find_calls`,
-``rl.agent.find``)."""
+or every photo's; or one ``find`` over every photo for the asked thing in the user's words
+(:func:`goal_find_call`, ``rl.agent.find``): its text says how many there are in all."""
 
 
-def goal_find_calls(task: AgentTask) -> list[dict[str, Any]]:
-    """A dialogue's ``find`` calls: every photo, for "the tiny X" with X the goal's plural, the user's own
-    word ("What colours are the tiny buckets in these photos?")."""
+def goal_find_call(task: AgentTask) -> dict[str, Any]:
+    """A dialogue's ``find`` call: every photo of the note (no ``image``), for "the tiny X" with X the goal's
+    plural, the user's own word ("What colours are the tiny buckets in these photos?")."""
     c = vocab.category(task.meta["goal"]["object"])
-    return [
-        {"name": "find", "image": k, "object": f"the tiny {c.plural}"}
-        for k in range(1, len(task.sources) + 1)
-    ]
+    return {"name": "find", "object": f"the tiny {c.plural}"}
 
 
 def wrong_slot_answer(goal: dict, slot: str, rng: np.random.Generator, bare: bool = False) -> str:
@@ -409,8 +406,7 @@ def dialogue_demo(
                 f"task {task.task_id!r}: dialogue_zoom=find has no recovery demonstration; set "
                 "data.dialogue_recovery=0"
             )
-        for call in goal_find_calls(task):
-            _use(turns, call, task, run_tool)
+        _use(turns, goal_find_call(task), task, run_tool)
         zooms = []
     if recovery:
         # the mistake, kept as context out of the loss: zooms on all but the last of those photos, a

@@ -243,7 +243,7 @@ def test_find_registers_find_alone():
 def test_dialogue_find_demonstrations_search_every_photo_in_the_users_words(find_tool):
     from mm.config import load_config as load
     from rl.agent.simulator import SimulatorConfig
-    from rl.agent.world_demos import demonstration, goal_find_calls
+    from rl.agent.world_demos import demonstration, goal_find_call
 
     cfg = load(WorldTaskConfig, None, ["seed=0", "detail.tray_spots=3"])
     tasks = [t for t in world_tasks(cfg, "dialogue", "train", 12) if len(t.sources) > 1][:4]
@@ -251,16 +251,31 @@ def test_dialogue_find_demonstrations_search_every_photo_in_the_users_words(find
     user = SimulatorConfig(patience=2, max_turns=4)
     for t in tasks:
         plural = vocab.category(t.meta["goal"]["object"]).plural
-        calls = goal_find_calls(t)
-        assert [c["image"] for c in calls] == list(range(1, len(t.sources) + 1))
-        assert {c["object"] for c in calls} == {f"the tiny {plural}"} and f"tiny {plural}" in t.question
+        assert goal_find_call(t) == {"name": "find", "object": f"the tiny {plural}"}
+        assert f"tiny {plural}" in t.question  # the user's words
         turns = demonstration(t, dialogue_zoom="find", user=user)
-        assert [x.call for x in turns if x.role == "assistant" and x.call] == calls
+        assert [x.call for x in turns if x.role == "assistant" and x.call] == [goal_find_call(t)]
         seen = [x.text for x in turns if x.role == "tool"]
-        assert seen == [
-            f'no match for "the tiny {plural}" in image {k} of {len(calls)}' for k in range(1, len(calls) + 1)
-        ]
+        assert seen == [f'no match for "the tiny {plural}" in images 1-{len(t.sources)}']
         assert turns[-1].role == "user"  # the replies satisfied the simulated user
     with pytest.raises(ConfigError, match="dialogue_recovery=0"):
         load_config(AgentRunConfig, TINY, ["data.dialogue_zoom=find", "data.dialogue_recovery=0.5",
                                            "tool_modules=[rl.agent.find]"])  # fmt: skip
+
+
+def test_find_without_an_image_looks_at_every_photo(find_tool):
+    one = _scene()
+    task = AgentTask("t/2", "detail", (one.sources[0], one.sources[0][:, ::-1].copy()), "q", "a", {})
+    find_tool.set_namer(colour_namer())
+    single = find_tool.find(task, 1, "tiny red square")
+    both = find_tool.find(task, object="tiny red square")
+    n = len(single.images)
+    assert both.text == f'{2 * n} matches for "tiny red square" in images 1-2:'
+    assert both.labels == tuple(f" match {k} (image {1 + (k > n)}):" for k in range(1, 2 * n + 1))
+    assert [im.tobytes() for im in both.images[:n]] == [im.tobytes() for im in single.images]
+    call = parse_call('<tool>{"name": "find", "object": "the tiny cup"}</tool>', TOOLS, n_images=2)
+    assert call.args == {"object": "the tiny cup"}
+    boxed = parse_call(
+        '<tool>{"name": "find", "object": "cup", "box": [0, 0, 1, 1]}</tool>', TOOLS, n_images=2
+    )
+    assert "give its image too" in boxed.message
