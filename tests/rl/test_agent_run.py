@@ -35,6 +35,7 @@ def test_shipped_agent_configs_load(path):
         path.name == "agent_world.yaml"
     ):  # the note-model recipe: the world and demonstrations it was measured with
         assert cfg.world.detail.tray_spots == 3 and cfg.data.change_zoom == "compare"
+        assert cfg.data.detail_zoom == cfg.data.caption_zoom == cfg.data.dialogue_zoom == "find"
 
 
 def test_cli_runs_end_to_end(tmp_path, capsys):
