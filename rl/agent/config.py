@@ -251,8 +251,18 @@ class SFTConfig:
     """Trajectories per forward and backward pass, the gradients accumulated to the whole step's
     (``rl.agent.micro``; the same gradient, tested): what a large policy's memory allows. 0 = the whole
     step at once."""
+    lead_kinds: list[str] = field(default_factory=list)
+    """A curriculum: the first ``lead_steps`` steps draw their demonstrations from the training tasks of
+    these kinds only (e.g. ``[detail]``: the copy of the asked thing into the call first); then all."""
+    lead_steps: int = 0
+    """Steps of the curriculum's lead (0 = none)."""
 
     def __post_init__(self) -> None:
+        if not 0 <= self.lead_steps < self.steps or bool(self.lead_steps) != bool(self.lead_kinds):
+            raise ValueError(
+                f"sft.lead_steps must be >= 0 and below sft.steps ({self.steps}), and sft.lead_kinds given "
+                f"exactly when it is above 0; got {self.lead_steps} and {self.lead_kinds}"
+            )
         if self.micro_batch_size < 0:
             raise ValueError(
                 f"sft.micro_batch_size must be >= 0 (0 = the whole batch), got {self.micro_batch_size}"
@@ -510,6 +520,9 @@ class AgentRunConfig:
     """torch CPU threads (0 = torch's default)."""
 
     def __post_init__(self) -> None:
+        stray = [k for k in self.sft.lead_kinds if k not in self.data.kinds]
+        if stray:
+            raise ValueError(f"sft.lead_kinds {stray} are not among data.kinds {self.data.kinds}")
         for knob in ("detail_zoom", "caption_zoom", "dialogue_zoom"):
             zoom = getattr(self.data, knob)
             module = ZOOM_TOOL_MODULES.get(zoom) if knob == "detail_zoom" or zoom == "find" else None

@@ -246,10 +246,16 @@ def run_sft(cfg: AgentRunConfig, stage_dir: Path, init: Path, *, tools: bool, st
     log = MetricsLogger(stage_dir / "metrics.jsonl") if is_writer() else None
     backend.adapter.model.train()
     order: list[int] = []
+    lead = [i for i, d in enumerate(demos) if d.task.kind in s.lead_kinds]
+    if s.lead_steps and not lead:
+        raise UserError(f"sft.lead_kinds {s.lead_kinds}: no training task of these kinds to lead with")
     for step in range(1, s.steps + 1):
         gen = torch.Generator().manual_seed(step_seed(cfg, stage, step))
+        if step == s.lead_steps + 1:
+            order = []  # the lead is over: every task from here on
+        pool = lead if step <= s.lead_steps else range(len(demos))
         if len(order) < s.batch_size:
-            order += torch.randperm(len(demos), generator=gen).tolist()
+            order += [pool[i] for i in torch.randperm(len(pool), generator=gen).tolist()]
         batch, order = [demos[i] for i in order[: s.batch_size]], order[s.batch_size :]
         seed = step_seed(cfg, stage, step)
         loss, norm = sft_step(

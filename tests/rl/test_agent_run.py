@@ -264,6 +264,10 @@ def test_grpo_stopped_after_step_k_and_resumed_equals_uninterrupted(tmp_path):
         ("data.dialogue_recovery=1.5", "dialogue_recovery"),
         ("sft.call_weight=0", "sft.call_weight"),
         ("sft.schedule=linear", "sft.schedule must be one of"),
+        ("sft.lead_steps=1", "sft.lead_kinds given exactly when"),
+        ("sft.lead_kinds=[detail]", "sft.lead_kinds given exactly when"),
+        ("sft.lead_steps=2 sft.lead_kinds=[detail]", "below sft.steps"),
+        ("sft.lead_steps=1 sft.lead_kinds=[poem]", "not among data.kinds"),
         ("sft.warmup_steps=2", "sft.warmup_steps must be >= 0 and below sft.steps"),
         ("data.mix=[detail,change]", "data.mix must name each of data.kinds"),
         ("data.mix=[detail,detail,change,caption,dialogue,poem]", "data.mix"),
@@ -271,7 +275,7 @@ def test_grpo_stopped_after_step_k_and_resumed_equals_uninterrupted(tmp_path):
 )
 def test_bad_config_is_an_error(override, message):
     with pytest.raises((ConfigError, ValueError), match=message):
-        _cfg(override)
+        _cfg(*override.split())
 
 
 def test_dialogue_demo_runs_against_the_simulator_with_user_turns_masked():
@@ -459,6 +463,26 @@ def test_sft_stage_logs_the_scheduled_lr(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "sft/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["lr"] for r in rows] == pytest.approx([0.01, 0.00853553, 0.005, 0.00146447], abs=1e-8)
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")  # the optimizer step is stubbed out
+def test_sft_lead_draws_the_first_steps_from_the_lead_kinds(tmp_path, monkeypatch):
+    import rl.agent.stages as stages
+
+    kinds = []
+    monkeypatch.setattr(
+        stages,
+        "sft_step",
+        lambda backend, opt, batch, **kw: (kinds.append([t.task.kind for t in batch]), (1.0, 0.0))[1],
+    )
+    cfg = _cfg(
+        "data.train_tasks=8", "sft.steps=6", "sft.batch_size=2", "sft.lead_steps=4", "sft.lead_kinds=[detail]"
+    )
+    torch.save(build_backend(cfg).adapter.model.state_dict(), tmp_path / "init.pt")
+    (tmp_path / "sft").mkdir()
+    stages.run_sft(cfg, tmp_path / "sft", tmp_path / "init.pt", tools=True, stage="sft_tool")
+    assert len(kinds) == 6 and all(k == ["detail"] * 2 for k in kinds[:4])  # the two detail tasks, in turn
+    assert {k for batch in kinds[4:] for k in batch} - {"detail"}  # then from every kind
 
 
 def test_stage_seconds_count_the_note_model_sub_stages(tmp_path):
