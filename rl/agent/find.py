@@ -169,7 +169,7 @@ def find(
     seen = [(j, crop) for j in images for _, crop in regions(task, j, box)]
     names = _namer([crop for _, crop in seen]) if seen else []
     hits = [(j, crop) for (j, crop), said in zip(seen, names) if matches(object, said)]
-    where = f"in image {image} of {n}" if image is not None or n == 1 else f"in images 1-{n}"
+    where = f"in image {image or 1} of {n}" if image is not None or n == 1 else f"in images 1-{n}"
     where += f" at {format_box(box)}" if box is not None else ""
     if not hits:
         return f'no match for "{object}" {where}'

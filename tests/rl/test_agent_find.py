@@ -273,6 +273,13 @@ def test_find_without_an_image_looks_at_every_photo(find_tool):
     assert both.text == f'{2 * n} matches for "tiny red square" in images 1-2:'
     assert both.labels == tuple(f" match {k} (image {1 + (k > n)}):" for k in range(1, 2 * n + 1))
     assert [im.tobytes() for im in both.images[:n]] == [im.tobytes() for im in single.images]
+    alone = find_tool.find(one, object="tiny red square")  # a note of one photo: as with image 1
+    assert (
+        alone.text
+        == find_tool.find(one, 1, "tiny red square").text
+        == f'{n} matches for "tiny red square" in image 1 of 1:'
+    )
+    assert alone.labels == single.labels == tuple(f" match {k}:" for k in range(1, n + 1))
     call = parse_call('<tool>{"name": "find", "object": "the tiny cup"}</tool>', TOOLS, n_images=2)
     assert call.args == {"object": "the tiny cup"}
     boxed = parse_call(
