@@ -15,7 +15,7 @@ from rl.advantages import ADVANTAGE_SCALES
 from rl.agent.perception import PERCEPTION_VIEWS
 from rl.agent.simulator import SimulatorConfig
 from rl.agent.task import KINDS
-from rl.agent.world_demos import CAPTION_ZOOMS, CHANGE_ZOOMS, DETAIL_ZOOMS, DIALOGUE_ZOOMS, ZOOM_TOOL_MODULES
+from rl.agent.world_demos import CAPTION_ZOOMS, CHANGE_ZOOMS, DETAIL_ZOOMS, DIALOGUE_ZOOMS, KNOB_TOOL_MODULES
 from rl.agent.world_tasks import SPLITS, WorldTaskConfig
 from rl.losses import AGG_MODES
 from rl.pipeline import StageSpec
@@ -523,9 +523,9 @@ class AgentRunConfig:
         stray = [k for k in self.sft.lead_kinds if k not in self.data.kinds]
         if stray:
             raise ValueError(f"sft.lead_kinds {stray} are not among data.kinds {self.data.kinds}")
-        for knob in ("detail_zoom", "caption_zoom", "dialogue_zoom"):
+        for knob, modules in KNOB_TOOL_MODULES.items():
             zoom = getattr(self.data, knob)
-            module = ZOOM_TOOL_MODULES.get(zoom) if knob == "detail_zoom" or zoom == "find" else None
+            module = modules.get(zoom)
             if module is not None and module not in self.tool_modules:
                 raise ValueError(
                     f"data.{knob}={zoom} demonstrates a tool that is off by default; "

@@ -160,6 +160,13 @@ ZOOM_TOOL_MODULES = {
     "find": "rl.agent.find",
 }
 """The opt-in tool module (``tool_modules``) each detail zoom that calls one needs."""
+KNOB_TOOL_MODULES = {
+    "detail_zoom": ZOOM_TOOL_MODULES,
+    "caption_zoom": {"find": "rl.agent.find"},
+    "dialogue_zoom": {"find": "rl.agent.find"},
+}
+"""Per ``data`` knob, the opt-in tool module each of its values that calls one needs (a caption's ``objects``
+zoom is a ``zoom`` on the objects' box, not the ``objects`` tool)."""
 
 SMALL_OBJECTS = 0.005
 """``max_size`` of a ``photo_objects`` call: a share of the photo's area above the tiny objects' (at most
