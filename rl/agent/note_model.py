@@ -30,7 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from mm.train.common import is_main_process, on_rank0
+from mm.train.common import barrier, is_main_process, on_rank0
 from mm.train.metrics import atomic_write_text
 from rl.agent.config import AgentRunConfig
 
@@ -83,9 +83,13 @@ def run_note_model(
 
     confs = note_configs(cfg, root)
     results: dict[str, Any] = {}
+    # decided by every rank before rank 0 writes any done.json: a rank that looked later could see one this
+    # run wrote, skip that sub-stage and leave rank 0 alone in its broadcast (a hang)
+    finished = {name: (root / name / "done.json").exists() for name in substages(cfg)}
+    barrier()
     for name in substages(cfg):
         out, done = root / name, root / name / "done.json"
-        if done.exists():
+        if finished[name]:
             results[name] = json.loads(done.read_text())
             log(f"[agent] note_model/{name}: done before, skipped")
             continue

@@ -184,3 +184,49 @@ def test_two_processes_build_the_note_model_as_one(tmp_path):
     same_weights(one, two, ["align/model/model.safetensors", "sft/model/model.safetensors"])
     for name in ("align", "sft"):
         assert json.loads((two / name / "done.json").read_text())["step"] == 2
+
+
+def _lagging_worker(rank: int, init: str, root: str) -> None:
+    """Both ranks run the note model stage with instant sub-stages; rank 1 lags after each one, so rank 0
+    has written the next sub-stage's done.json before rank 1 looks for it."""
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    import rl.agent.note_model as note_model
+    import rl.agent.world_export as world_export
+    import rl.pipeline_stages as pipeline_stages
+
+    dist.init_process_group(
+        "gloo", init_method=init, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=20)
+    )
+    try:
+        world_export.export_world = lambda *a, **k: 3
+        pipeline_stages.stage_pretrain = lambda *a, **k: {"stage": "pretrain"}
+        pipeline_stages.stage_train = lambda *a, **k: {"stage": "train"}
+        if rank == 1:
+            shared = note_model.on_rank0
+
+            def late(fn):
+                value = shared(fn)
+                time.sleep(0.5)
+                return value
+
+            note_model.on_rank0 = late
+        result = note_model.run_note_model(_cfg(), Path(root), log=lambda s: None)
+        Path(root, f"rank{rank}.json").write_text(json.dumps(sorted(result)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_lagging_rank_runs_every_sub_stage_rank_0_runs(tmp_path):
+    """A rank that looked for a sub-stage's done.json after rank 0 had written it skipped that sub-stage
+    and left rank 0 waiting in its broadcast for ever (a hang); every rank now decides before any write."""
+    import torch.multiprocessing as mp
+
+    root = tmp_path / "note_model"
+    mp.spawn(_lagging_worker, args=(f"file://{tmp_path / 'rendezvous'}", str(root)), nprocs=2, join=True)
+    names = ["align", "data", "model", "pretrain", "sft", "tune"]
+    for rank in (0, 1):
+        assert json.loads((root / f"rank{rank}.json").read_text()) == names
