@@ -514,12 +514,22 @@ class AgentRunConfig:
     """Python modules imported before the run, each registering its own tools with
     ``rl.agent.tools.register_tool`` when imported (from the current folder or ``PYTHONPATH``): they join
     ``zoom`` and ``compare`` in the instructions, the task files' demonstrations and every rollout."""
+    tool_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Settings of a tool module of ``tool_modules``, under its name: the options its ``OPTIONS`` declares
+    (``{rl.agent.find: {labels: true}}``); given to it with the run's config when the policy's start is
+    known."""
     seed: int = 0
     """Seed of data order and sampling (each step reseeds from (seed, step), so a resumed run is exact)."""
     threads: int = 0
     """torch CPU threads (0 = torch's default)."""
 
     def __post_init__(self) -> None:
+        unused = [m for m in self.tool_options if m not in self.tool_modules]
+        if unused:
+            raise ValueError(
+                f"tool_options for {unused}, which tool_modules {self.tool_modules} does not load; add the "
+                "module to tool_modules or drop its options"
+            )
         stray = [k for k in self.sft.lead_kinds if k not in self.data.kinds]
         if stray:
             raise ValueError(f"sft.lead_kinds {stray} are not among data.kinds {self.data.kinds}")

@@ -20,6 +20,9 @@ last word also in its plural or singular form: "the tiny towels" matches "a tiny
 matches are shown in reading order, each after its label (at most
 :data:`rl.agent.regions.MAX_OBJECTS` regions are named); the text says how many there are, and how many
 photos the note has ("in image 2 of 3": a policy that looks through every photo knows where to stop).
+With the option ``labels`` (``tool_options: {rl.agent.find: {labels: true}}``) each label also says what
+the namer said of that region (" match 1: It is a tiny red towel."), as an open-vocabulary detector gives
+each box its phrase; the default shows the cut-outs alone.
 
 In ``rl agent`` the namer is the policy's starting model (``policy.init``, or the note model the run
 builds), frozen: the tool sees nothing the policy could not, and never the world's ground truth
@@ -67,7 +70,19 @@ FIND_SCHEMA = {
     "required": ["object"],  # without a box: the whole image, small regions only; without an image: every one
 }
 
+OPTIONS = {"labels": bool}
+"""This module's ``tool_options`` (:func:`rl.agent.tools.check_tool_options`): ``labels``, each match labelled
+with the namer's words (default false)."""
+
 _namer: Namer | None = None
+_labels = False
+
+
+def set_labels(on: bool) -> bool:
+    """Whether each match's label holds the namer's words from now on; returns the setting before."""
+    global _labels
+    before, _labels = _labels, on
+    return before
 
 
 def set_namer(namer: Namer | None) -> Namer | None:
@@ -113,7 +128,8 @@ def model_namer(folder: str | Path, *, batch_size: int = 16, max_new_tokens: int
 
 
 def configure(cfg: Any) -> None:
-    """``rl agent``'s hook, once the policy's start is known: the namer is that model (``policy.init``)."""
+    """``rl agent``'s hook, once the policy's start is known: the namer is that model (``policy.init``); the
+    ``labels`` option from ``tool_options``."""
     from mm.errors import UserError
 
     if cfg.policy.init is None:
@@ -122,6 +138,7 @@ def configure(cfg: Any) -> None:
             "set policy.init=MODEL_FOLDER or note_model.build=true"
         )
     set_namer(model_namer(cfg.policy.init))
+    set_labels(cfg.tool_options.get(__name__, {}).get("labels", False))
 
 
 def _words(text: str) -> list[str]:
@@ -168,15 +185,18 @@ def find(
     images = [image] if image is not None else list(range(1, n + 1))
     seen = [(j, crop) for j in images for _, crop in regions(task, j, box)]
     names = _namer([crop for _, crop in seen]) if seen else []
-    hits = [(j, crop) for (j, crop), said in zip(seen, names) if matches(object, said)]
+    hits = [(j, crop, said) for (j, crop), said in zip(seen, names) if matches(object, said)]
     where = f"in image {image or 1} of {n}" if image is not None or n == 1 else f"in images 1-{n}"
     where += f" at {format_box(box)}" if box is not None else ""
     if not hits:
         return f'no match for "{object}" {where}'
     each = image is None and n > 1  # say which photo each match is in
-    labels = tuple(f" match {k}{f' (image {j})' if each else ''}:" for k, (j, _) in enumerate(hits, 1))
+    labels = tuple(
+        f" match {k}{f' (image {j})' if each else ''}:{f' {said.strip()}' if _labels else ''}"
+        for k, (j, _, said) in enumerate(hits, 1)
+    )
     text = f'{len(hits)} match{"es" if len(hits) != 1 else ""} for "{object}" {where}:'
-    crops = [crop for _, crop in hits]
+    crops = [crop for _, crop, _ in hits]
     return Observation(text, crops[0], tuple(crops[1:]), labels)
 
 

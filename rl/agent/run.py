@@ -56,7 +56,7 @@ from rl.agent.ppo import run_ppo
 from rl.agent.report import write_report
 from rl.agent.stages import build_backend, run_grpo, run_sft, save_weights, train_tasks
 from rl.agent.task_file import file_digest
-from rl.agent.tools import configure_tool_modules, import_tool_modules
+from rl.agent.tools import check_tool_options, configure_tool_modules, import_tool_modules
 
 STAGES = (
     "note_model",
@@ -77,7 +77,7 @@ MODELS = {"notool_sft": ("sft_notool", False), "tool_sft": ("sft_tool", True), "
 
 TRAINING_SECTIONS = (
     "policy", "note_model", "world", "data", "rollout", "perception", "sft", "grpo", "ppo", "seed",
-    "tool_modules", "lora",
+    "tool_modules", "tool_options", "lora",
 )  # fmt: skip
 """Config sections a resumed run must keep (the trained models depend on them)."""
 LATE_SECTIONS = {"ppo": ("ppo",), "grpo": ("grpo", "ppo")}
@@ -91,6 +91,7 @@ def check_inputs(cfg: AgentRunConfig) -> None:
     files reads (its images, its demonstration's calls)."""
     check_parallel(cfg, launched_processes())
     import_tool_modules(cfg.tool_modules)
+    check_tool_options(cfg.tool_options)
     resolve_device(cfg.policy.device, key="policy.device")
     if cfg.data.file is not None:
         train_tasks(cfg)

@@ -393,10 +393,32 @@ def import_tool_modules(names: list[str], registry: ToolRegistry | None = None) 
     return added
 
 
+def check_tool_options(options: dict[str, dict[str, Any]]) -> None:
+    """Each module's ``tool_options`` (``rl agent``'s config) against the ``OPTIONS`` it declares (option
+    name -> type; a module that declares none takes none): an unknown option or a value of another type is
+    a one-line UserError. The modules are imported (:func:`import_tool_modules` first)."""
+    import importlib
+
+    from mm.errors import UserError
+
+    for name, given in options.items():
+        declared: dict[str, type] = getattr(importlib.import_module(name), "OPTIONS", {})
+        for key, value in given.items():
+            if key not in declared:
+                raise UserError(
+                    f"tool_options: tool module {name!r} has no option {key!r}; its options: "
+                    f"{sorted(declared) or 'none'}"
+                )
+            if type(value) is not declared[key]:  # exact: true is not an int, 1 is not a bool
+                raise UserError(
+                    f"tool_options: {name!r} option {key!r} takes a {declared[key].__name__}, got {value!r}"
+                )
+
+
 def configure_tool_modules(names: list[str], cfg: Any) -> None:
     """Call ``configure(cfg)`` of each module of ``names`` that defines one, once the run knows the policy's
     start (``rl agent``'s config, ``policy.init`` filled in): a tool that needs a model takes it there
-    (``rl.agent.find``'s namer)."""
+    (``rl.agent.find``'s namer), and a module reads its ``tool_options`` there."""
     import importlib
 
     for name in names:

@@ -286,3 +286,40 @@ def test_find_without_an_image_looks_at_every_photo(find_tool):
         '<tool>{"name": "find", "object": "cup", "box": [0, 0, 1, 1]}</tool>', TOOLS, n_images=2
     )
     assert "give its image too" in boxed.message
+
+
+def test_labels_say_what_the_namer_said_of_each_match(find_tool):
+    task = _scene()
+    find_tool.set_namer(colour_namer())
+    assert find_tool.set_labels(True) is False
+    obs = find_tool.find(task, 1, "tiny red square")
+    assert obs.labels == (" match 1: It is a tiny red square.", " match 2: It is a tiny red square.")
+    assert obs.text == '2 matches for "tiny red square" in image 1 of 1:'  # the text is as without labels
+    two = AgentTask("t/2", "detail", (task.sources[0], task.sources[0]), "q", "a", {})
+    assert find_tool.find(two, object="tiny blue square").labels == (
+        " match 1 (image 1): It is a tiny blue square.",
+        " match 2 (image 2): It is a tiny blue square.",
+    )
+    find_tool.set_labels(False)
+    assert find_tool.find(task, 1, "tiny red square").labels == (" match 1:", " match 2:")
+
+
+def test_tool_options_reach_the_module_and_bad_ones_are_refused(find_tool, tmp_path):
+    from rl.agent.tools import check_tool_options, configure_tool_modules
+
+    on = "tool_options={rl.agent.find: {labels: true}}"
+    cfg = load_config(AgentRunConfig, TINY, ["tool_modules=[rl.agent.find]", f"policy.init={tmp_path}", on])
+    check_tool_options(cfg.tool_options)
+    configure_tool_modules(cfg.tool_modules, cfg)
+    assert find_tool._labels is True
+    off = load_config(AgentRunConfig, TINY, ["tool_modules=[rl.agent.find]", f"policy.init={tmp_path}"])
+    configure_tool_modules(off.tool_modules, off)  # the default: no labels
+    assert find_tool._labels is False
+    with pytest.raises(ConfigError, match="does not load; add the module to tool_modules"):
+        load_config(AgentRunConfig, TINY, [on])
+    with pytest.raises(UserError, match=r"has no option 'label'; its options: \['labels'\]"):
+        check_tool_options({"rl.agent.find": {"label": True}})
+    with pytest.raises(UserError, match="option 'labels' takes a bool, got 1"):
+        check_tool_options({"rl.agent.find": {"labels": 1}})
+    with pytest.raises(UserError, match="has no option 'x'; its options: none"):
+        check_tool_options({"json": {"x": 1}})  # a module that declares no OPTIONS takes none
