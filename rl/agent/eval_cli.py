@@ -8,9 +8,11 @@
 Greedy multi-turn rollouts of every task of ``--tasks`` (``rl.agent.task_file``) with the loop's tools (and
 those of ``--tool-module``), or, with ``--no-tools``, answered at once; prints ``accuracy/qa``,
 ``valid_call_rate``, ``calls_per_task`` and ``zoom_on_target/qa`` with bootstrap 95% intervals over tasks
-(``--json``: as JSON). ``--rows-out`` writes one JSON row per task, ``--transcripts-out`` the trajectories.
-``--baseline DIR`` (``--baseline-no-tools``: answering at once) runs another model on the same tasks and
-adds the paired gains of ``--model`` over it, with paired bootstrap intervals (as ``rl agent``'s report).
+(``--json``: as JSON). A tool module that needs a model (``rl.agent.find``'s namer) takes ``--tools-start``
+(default ``--model``), and its options ``--tool-options``, as ``rl agent`` gives them. ``--rows-out`` writes
+one JSON row per task, ``--transcripts-out`` the trajectories. ``--baseline DIR`` (``--baseline-no-tools``:
+answering at once) runs another model on the same tasks and adds the paired gains of ``--model`` over it,
+with paired bootstrap intervals (as ``rl agent``'s report).
 ``--model`` is any folder the agent loop takes (NoteVLM, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Idefics3,
 SmolVLM); ``--limit max_images=N`` / ``max_length=N`` raise a NoteVLM's limits, as ``rl agent``'s
 ``policy.overrides``.
@@ -42,6 +44,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--no-tools", action="store_true", help="no tool instructions or tools: answer at once"
     )
     parser.add_argument("--tool-module", action="append", default=[], help="module registering your tools")
+    parser.add_argument(
+        "--tool-options",
+        default=None,
+        metavar="YAML",
+        help="tool modules' options, as rl agent's tool_options: '{rl.agent.find: {labels: true}}'",
+    )
+    parser.add_argument(
+        "--tools-start",
+        default=None,
+        metavar="DIR",
+        help="the model tool modules configure from, as rl agent's policy.init (the find tool's namer: "
+        "give the run's policy.init to evaluate as it trained; default --model)",
+    )
     parser.add_argument(
         "--limit", action="append", default=[], metavar="KEY=N", help="NoteVLM limit to raise"
     )
@@ -75,12 +90,11 @@ def run(args: argparse.Namespace) -> int:
     from rl.agent.evaluate import paired_gains, summarise
     from rl.agent.loop import LoopConfig
     from rl.agent.task_file import read_task_file
-    from rl.agent.tools import import_tool_modules
 
     if args.n_boot < 10:
         raise UserError(f"--n-boot must be >= 10, got {args.n_boot}")
     device = resolve_device(args.device, key="--device")
-    import_tool_modules(args.tool_module)
+    configure_tools(args)
     tasks = read_task_file(
         args.tasks, image_folder=args.image_folder, max_side=args.max_side, image_cache=args.image_cache
     )
@@ -125,6 +139,33 @@ def run(args: argparse.Namespace) -> int:
         print("[agent-eval] model - baseline, paired over the same tasks:")
         _print(result["gains"], signed=True)
     return 0
+
+
+def configure_tools(args: argparse.Namespace) -> None:
+    """Import ``--tool-module``s, check ``--tool-options`` against what each declares, and configure each
+    module as ``rl agent`` does, from ``--tools-start`` (default ``--model``) as the policy's start."""
+    from types import SimpleNamespace
+
+    import yaml
+
+    from mm.errors import UserError
+    from rl.agent.tools import check_tool_options, configure_tool_modules, import_tool_modules
+
+    import_tool_modules(args.tool_module)
+    options = yaml.safe_load(args.tool_options) if args.tool_options else {}
+    if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
+        raise UserError(
+            f"--tool-options {args.tool_options!r}: give a mapping of module to options, e.g. "
+            "'{rl.agent.find: {labels: true}}'"
+        )
+    unused = [m for m in options if m not in args.tool_module]
+    if unused:
+        raise UserError(
+            f"--tool-options for {unused}, which no --tool-module loads; add a --tool-module for each"
+        )
+    check_tool_options(options)
+    start = SimpleNamespace(init=args.tools_start or args.model)
+    configure_tool_modules(args.tool_module, SimpleNamespace(policy=start, tool_options=options))
 
 
 def _rows(model: str, tools: bool, tasks, loop, limits, device, dtype) -> tuple[list[dict], list]:

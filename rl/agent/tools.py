@@ -418,7 +418,8 @@ def check_tool_options(options: dict[str, dict[str, Any]]) -> None:
 def configure_tool_modules(names: list[str], cfg: Any) -> None:
     """Call ``configure(cfg)`` of each module of ``names`` that defines one, once the run knows the policy's
     start (``rl agent``'s config, ``policy.init`` filled in): a tool that needs a model takes it there
-    (``rl.agent.find``'s namer), and a module reads its ``tool_options`` there."""
+    (``rl.agent.find``'s namer), and a module reads its ``tool_options`` there. ``rl agent-eval`` passes an
+    object with those two attributes alone (``policy.init``, ``tool_options``)."""
     import importlib
 
     for name in names:

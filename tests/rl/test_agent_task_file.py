@@ -6,6 +6,7 @@ other tasks)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -376,6 +377,13 @@ def brightness(task, image):
 register_tool("brightness", brightness, {
     "type": "object", "properties": {"image": {"type": "integer", "x-image": True}}, "required": ["image"],
 }, description="the mean brightness of an image")
+
+OPTIONS = {"scale": float}
+CONFIGURED = []
+
+
+def configure(cfg):
+    CONFIGURED.append((cfg.policy.init, cfg.tool_options.get("my_tools", {})))
 """
 
 
@@ -484,3 +492,31 @@ def test_agent_eval_scores_a_model_on_a_task_file_without_training(tmp_path, cap
     assert "model - baseline, paired over the same tasks:" in capsys.readouterr().out
     assert main([*argv[:-8], "--tasks", str(tmp_path / "missing.jsonl")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_agent_eval_configures_tool_modules_as_rl_agent_does(own_tools, capsys):
+    """``--tool-options`` reach a module's ``configure`` with ``--tools-start`` (default ``--model``) as the
+    policy's start, checked against its ``OPTIONS``; bad options are one error line before a model loads."""
+    import argparse
+    import sys
+
+    from mm.errors import UserError
+    from rl.agent.eval_cli import configure, configure_tools
+    from rl.cli import main
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    base = ["--model", "m", "--tasks", "t.jsonl", "--tool-module", "my_tools"]
+    configure_tools(parser.parse_args([*base, "--tool-options", "{my_tools: {scale: 2.0}}"]))
+    configure_tools(parser.parse_args([*base, "--tools-start", "start"]))
+    assert sys.modules["my_tools"].CONFIGURED == [("m", {"scale": 2.0}), ("start", {})]
+    for options, message in [
+        ("{my_tools: {size: 1.0}}", "has no option 'size'; its options: ['scale']"),
+        ("{my_tools: {scale: big}}", "option 'scale' takes a float, got 'big'"),
+        ("{other: {}}", "for ['other'], which no --tool-module loads"),
+        ("[1, 2]", "give a mapping of module to options"),
+    ]:
+        with pytest.raises(UserError, match=re.escape(message)):
+            configure_tools(parser.parse_args([*base, "--tool-options", options]))
+    assert main(["agent-eval", *base, "--tool-options", "{other: {}}"]) == 2
+    assert "no --tool-module loads" in capsys.readouterr().err
