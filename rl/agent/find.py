@@ -22,7 +22,9 @@ matches are shown in reading order, each after its label (at most
 photos the note has ("in image 2 of 3": a policy that looks through every photo knows where to stop).
 With the option ``labels`` (``tool_options: {rl.agent.find: {labels: true}}``) each label also says what
 the namer said of that region (" match 1: It is a tiny red towel."), as an open-vocabulary detector gives
-each box its phrase; the default shows the cut-outs alone.
+each box its phrase, and the text counts the things named, in order of first mention ('4 matches for
+"tiny" in image 1 of 1 (a towel, two cups and a fork):', :func:`tally`); the default shows the cut-outs
+alone.
 
 In ``rl agent`` the namer is the policy's starting model (``policy.init``, or the note model the run
 builds), frozen: the tool sees nothing the policy could not, and never the world's ground truth
@@ -158,6 +160,31 @@ def matches(name: str, text: str) -> bool:
     return all(w in have for w in rest) and bool(forms & have)
 
 
+def thing(said: str) -> str:
+    """What a description names: its last word ("It is a tiny red towel." -> "towel"; the namer's prompt
+    asks for one short sentence about one thing)."""
+    words = re.findall(r"[a-z]+", said.lower())
+    return words[-1] if words else ""
+
+
+def tally(said: Sequence[str]) -> str:
+    """The things of ``said`` (:func:`thing`) counted, in order of first mention: "a towel, two cups and an
+    apple"."""
+    from mm.train.tasks import plural
+    from mm.world.text import NUMBERS
+
+    counts: dict[str, int] = {}
+    for t in map(thing, said):
+        counts[t] = counts.get(t, 0) + 1
+    parts = [
+        (f"an {t}" if t[:1] in "aeiou" else f"a {t}")
+        if n == 1
+        else f"{NUMBERS[n] if n < len(NUMBERS) else n} {plural(t)}"
+        for t, n in counts.items()
+    ]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
 def regions(task: AgentTask, image: int, box: list[float] | None = None) -> list[tuple[Found, np.ndarray]]:
     """The regions a ``find`` call on ``box`` of note image ``image`` considers (without a box: the whole
     image, regions up to :data:`SMALL` of it), each with its ``(s, s, 3)`` cut-out, in reading order."""
@@ -195,7 +222,8 @@ def find(
         f" match {k}{f' (image {j})' if each else ''}:{f' {said.strip()}' if _labels else ''}"
         for k, (j, _, said) in enumerate(hits, 1)
     )
-    text = f'{len(hits)} match{"es" if len(hits) != 1 else ""} for "{object}" {where}:'
+    named = f" ({tally([said for _, _, said in hits])})" if _labels else ""
+    text = f'{len(hits)} match{"es" if len(hits) != 1 else ""} for "{object}" {where}{named}:'
     crops = [crop for _, crop, _ in hits]
     return Observation(text, crops[0], tuple(crops[1:]), labels)
 

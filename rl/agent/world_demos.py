@@ -53,7 +53,7 @@ from rl.agent.parse import ParseError, parse_call
 from rl.agent.simulator import SimulatorConfig, UserSimulator
 from rl.agent.task import AgentTask
 from rl.agent.tools import TOOLS, WHOLE, box_pixels, tile_bounds
-from rl.agent.world_tasks import TRAY_PAD
+from rl.agent.world_tasks import TRAY_PAD, join_phrases
 
 RunTool = Callable[[dict, AgentTask], tuple[str, "np.ndarray | None"]]
 """``(call, task) -> (observation text, image or None)``."""
@@ -336,14 +336,51 @@ CAPTION_FIND = {"name": "find", "image": 1, "object": "tiny"}
 
 
 def caption_demo(task: AgentTask, run_tool: RunTool, zoom: str = "objects") -> list[DemoTurn]:
+    """A caption demonstration: one look at the tray (module docstring of :data:`CAPTION_ZOOMS`), then the
+    reference caption; after a ``find`` whose text counts what it found (its ``labels`` option), the tray's
+    groups in the order of that count (:func:`tray_in_order`), so the caption follows what the tool said."""
     turns = [DemoTurn("user", task.question, False)]
+    answer = task.answer
     if zoom == "find":
         _use(turns, dict(CAPTION_FIND), task, run_tool)
+        counted = re.search(r"\(([^()]*)\):$", turns[-1].text)
+        if counted:
+            answer = tray_in_order(answer, counted.group(1))
     else:
         box = task.meta["box"] if zoom == "objects" else tray_box(task, task.meta["tray"])
         _use(turns, zoom_call(task, 1, box), task, run_tool)
-    turns.append(DemoTurn("assistant", task.answer, True))
+    turns.append(DemoTurn("assistant", answer, True))
     return turns
+
+
+def _phrases(text: str) -> list[str]:
+    """``"a cup, two forks (red and blue) and a jar"`` -> its three phrases (an "and" in brackets is kept)."""
+    hidden = re.sub(r"\([^)]*\)", lambda m: m.group(0).replace(" and ", "\0"), text)
+    return [p.replace("\0", " and ") for p in re.split(r", | and ", hidden)]
+
+
+def _noun(phrase: str) -> str:
+    return re.findall(r"[a-z]+", re.sub(r"\([^)]*\)", "", phrase).lower())[-1]
+
+
+def tray_in_order(caption: str, counted: str) -> str:
+    """``caption`` with its tray sentence's groups in the order of ``counted`` ("a towel, two cups and a
+    fork": a ``find`` tally); groups whose thing it does not name keep their order after the others."""
+    from mm.train.tasks import plural
+
+    head, sep, tray = caption.partition(" On the tray ")
+    if not sep:
+        return caption
+    verb, _, listed = tray.rstrip(".").partition(" ")
+    order = [_noun(p) for p in _phrases(counted)]
+
+    def rank(group: str) -> int:
+        noun = _noun(group)
+        same = [i for i, t in enumerate(order) if noun in (t, plural(t)) or plural(noun) == t]
+        return same[0] if same else len(order)
+
+    groups = sorted(_phrases(listed), key=rank)  # stable: unnamed groups keep their order
+    return f"{head}{sep}{verb} {join_phrases(groups)}."
 
 
 def slot_answer(goal: dict, slot: str, bare: bool = False) -> str:

@@ -294,7 +294,7 @@ def test_labels_say_what_the_namer_said_of_each_match(find_tool):
     assert find_tool.set_labels(True) is False
     obs = find_tool.find(task, 1, "tiny red square")
     assert obs.labels == (" match 1: It is a tiny red square.", " match 2: It is a tiny red square.")
-    assert obs.text == '2 matches for "tiny red square" in image 1 of 1:'  # the text is as without labels
+    assert obs.text == '2 matches for "tiny red square" in image 1 of 1 (two squares):'  # what was named
     two = AgentTask("t/2", "detail", (task.sources[0], task.sources[0]), "q", "a", {})
     assert find_tool.find(two, object="tiny blue square").labels == (
         " match 1 (image 1): It is a tiny blue square.",
@@ -323,3 +323,33 @@ def test_tool_options_reach_the_module_and_bad_ones_are_refused(find_tool, tmp_p
         check_tool_options({"rl.agent.find": {"labels": 1}})
     with pytest.raises(UserError, match="has no option 'x'; its options: none"):
         check_tool_options({"json": {"x": 1}})  # a module that declares no OPTIONS takes none
+
+
+def test_tally_counts_the_things_named_in_order_of_first_mention(find_tool):
+    said = ["It is a tiny blue mouse.", "It is a tiny orange pencil.", "It is a tiny white pencil.",
+            "It is a tiny red apple.", "A tiny grey mouse", "It is a tiny red pencil."]  # fmt: skip
+    assert find_tool.tally(said) == "two mice, three pencils and an apple"
+    assert find_tool.tally(said[:1]) == "a mouse" and find_tool.thing("It is a tiny red towel.") == "towel"
+    assert find_tool.tally(["a cup"] * 12) == "12 cups"
+
+
+def test_caption_demonstrations_follow_the_order_find_counted_in(find_tool):
+    from rl.agent.world_demos import caption_demo, tray_in_order
+
+    cap = (
+        "The photo shows two lamps (purple and red). On the tray are a tiny blue mouse, two tiny pencils "
+        "(orange and white) and a tiny purple keyboard."
+    )
+    head = "The photo shows two lamps (purple and red). On the tray are "
+    assert tray_in_order(cap, "a keyboard, a pencil and two mice") == (
+        head + "a tiny purple keyboard, two tiny pencils (orange and white) and a tiny blue mouse."
+    )
+    assert tray_in_order(cap, "a pencil") == (  # what the tally does not name keeps its order, last
+        head + "two tiny pencils (orange and white), a tiny blue mouse and a tiny purple keyboard."
+    )
+    task = AgentTask("t/caption", "caption", (np.zeros((8, 8, 3), np.uint8),), "Describe.", cap, {})
+    said = '4 matches for "tiny" in image 1 of 1 (a keyboard, two pencils and a mouse):'
+    turns = caption_demo(task, lambda call, t: (said, None), zoom="find")
+    assert turns[-1].text == tray_in_order(cap, "a keyboard, two pencils and a mouse")
+    plain = caption_demo(task, lambda call, t: ('4 matches for "tiny" in image 1 of 1:', None), zoom="find")
+    assert plain[-1].text == cap  # no tally (labels off): the reference caption as it is
