@@ -22,9 +22,9 @@ matches are shown in reading order, each after its label (at most
 photos the note has ("in image 2 of 3": a policy that looks through every photo knows where to stop).
 With the option ``labels`` (``tool_options: {rl.agent.find: {labels: true}}``) each label also says what
 the namer said of that region (" match 1: It is a tiny red towel."), as an open-vocabulary detector gives
-each box its phrase, and the text counts the things named, in order of first mention ('4 matches for
-"tiny" in image 1 of 1 (a towel, two cups and a fork):', :func:`tally`); the default shows the cut-outs
-alone.
+each box its phrase, and the text counts the things named, in order of first mention, in the call's words
+('4 matches for "tiny" in image 1 of 1 (a tiny towel, two tiny cups and a tiny fork):', :func:`tally`); the
+default shows the cut-outs alone.
 
 In ``rl agent`` the namer is the policy's starting model (``policy.init``, or the note model the run
 builds), frozen: the tool sees nothing the policy could not, and never the world's ground truth
@@ -167,21 +167,22 @@ def thing(said: str) -> str:
     return words[-1] if words else ""
 
 
-def tally(said: Sequence[str]) -> str:
-    """The things of ``said`` (:func:`thing`) counted, in order of first mention: "a towel, two cups and an
-    apple"."""
+def tally(said: Sequence[str], asked: str = "") -> str:
+    """The things of ``said`` (:func:`thing`) counted, in order of first mention, each after the words of
+    ``asked`` that are not that thing (nor an article): "a tiny towel, two tiny cups and a tiny apple" for
+    "tiny", "two cups" for "the cups"."""
     from mm.train.tasks import plural
     from mm.world.text import NUMBERS
 
     counts: dict[str, int] = {}
     for t in map(thing, said):
         counts[t] = counts.get(t, 0) + 1
-    parts = [
-        (f"an {t}" if t[:1] in "aeiou" else f"a {t}")
-        if n == 1
-        else f"{NUMBERS[n] if n < len(NUMBERS) else n} {plural(t)}"
-        for t, n in counts.items()
-    ]
+    parts = []
+    for t, n in counts.items():
+        words = [w for w in _words(asked) if w not in ARTICLES and w not in (t, plural(t))]
+        said_as = " ".join([*words, t if n == 1 else plural(t)])
+        head = ("an" if said_as[:1] in "aeiou" else "a") if n == 1 else NUMBERS[n] if n < len(NUMBERS) else n
+        parts.append(f"{head} {said_as}")
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
@@ -222,7 +223,7 @@ def find(
         f" match {k}{f' (image {j})' if each else ''}:{f' {said.strip()}' if _labels else ''}"
         for k, (j, _, said) in enumerate(hits, 1)
     )
-    named = f" ({tally([said for _, _, said in hits])})" if _labels else ""
+    named = f" ({tally([said for _, _, said in hits], object)})" if _labels else ""
     text = f'{len(hits)} match{"es" if len(hits) != 1 else ""} for "{object}" {where}{named}:'
     crops = [crop for _, crop, _ in hits]
     return Observation(text, crops[0], tuple(crops[1:]), labels)

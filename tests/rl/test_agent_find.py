@@ -294,7 +294,7 @@ def test_labels_say_what_the_namer_said_of_each_match(find_tool):
     assert find_tool.set_labels(True) is False
     obs = find_tool.find(task, 1, "tiny red square")
     assert obs.labels == (" match 1: It is a tiny red square.", " match 2: It is a tiny red square.")
-    assert obs.text == '2 matches for "tiny red square" in image 1 of 1 (two squares):'  # what was named
+    assert obs.text == '2 matches for "tiny red square" in image 1 of 1 (two tiny red squares):'
     two = AgentTask("t/2", "detail", (task.sources[0], task.sources[0]), "q", "a", {})
     assert find_tool.find(two, object="tiny blue square").labels == (
         " match 1 (image 1): It is a tiny blue square.",
@@ -329,8 +329,10 @@ def test_tally_counts_the_things_named_in_order_of_first_mention(find_tool):
     said = ["It is a tiny blue mouse.", "It is a tiny orange pencil.", "It is a tiny white pencil.",
             "It is a tiny red apple.", "A tiny grey mouse", "It is a tiny red pencil."]  # fmt: skip
     assert find_tool.tally(said) == "two mice, three pencils and an apple"
+    assert find_tool.tally(said, "tiny") == "two tiny mice, three tiny pencils and a tiny apple"
+    assert find_tool.tally(said[1:3], "the tiny pencils") == "two tiny pencils"  # the thing is not repeated
     assert find_tool.tally(said[:1]) == "a mouse" and find_tool.thing("It is a tiny red towel.") == "towel"
-    assert find_tool.tally(["a cup"] * 12) == "12 cups"
+    assert find_tool.tally(["a cup"] * 12) == "12 cups" and find_tool.tally(["an egg"], "the") == "an egg"
 
 
 def test_caption_demonstrations_follow_the_order_find_counted_in(find_tool):
