@@ -4,6 +4,7 @@
     python -m rl.agent.read_probe runs/sft/model --detail --tray-spots 3 --set detail.tiny_radius_min=6
     python -m rl.agent.read_probe runs/sft/model --objects --tray-spots 3 --notes 48
     python -m rl.agent.read_probe runs/sft/model --find --tray-spots 3 --notes 100
+    python -m rl.agent.read_probe runs/sft/model --tally --tray-spots 3 --notes 64
 
 The model captions ("Describe the photo.", greedy) each test caption task's photo as a whole and its
 tray as a zoom crop returns it; a caption *mentions* an object when it holds the object's name, and its
@@ -24,6 +25,10 @@ names the category (and colour) of each tiny object it cuts out of the tray (:fu
 ``--find``: the ``find`` tool with the model as its namer on the asked photo of each test detail task, for
 the asked thing in the question's words: how many count and colour questions its matches answer
 (:func:`find_reading`).
+
+``--tally``: ``find`` for "tiny" on each test caption task's photo, as a caption demonstration calls it, with
+the model as its namer: what its ``labels`` tally says against the tray's tiny objects (categories found,
+counts of two or more right, whole trays right; :func:`tally_reading`).
 """
 
 from __future__ import annotations
@@ -216,6 +221,44 @@ def find_reading(backend: AgentBackend, cfg: WorldTaskConfig, tasks: int, *, bat
         tool.set_namer(before)
 
 
+def tally_reading(backend: AgentBackend, cfg: WorldTaskConfig, tasks: int, *, batch_size: int = 16) -> dict:
+    """``--tally``: per test caption task, the things the namer names among ``find``'s matches for "tiny"
+    (:func:`rl.agent.find.tally`) against the tray's tiny objects by category: ``recall`` (tray objects
+    whose category is named as often), ``precision`` (names that are a tray object's), ``counts_right``
+    (categories of two or more on a tray named that many times), ``trays_right`` (every category's number)."""
+    from rl.agent import find as tool
+    from rl.agent.world_demos import CAPTION_FIND
+
+    def name(images: Sequence[Any]) -> list[str]:
+        return captions(backend, images, batch_size=batch_size, max_new_tokens=24)
+
+    before = tool.set_namer(name)
+    try:
+        n = Counter()
+        for t in world_tasks(cfg, "caption", "test", tasks):
+            scene = world_note(cfg, int(t.meta["note"].rsplit("-", 1)[1])).scenes[t.meta["photo"] - 1]
+            truth = Counter(o.category for o in scene.tiny)
+            crops = [crop for _, crop in tool.regions(t, 1)]
+            said = [s for s in (name(crops) if crops else []) if tool.matches(CAPTION_FIND["object"], s)]
+            named = Counter(map(tool.thing, said))
+            n["objects"] += truth.total()
+            n["named"] += named.total()
+            n["found"] += (truth & named).total()
+            groups = [c for c, k in truth.items() if k >= 2]
+            n["groups"] += len(groups)
+            n["groups_right"] += sum(named[c] == truth[c] for c in groups)
+            n["trays_right"] += named == truth
+        return {
+            "seed": cfg.seed, "tasks": tasks, **n,
+            "recall": n["found"] / n["objects"] if n["objects"] else None,
+            "precision": n["found"] / n["named"] if n["named"] else None,
+            "counts_right": n["groups_right"] / n["groups"] if n["groups"] else None,
+            "trays_right": n["trays_right"] / tasks if tasks else None,
+        }  # fmt: skip
+    finally:
+        tool.set_namer(before)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from mm.model.adapter.load import load_adapter
     from rl.agent.backend import backend_for
@@ -239,6 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--find", action="store_true", help="the find tool on the asked photo, the model as its namer"
     )
     parser.add_argument(
+        "--tally", action="store_true", help="find 'tiny' on caption photos: its tally against the tray"
+    )
+    parser.add_argument(
         "--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
         help="world settings, as rl agent's world: section (detail.tiny_radius_min=6)",
     )  # fmt: skip
@@ -251,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     backend = backend_for(load_adapter(args.model))
     if args.find:
         result = find_reading(backend, cfg, args.notes)
+    elif args.tally:
+        result = tally_reading(backend, cfg, args.notes)
     elif args.objects:
         result = object_reading(backend, cfg, args.notes)
     else:

@@ -161,3 +161,42 @@ def test_find_cli_on_a_tiny_model(tmp_path, capsys, find_tool):
     assert sum(out[k]["tasks"] for k in asks) == 3 and all(
         0 <= out[k]["right"] <= out[k]["tasks"] for k in asks
     )
+
+
+def test_tally_reading_with_an_oracle_namer_gets_every_tray(find_tool):
+    from mm.config import load_config
+    from rl.agent.read_probe import tally_reading
+    from rl.agent.world_tasks import WorldTaskConfig, world_note, world_tasks
+
+    tool = find_tool
+    cfg = load_config(WorldTaskConfig, None, ["seed=0", "detail.tray_spots=3"])
+    truth, trays = {}, 0  # each cut-out described as the tiny object inside its region, if any
+    for t in world_tasks(cfg, "caption", "test", 6):
+        scene = world_note(cfg, int(t.meta["note"].rsplit("-", 1)[1])).scenes[t.meta["photo"] - 1]
+        for f, crop in tool.regions(t, 1):
+            inside = [o for o in scene.tiny if f.box[0] <= o.cx < f.box[2] and f.box[1] <= o.cy < f.box[3]]
+            truth[crop.tobytes()] = (
+                f"It is a tiny {inside[0].color} {inside[0].category}." if inside else "A tray."
+            )
+        trays += 1
+
+    class Oracle:
+        def prompt(self, images, text):
+            return truth[images[0].tobytes()]
+
+        def generate(self, rows, max_new_tokens, sampling):
+            return [type("Turn", (), {"text": row})() for row in rows]
+
+    out = tally_reading(Oracle(), cfg, 6, batch_size=5)
+    assert out["tasks"] == trays == 6 and out["objects"] >= 18
+    assert out["recall"] == out["precision"] == out["trays_right"] == 1.0
+    assert out["counts_right"] in (None, 1.0) and tool._namer is None
+
+
+def test_tally_cli_on_a_tiny_model(tmp_path, capsys, find_tool):
+    adapter = tiny_notevlm()
+    adapter.model.save_pretrained(str(tmp_path / "m"))
+    adapter.processor.save_pretrained(tmp_path / "m")
+    assert main([str(tmp_path / "m"), "--notes", "2", "--tally", "--tray-spots", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tasks"] == 2 and out["objects"] >= 2 and 0 <= out["found"] <= out["objects"]
