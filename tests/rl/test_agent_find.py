@@ -355,3 +355,22 @@ def test_caption_demonstrations_follow_the_order_find_counted_in(find_tool):
     assert turns[-1].text == tray_in_order(cap, "a keyboard, two pencils and a mouse")
     plain = caption_demo(task, lambda call, t: ('4 matches for "tiny" in image 1 of 1:', None), zoom="find")
     assert plain[-1].text == cap  # no tally (labels off): the reference caption as it is
+
+
+def test_a_run_trained_without_tool_options_refuses_to_resume_with_them(find_tool, tmp_path):
+    import json
+
+    from rl.agent.run import check_training_config
+
+    plain = load_config(AgentRunConfig, TINY, ["tool_modules=[rl.agent.find]"])
+    check_training_config(plain, tmp_path)
+    path = tmp_path / "training_config.json"
+    older = json.loads(path.read_text())
+    del older["tool_options"]  # written before the config had the key
+    path.write_text(json.dumps(older))
+    check_training_config(plain, tmp_path)  # at its default then: resumes
+    labelled = load_config(
+        AgentRunConfig, TINY, ["tool_modules=[rl.agent.find]", "tool_options={rl.agent.find: {labels: true}}"]
+    )
+    with pytest.raises(UserError, match="other tool_options settings"):
+        check_training_config(labelled, tmp_path)
