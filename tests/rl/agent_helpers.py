@@ -162,3 +162,17 @@ def tray_detail_tasks(n: int) -> list[AgentTask]:
 
     cfg = load_config(WorldTaskConfig, None, ["seed=0", "detail.tray_spots=3"])
     return list(world_tasks(cfg, "detail", "train", n))
+
+
+def recorded_before(cfg, out, section: str) -> None:
+    """``out``'s ``training_config.json`` for ``cfg`` as a run from before the config had ``section`` wrote
+    it (the section left out)."""
+    import json
+
+    from rl.agent.run import check_training_config
+
+    check_training_config(cfg, out)
+    path = out / "training_config.json"
+    older = json.loads(path.read_text())
+    del older[section]
+    path.write_text(json.dumps(older))

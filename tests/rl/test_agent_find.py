@@ -358,16 +358,11 @@ def test_caption_demonstrations_follow_the_order_find_counted_in(find_tool):
 
 
 def test_a_run_trained_without_tool_options_refuses_to_resume_with_them(find_tool, tmp_path):
-    import json
-
     from rl.agent.run import check_training_config
+    from tests.rl.agent_helpers import recorded_before
 
     plain = load_config(AgentRunConfig, TINY, ["tool_modules=[rl.agent.find]"])
-    check_training_config(plain, tmp_path)
-    path = tmp_path / "training_config.json"
-    older = json.loads(path.read_text())
-    del older["tool_options"]  # written before the config had the key
-    path.write_text(json.dumps(older))
+    recorded_before(plain, tmp_path, "tool_options")
     check_training_config(plain, tmp_path)  # at its default then: resumes
     labelled = load_config(
         AgentRunConfig, TINY, ["tool_modules=[rl.agent.find]", "tool_options={rl.agent.find: {labels: true}}"]

@@ -122,13 +122,10 @@ def test_a_config_without_a_note_model_section_takes_overrides_on_the_default_st
 
 def test_a_run_folder_from_before_the_stage_resumes_unless_the_stage_is_on(tmp_path):
     from rl.agent.run import check_training_config
+    from tests.rl.agent_helpers import recorded_before
 
     plain = load_config(AgentRunConfig, TINY, SMALL)
-    check_training_config(plain, tmp_path)
-    path = tmp_path / "training_config.json"
-    older = json.loads(path.read_text())
-    del older["note_model"]  # written before the config had the section
-    path.write_text(json.dumps(older))
+    recorded_before(plain, tmp_path, "note_model")
     check_training_config(plain, tmp_path)  # at its default then: resumes
     with pytest.raises(UserError, match="other note_model settings"):
         check_training_config(_cfg(), tmp_path)

@@ -122,6 +122,26 @@ def find_tool(monkeypatch):
     yield from tool_module(monkeypatch, "rl.agent.find")
 
 
+class Oracle:
+    """A backend whose caption of an image is ``truth[image bytes]``."""
+
+    def __init__(self, truth: dict[bytes, str]):
+        self.truth = truth
+
+    def prompt(self, images, text):
+        return self.truth[images[0].tobytes()]
+
+    def generate(self, rows, max_new_tokens, sampling):
+        return [type("Turn", (), {"text": row})() for row in rows]
+
+
+def _tiny_model(tmp_path):
+    adapter = tiny_notevlm()
+    adapter.model.save_pretrained(str(tmp_path / "m"))
+    adapter.processor.save_pretrained(tmp_path / "m")
+    return str(tmp_path / "m")
+
+
 def test_find_reading_with_an_oracle_namer_answers_every_question(find_tool):
     from mm.config import load_config
     from rl.agent.read_probe import find_reading
@@ -138,24 +158,14 @@ def test_find_reading_with_an_oracle_namer_answers_every_question(find_tool):
             ]
             truth[crop.tobytes()] = f"It is a tiny {inside[0][1]} {inside[0][0]}." if inside else "A stroke."
 
-    class Oracle:
-        def prompt(self, images, text):
-            return truth[images[0].tobytes()]
-
-        def generate(self, rows, max_new_tokens, sampling):
-            return [type("Turn", (), {"text": row})() for row in rows]
-
-    out = find_reading(Oracle(), cfg, 12, batch_size=5)
+    out = find_reading(Oracle(truth), cfg, 12, batch_size=5)
     assert out["color"]["tasks"] + out["count"]["tasks"] == 12 and out["regions"] >= 36
     assert out["color"]["right"] == out["color"]["tasks"] and out["count"]["right"] == out["count"]["tasks"]
     assert tool._namer is None  # the probe's namer is not left behind
 
 
 def test_find_cli_on_a_tiny_model(tmp_path, capsys, find_tool):
-    adapter = tiny_notevlm()
-    adapter.model.save_pretrained(str(tmp_path / "m"))
-    adapter.processor.save_pretrained(tmp_path / "m")
-    assert main([str(tmp_path / "m"), "--notes", "3", "--find", "--tray-spots", "3"]) == 0
+    assert main([_tiny_model(tmp_path), "--notes", "3", "--find", "--tray-spots", "3"]) == 0
     out = json.loads(capsys.readouterr().out)
     asks = [k for k in ("color", "count") if k in out]
     assert sum(out[k]["tasks"] for k in asks) == 3 and all(
@@ -180,23 +190,13 @@ def test_tally_reading_with_an_oracle_namer_gets_every_tray(find_tool):
             )
         trays += 1
 
-    class Oracle:
-        def prompt(self, images, text):
-            return truth[images[0].tobytes()]
-
-        def generate(self, rows, max_new_tokens, sampling):
-            return [type("Turn", (), {"text": row})() for row in rows]
-
-    out = tally_reading(Oracle(), cfg, 6, batch_size=5)
+    out = tally_reading(Oracle(truth), cfg, 6, batch_size=5)
     assert out["tasks"] == trays == 6 and out["objects"] >= 18
     assert out["recall"] == out["precision"] == out["trays_right"] == 1.0
     assert out["counts_right"] in (None, 1.0) and tool._namer is None
 
 
 def test_tally_cli_on_a_tiny_model(tmp_path, capsys, find_tool):
-    adapter = tiny_notevlm()
-    adapter.model.save_pretrained(str(tmp_path / "m"))
-    adapter.processor.save_pretrained(tmp_path / "m")
-    assert main([str(tmp_path / "m"), "--notes", "2", "--tally", "--tray-spots", "3"]) == 0
+    assert main([_tiny_model(tmp_path), "--notes", "2", "--tally", "--tray-spots", "3"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tasks"] == 2 and out["objects"] >= 2 and 0 <= out["found"] <= out["objects"]
