@@ -247,13 +247,13 @@ def tally_reading(backend: AgentBackend, cfg: WorldTaskConfig, tasks: int, *, ba
             groups = [c for c, k in truth.items() if k >= 2]
             n["groups"] += len(groups)
             n["groups_right"] += sum(named[c] == truth[c] for c in groups)
-            n["trays_right"] += named == truth
+            n["whole_trays"] += named == truth
         return {
             "seed": cfg.seed, "tasks": tasks, **n,
             "recall": n["found"] / n["objects"] if n["objects"] else None,
             "precision": n["found"] / n["named"] if n["named"] else None,
             "counts_right": n["groups_right"] / n["groups"] if n["groups"] else None,
-            "trays_right": n["trays_right"] / tasks if tasks else None,
+            "trays_right": n["whole_trays"] / tasks if tasks else None,
         }  # fmt: skip
     finally:
         tool.set_namer(before)
