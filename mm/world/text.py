@@ -59,7 +59,8 @@ def position_phrase(bbox: tuple[float, float, float, float], size: int) -> str:
     return "in the middle"
 
 
-def _join(parts: list[str]) -> str:
+def join_phrases(parts: list[str]) -> str:
+    """``["a", "b", "c"]`` -> "a, b and c"."""
     if len(parts) == 1:
         return parts[0]
     return ", ".join(parts[:-1]) + " and " + parts[-1]
@@ -153,7 +154,7 @@ def object_phrases(
         words.append(noun)
         head = " ".join(words)
         listed = sorted(c for c in colors if c) if not color or colour.after else []
-        bracket = " (" + _join(listed) + ")" if listed else ""
+        bracket = " (" + join_phrases(listed) + ")" if listed else ""
         if n == 1:
             phrase = f"{article(head)} {head}{bracket}"
             if rng.random() < 0.3:
@@ -180,7 +181,7 @@ def image_caption(
         return "Nothing in particular."
     kw = {"size": size, "rng": rng, "synonym_prob": synonym_prob, "colour": colour}
     phrases = object_phrases(objects, **kw)
-    body = _join(phrases)
+    body = join_phrases(phrases)
     t = _IMAGE_TEMPLATES[int(rng.integers(len(_IMAGE_TEMPLATES)))]
     if t == "There is {x}." and not phrases[0].startswith(("a ", "an ")):
         t = "There are {x}."
@@ -203,12 +204,12 @@ def note_caption(
     place = THEME_PLACE[theme]
     if n == 1:
         intro = f"A photo from {place}."
-        body = _join(object_phrases(objects[0], **kw))
+        body = join_phrases(object_phrases(objects[0], **kw))
         return f"{intro} It shows {body}."
     intro = f"{NUMBERS[n].capitalize()} photos from {place}."
     parts = [intro]
     for k, objs in enumerate(objects):
-        body = _join(object_phrases(objs, **kw)) if objs else "nothing"
+        body = join_phrases(object_phrases(objs, **kw)) if objs else "nothing"
         parts.append(f"In the {ORDINALS[k]} photo, {body}.")
     return " ".join(parts)
 

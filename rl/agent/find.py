@@ -172,7 +172,7 @@ def tally(said: Sequence[str], asked: str = "") -> str:
     ``asked`` that are not that thing (nor an article): "a tiny towel, two tiny cups and a tiny apple" for
     "tiny", "two cups" for "the cups"."""
     from mm.train.tasks import plural
-    from mm.world.text import NUMBERS
+    from mm.world.text import NUMBERS, join_phrases
 
     counts: dict[str, int] = {}
     for t in map(thing, said):
@@ -183,7 +183,7 @@ def tally(said: Sequence[str], asked: str = "") -> str:
         said_as = " ".join([*words, t if n == 1 else plural(t)])
         head = ("an" if said_as[:1] in "aeiou" else "a") if n == 1 else NUMBERS[n] if n < len(NUMBERS) else n
         parts.append(f"{head} {said_as}")
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return join_phrases(parts)
 
 
 def regions(task: AgentTask, image: int, box: list[float] | None = None) -> list[tuple[Found, np.ndarray]]:

@@ -93,7 +93,7 @@ def read_probe(
     tasks = list(world_tasks(cfg, "caption", "test", notes))
     photos = [t.sources[t.meta["image"] - 1] for t in tasks]
     trays = [p[y0:y1, x0:x1] for p, (x0, y0, x1, y1) in zip(photos, (t.meta["tray"] for t in tasks))]
-    themes = [world_note(cfg, int(t.meta["note"].rsplit("-", 1)[1])).theme for t in tasks]
+    themes = [note_of(cfg, t).theme for t in tasks]
     other = same_theme_other(themes)
     large = [t.meta["objects"][0][:1] for t in tasks]
     tiny = [t.meta["objects"][0][1:] for t in tasks]
@@ -221,6 +221,11 @@ def find_reading(backend: AgentBackend, cfg: WorldTaskConfig, tasks: int, *, bat
         tool.set_namer(before)
 
 
+def note_of(cfg: WorldTaskConfig, task: Any) -> Any:
+    """The world note a task of world ``cfg`` was made from (its ``meta["note"]``, "aw0-000123")."""
+    return world_note(cfg, int(task.meta["note"].rsplit("-", 1)[1]))
+
+
 def tally_reading(backend: AgentBackend, cfg: WorldTaskConfig, tasks: int, *, batch_size: int = 16) -> dict:
     """``--tally``: per test caption task, the things the namer names among ``find``'s matches for "tiny"
     (:func:`rl.agent.find.tally`) against the tray's tiny objects by category: ``recall`` (tray objects
@@ -236,7 +241,7 @@ def tally_reading(backend: AgentBackend, cfg: WorldTaskConfig, tasks: int, *, ba
     try:
         n = Counter()
         for t in world_tasks(cfg, "caption", "test", tasks):
-            scene = world_note(cfg, int(t.meta["note"].rsplit("-", 1)[1])).scenes[t.meta["photo"] - 1]
+            scene = note_of(cfg, t).scenes[t.meta["photo"] - 1]
             truth = Counter(o.category for o in scene.tiny)
             crops = [crop for _, crop in tool.regions(t, 1)]
             said = [s for s in (name(crops) if crops else []) if tool.matches(CAPTION_FIND["object"], s)]

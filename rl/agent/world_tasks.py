@@ -43,7 +43,7 @@ from mm.world.detail import (
     sample_detail_scene,
 )
 from mm.world.render import object_box
-from mm.world.text import NUMBERS
+from mm.world.text import NUMBERS, join_phrases
 from rl.agent.simulator import UserSimulator
 from rl.agent.task import KINDS, AgentTask
 
@@ -221,11 +221,6 @@ def object_groups(objs, size: str) -> list[str]:
             cols = " and ".join(dict.fromkeys(o.color for o in group))
             out.append(f"{NUMBERS[len(group)]} {size}{vocab.category(cat).plural} ({cols})")
     return out
-
-
-def join_phrases(parts: list[str]) -> str:
-    """``["a", "b", "c"]`` -> "a, b and c"."""
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def caption_task(cfg: WorldTaskConfig, note: WorldNote) -> AgentTask:

@@ -28,7 +28,7 @@ from typing import Any
 from mm.data.images import open_rgb
 from mm.eval import generate
 from mm.eval.claims import note_truth
-from mm.world.text import _join, article
+from mm.world.text import article, join_phrases
 from rl.pairs.correction import greedy_captions
 from rl.pairs.record import PreferencePair
 from rl.rewards import attribute_verdicts, claim_extractor, vocabulary
@@ -59,7 +59,7 @@ def _strip_in_brackets(caption: str, left: int, right: int, drop: set[int]) -> s
             items.append(body[start:end])
         start = m.end() if m else start
     if items:
-        return caption[: left + 1] + _join(items) + caption[right:]
+        return caption[: left + 1] + join_phrases(items) + caption[right:]
     cut = left - 1 if left > 0 and caption[left - 1] == " " else left
     return caption[:cut] + caption[right + 1 :]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from mm.eval import generate
 from mm.world import text as wtext
-from mm.world.text import _join
+from mm.world.text import join_phrases
 from rl.pairs.record import PreferencePair, caption_pair
 from rl.rewards import vocabulary
 
@@ -88,7 +88,7 @@ def strip_objects(caption: str, drop: set[str], substitutes: Sequence[str] = ())
             kept[0] = kept[0][:1].upper() + kept[0][1:]
         if kept[0] is not items[0] and (prefix or lead):
             kept[0] = kept[0][:1].lower() + kept[0][1:]
-        body = prefix + _join(kept)
+        body = prefix + join_phrases(kept)
         out.append(", ".join([*lead, body]) + end)
     return " ".join(out) if changed else None
 
