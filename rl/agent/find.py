@@ -172,7 +172,7 @@ def tally(said: Sequence[str], asked: str = "") -> str:
     ``asked`` that are not that thing (nor an article): "a tiny towel, two tiny cups and a tiny apple" for
     "tiny", "two cups" for "the cups"."""
     from mm.train.tasks import plural
-    from mm.world.text import NUMBERS, join_phrases
+    from mm.world.text import NUMBERS, article, join_phrases
 
     counts: dict[str, int] = {}
     for t in map(thing, said):
@@ -181,7 +181,7 @@ def tally(said: Sequence[str], asked: str = "") -> str:
     for t, n in counts.items():
         words = [w for w in _words(asked) if w not in ARTICLES and w not in (t, plural(t))]
         said_as = " ".join([*words, t if n == 1 else plural(t)])
-        head = ("an" if said_as[:1] in "aeiou" else "a") if n == 1 else NUMBERS[n] if n < len(NUMBERS) else n
+        head = article(said_as) if n == 1 else NUMBERS[n] if n < len(NUMBERS) else n
         parts.append(f"{head} {said_as}")
     return join_phrases(parts)
 

@@ -43,7 +43,7 @@ from mm.world.detail import (
     sample_detail_scene,
 )
 from mm.world.render import object_box
-from mm.world.text import NUMBERS, join_phrases
+from mm.world.text import NUMBERS, article, join_phrases
 from rl.agent.simulator import UserSimulator
 from rl.agent.task import KINDS, AgentTask
 
@@ -216,7 +216,7 @@ def object_groups(objs, size: str) -> list[str]:
     for cat, group in by_cat.items():
         if len(group) == 1:
             word = size or f"{group[0].size} "
-            out.append(f"{'an' if word[0] in 'aeiou' else 'a'} {word}{group[0].color} {cat}")
+            out.append(f"{article(word)} {word}{group[0].color} {cat}")
         else:
             cols = " and ".join(dict.fromkeys(o.color for o in group))
             out.append(f"{NUMBERS[len(group)]} {size}{vocab.category(cat).plural} ({cols})")
