@@ -24,7 +24,9 @@ With the option ``labels`` (``tool_options: {rl.agent.find: {labels: true}}``) e
 the namer said of that region (" match 1: It is a tiny red towel."), as an open-vocabulary detector gives
 each box its phrase, and the text counts the things named, in order of first mention, in the call's words
 ('4 matches for "tiny" in image 1 of 1 (a tiny towel, two tiny cups and a tiny fork):', :func:`tally`); the
-default shows the cut-outs alone.
+default shows the cut-outs alone. With the option ``group`` the matches come grouped by the thing the namer
+names (:func:`thing`), groups in order of first mention, reading order within each (:func:`grouped`): the
+cut-outs then line up with the tally, the two cups side by side.
 
 In ``rl agent`` the namer is the policy's starting model (``policy.init``, or the note model the run
 builds), frozen: the tool sees nothing the policy could not, and never the world's ground truth
@@ -72,18 +74,27 @@ FIND_SCHEMA = {
     "required": ["object"],  # without a box: the whole image, small regions only; without an image: every one
 }
 
-OPTIONS = {"labels": bool}
+OPTIONS = {"labels": bool, "group": bool}
 """This module's ``tool_options`` (:func:`rl.agent.tools.check_tool_options`): ``labels``, each match labelled
-with the namer's words (default false)."""
+with the namer's words; ``group``, matches grouped by the thing named (both default false)."""
 
 _namer: Namer | None = None
 _labels = False
+_group = False
 
 
 def set_labels(on: bool) -> bool:
     """Whether each match's label holds the namer's words from now on; returns the setting before."""
     global _labels
     before, _labels = _labels, on
+    return before
+
+
+def set_group(on: bool) -> bool:
+    """Whether matches come grouped by the thing named (:func:`grouped`) from now on; returns the setting
+    before."""
+    global _group
+    before, _group = _group, on
     return before
 
 
@@ -131,7 +142,7 @@ def model_namer(folder: str | Path, *, batch_size: int = 16, max_new_tokens: int
 
 def configure(cfg: Any) -> None:
     """``rl agent``'s hook, once the policy's start is known: the namer is that model (``policy.init``); the
-    ``labels`` option from ``tool_options``."""
+    ``labels`` and ``group`` options from ``tool_options``."""
     from mm.errors import UserError
 
     if cfg.policy.init is None:
@@ -140,7 +151,9 @@ def configure(cfg: Any) -> None:
             "set policy.init=MODEL_FOLDER or note_model.build=true"
         )
     set_namer(model_namer(cfg.policy.init))
-    set_labels(cfg.tool_options.get(__name__, {}).get("labels", False))
+    options = cfg.tool_options.get(__name__, {})
+    set_labels(options.get("labels", False))
+    set_group(options.get("group", False))
 
 
 def _words(text: str) -> list[str]:
@@ -186,6 +199,15 @@ def tally(said: Sequence[str], asked: str = "") -> str:
     return join_phrases(parts)
 
 
+def grouped(said: Sequence[str]) -> list[int]:
+    """The indices of ``said`` grouped by the thing each names (:func:`thing`), groups in order of first
+    mention, each group in its own order: ["a cup", "a fork", "a cup"] -> [0, 2, 1]."""
+    first: dict[str, int] = {}
+    for t in map(thing, said):
+        first.setdefault(t, len(first))
+    return sorted(range(len(said)), key=lambda i: first[thing(said[i])])  # stable
+
+
 def regions(task: AgentTask, image: int, box: list[float] | None = None) -> list[tuple[Found, np.ndarray]]:
     """The regions a ``find`` call on ``box`` of note image ``image`` considers (without a box: the whole
     image, regions up to :data:`SMALL` of it), each with its ``(s, s, 3)`` cut-out, in reading order."""
@@ -214,6 +236,8 @@ def find(
     seen = [(j, crop) for j in images for _, crop in regions(task, j, box)]
     names = _namer([crop for _, crop in seen]) if seen else []
     hits = [(j, crop, said) for (j, crop), said in zip(seen, names) if matches(object, said)]
+    if _group:
+        hits = [hits[i] for i in grouped([said for _, _, said in hits])]
     where = f"in image {image or 1} of {n}" if image is not None or n == 1 else f"in images 1-{n}"
     where += f" at {format_box(box)}" if box is not None else ""
     if not hits:

@@ -313,11 +313,15 @@ def test_tool_options_reach_the_module_and_bad_ones_are_refused(find_tool, tmp_p
     configure_tool_modules(cfg.tool_modules, cfg)
     assert find_tool._labels is True
     off = load_config(AgentRunConfig, TINY, ["tool_modules=[rl.agent.find]", f"policy.init={tmp_path}"])
-    configure_tool_modules(off.tool_modules, off)  # the default: no labels
-    assert find_tool._labels is False
+    configure_tool_modules(off.tool_modules, off)  # the default: no labels, no groups
+    assert find_tool._labels is False and find_tool._group is False
+    grouped = [f"policy.init={tmp_path}", on.replace("true}", "true, group: true}")]
+    both = load_config(AgentRunConfig, TINY, ["tool_modules=[rl.agent.find]", *grouped])
+    configure_tool_modules(both.tool_modules, both)
+    assert find_tool._labels is True and find_tool._group is True
     with pytest.raises(ConfigError, match="does not load; add the module to tool_modules"):
         load_config(AgentRunConfig, TINY, [on])
-    with pytest.raises(UserError, match=r"has no option 'label'; its options: \['labels'\]"):
+    with pytest.raises(UserError, match=r"has no option 'label'; its options: \['group', 'labels'\]"):
         check_tool_options({"rl.agent.find": {"label": True}})
     with pytest.raises(UserError, match="option 'labels' takes a bool, got 1"):
         check_tool_options({"rl.agent.find": {"labels": 1}})
@@ -333,6 +337,28 @@ def test_tally_counts_the_things_named_in_order_of_first_mention(find_tool):
     assert find_tool.tally(said[1:3], "the tiny pencils") == "two tiny pencils"  # the thing is not repeated
     assert find_tool.tally(said[:1]) == "a mouse" and find_tool.thing("It is a tiny red towel.") == "towel"
     assert find_tool.tally(["a cup"] * 12) == "12 cups" and find_tool.tally(["an egg"], "the") == "an egg"
+
+
+def test_group_puts_the_matches_of_one_thing_side_by_side(find_tool):
+    said = ["It is a tiny blue mouse.", "It is a tiny orange pencil.", "It is a tiny red apple.",
+            "It is a tiny grey mouse.", "It is a tiny white pencil."]  # fmt: skip
+    assert find_tool.grouped(said) == [0, 3, 1, 4, 2]
+    assert find_tool.grouped([]) == [] and find_tool.grouped(said[:1]) == [0]
+    task = _scene()  # red, blue (top row), red (below), in reading order
+    squares = colour_namer()
+    find_tool.set_namer(lambda ims: [s.replace("blue square", "blue dot") for s in squares(ims)])
+    find_tool.set_labels(True)
+    plain = find_tool.find(task, 1, "tiny")
+    assert [lab.split()[-2] for lab in plain.labels] == ["red", "blue", "red"]
+    assert find_tool.set_group(True) is False
+    obs = find_tool.find(task, 1, "tiny")
+    # the same count, in the same order of first mention
+    assert obs.text == plain.text == '3 matches for "tiny" in image 1 of 1 (two tiny squares and a tiny dot):'
+    assert [lab.split()[-2] for lab in obs.labels] == ["red", "red", "blue"]
+    assert [lab.split(":")[0] for lab in obs.labels] == [" match 1", " match 2", " match 3"]
+    by_pixels = {c.tobytes(): k for k, c in enumerate(plain.images)}
+    assert [by_pixels[c.tobytes()] for c in obs.images] == [0, 2, 1]  # the cut-outs follow
+    find_tool.set_group(False)
 
 
 def test_caption_demonstrations_follow_the_order_find_counted_in(find_tool):
