@@ -11,7 +11,7 @@ photos the note has (``photos``). Per model, over the given runs together:
 - detail accuracy when the first zoom is on target and when it is not: reading against guessing;
 - where the first zoom went instead, for notes of 1, 2 and 3 photos (rows with the ``aim`` field): elsewhere
   in the asked photo (``other_place``: the place was not found), another photo (``other_photo``: the
-  photos were not told apart), or no zoom.
+  photos were not told apart), another thing (``other_thing``: a ``find`` for something else), or no zoom.
 
 Rows written before those fields existed have neither: delete the run's ``eval/*.jsonl`` and run the same
 ``rl agent`` command again (every trained stage is skipped; the eval and the report are redone, and the

@@ -8,12 +8,14 @@
   first tool call zooms where the answer is (:func:`zoom_on_target`), minus ``invalid_call_penalty`` per
   invalid tool call, minus ``truncation_penalty`` when the trajectory ended without an answer.
 - :func:`first_aim` / :func:`zoom_on_target`: where a task's first aiming call went (on target, elsewhere in
-  the asked photo, another photo, no zoom), which tells finding the place apart from reading it.
+  the asked photo, another photo, another thing for a ``find``, no zoom), which tells finding the place
+  apart from reading it.
 - :func:`eval_row`: one JSON row per trajectory with what the report's metrics sum over.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rl.agent.answers import caption_units, score_answer
@@ -66,7 +68,7 @@ def _whole_photo(call: Any) -> bool:
     return isinstance(call, ToolCall) and list(call.args.get("box", ())) == WHOLE
 
 
-AIMS = ("on_target", "other_place", "other_photo", "no_zoom")
+AIMS = ("on_target", "other_place", "other_photo", "other_thing", "no_zoom")
 """Where the first aiming call of a task with an asked photo went (:func:`first_aim`)."""
 
 
@@ -81,12 +83,19 @@ def first_aim(traj: Trajectory) -> str | None:
     - ``other_photo``: a ``zoom`` of another photo (telling the photos apart failed);
     - ``no_zoom``: no valid aiming call, or another tool first.
 
+    A ``find`` without a box aims by what it asks for (``rl.agent.find``): ``on_target`` when it looks at
+    that photo (or, without ``image``, at every photo) for the task's ``meta["object"]`` (its name or
+    plural among the call's words; any thing when the task names none), ``other_thing`` when it asks
+    that photo for something else, ``other_photo`` when it looks at another photo.
+
     None for other tasks."""
     meta = traj.task.meta
     if "image" not in meta or "box" not in meta:
         return None
     aims = (c.call for c in traj.calls if c.valid and not _whole_photo(c.call))
     call = next(aims, None)
+    if isinstance(call, ToolCall) and call.name == "find" and "box" not in call.args:
+        return _find_aim(call.args, meta)
     if not isinstance(call, ToolCall) or not {"image", "box"} <= set(call.args):
         return "no_zoom"
     if call.args.get("image") != meta["image"]:
@@ -96,6 +105,16 @@ def first_aim(traj: Trajectory) -> str | None:
     a0, b0, a1, b1 = meta["box"]
     inter = max(0, min(x1, a1) - max(x0, a0)) * max(0, min(y1, b1) - max(y0, b0))
     return "on_target" if inter >= ZOOM_COVERAGE * (a1 - a0) * (b1 - b0) else "other_place"
+
+
+def _find_aim(args: dict[str, Any], meta: dict[str, Any]) -> str:
+    from mm.train.tasks import plural
+
+    if args.get("image", meta["image"]) != meta["image"]:
+        return "other_photo"
+    asked = re.findall(r"[a-z0-9]+", str(args.get("object", "")).lower())
+    thing = meta.get("object")
+    return "on_target" if thing is None or {thing, plural(thing)} & set(asked) else "other_thing"
 
 
 def zoom_on_target(traj: Trajectory) -> float | None:

@@ -409,6 +409,20 @@ def test_zoom_on_target_judges_the_first_zoom_against_the_answer_box():
     t.calls = []
     assert zoom_on_target(t) == 0.0 and first_aim(t) == "no_zoom"
 
+    def found(args, thing=detail.meta["object"]):
+        t = copy.copy(traj)
+        t.task = replace(detail, meta=dict(detail.meta, object=thing))
+        t.calls = [CallRecord(1, ToolCall("find", args), "find")]
+        return first_aim(t)
+
+    # a find aims by what it asks: the asked thing (singular or plural) on the asked photo, or on every one
+    assert found({"image": k, "object": "the tiny cups"}, "cup") == "on_target"
+    assert found({"image": k, "object": "cup"}, "cup") == found({"object": "tiny cup"}, "cup") == "on_target"
+    assert found({"image": k, "object": "the tiny cupboards"}, "cup") == "other_thing"
+    assert found({"image": k + 1, "object": "the tiny cups"}, "cup") == "other_photo"
+    assert found({"image": k, "object": "tiny"}, None) == "on_target"  # a task that names no thing
+    assert found({"image": k, "object": "cup", "box": [100 / S, 100 / S, 119 / S, 140 / S]}) == "other_place"
+
 
 def test_policy_init_takes_a_model_folder(tmp_path):
     import torch

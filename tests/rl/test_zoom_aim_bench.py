@@ -38,8 +38,8 @@ def test_aim_table_splits_the_misses_when_rows_say_where_the_zoom_went(za):
     ]  # fmt: skip
     t = za.aim_table(rows)
     assert t["aim_by_photos"] == {
-        1: {"on_target": 0, "other_place": 1, "other_photo": 0, "no_zoom": 0},
-        2: {"on_target": 1, "other_place": 0, "other_photo": 2, "no_zoom": 0},
+        1: {"on_target": 0, "other_place": 1, "other_photo": 0, "other_thing": 0, "no_zoom": 0},
+        2: {"on_target": 1, "other_place": 0, "other_photo": 2, "other_thing": 0, "no_zoom": 0},
     }
     assert "aim_by_photos" not in za.aim_table([*rows, _row()])  # a row from before the field
 
