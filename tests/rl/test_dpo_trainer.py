@@ -255,7 +255,9 @@ def test_two_processes_train_data_parallel_equal_to_one(tmp_path, dirs):
         name = f"step-{step:08d}/model.safetensors"
         wa, wb = load_file(str(out / "checkpoints" / name)), load_file(str(ref / "checkpoints" / name))
         assert wa.keys() == wb.keys()
-        assert max((wa[k].double() - wb[k].double()).abs().max().item() for k in wa) < 1e-5
+        # Adam moves a weight by about lr * g / (|g| + eps): where g is near eps (1e-8) float noise in the
+        # all-reduced gradient shows in the step, so the weights agree to 1% of the step (lr 0.01), not 1e-5
+        assert max((wa[k].double() - wb[k].double()).abs().max().item() for k in wa) < 1e-4
     start = load_file(
         str(model / "model.safetensors")
     )  # the steps moved the weights: the check means something
