@@ -316,6 +316,10 @@ class GRPOStageConfig:
     penalty)."""
     hallucination_weight: float = 0.5
     """Caption tasks: reward minus this times the share of judged attribute/count claims that are false."""
+    count_weight: float = 0.0
+    """Caption tasks: reward minus this times the share of judged count claims that are false, beside
+    ``hallucination_weight``'s term (where the few count claims weigh little against the many colours;
+    0 = off)."""
     turn_reward_weight: float = 0.0
     """Dialogues: reward plus this times the mean turn-level score the simulated user gave (0 = off)."""
     zoom_reward_weight: float = 0.0

@@ -3,7 +3,8 @@
 - :func:`final_text`: what a trajectory answered (a dialogue: all its replies; else the answer, "" when
   it was truncated without one).
 - :func:`trajectory_reward`: ``score_answer`` (``rl.agent.answers``), minus ``hallucination_weight`` times
-  the share of a caption's judged attribute and count claims that are false, plus for dialogues
+  the share of a caption's judged attribute and count claims that are false (and ``count_weight`` times
+  the share of its count claims alone), plus for dialogues
   ``turn_reward_weight`` times the simulated user's mean turn score, plus ``zoom_reward_weight`` when the
   first tool call zooms where the answer is (:func:`zoom_on_target`), minus ``invalid_call_penalty`` per
   invalid tool call, minus ``truncation_penalty`` when the trajectory ended without an answer.
@@ -46,6 +47,7 @@ def trajectory_reward(
     turn_reward_weight: float,
     truncation_penalty: float = 0.0,
     zoom_reward_weight: float = 0.0,
+    count_weight: float = 0.0,
 ) -> float:
     """The scalar GRPO reward of one trajectory (module docstring)."""
     text = final_text(traj)
@@ -55,6 +57,8 @@ def trajectory_reward(
         judged = sum(units[k]["judged"] for k in HALLUCINATION_KINDS)
         wrong = sum(units[k]["hallucinated"] for k in HALLUCINATION_KINDS)
         reward -= hallucination_weight * (wrong / judged if judged else 0.0)
+        if count_weight and units["count"]["judged"]:
+            reward -= count_weight * units["count"]["hallucinated"] / units["count"]["judged"]
     if traj.user_turns and turn_reward_weight:
         reward += turn_reward_weight * sum(u.score for u in traj.user_turns) / len(traj.user_turns)
     if zoom_reward_weight:

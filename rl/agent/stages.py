@@ -287,7 +287,7 @@ def reward_fn(cfg: AgentRunConfig) -> Callable[[Trajectory], float]:
         return trajectory_reward(
             traj, invalid_call_penalty=g.invalid_call_penalty, hallucination_weight=g.hallucination_weight,
             turn_reward_weight=g.turn_reward_weight, truncation_penalty=g.truncation_penalty,
-            zoom_reward_weight=g.zoom_reward_weight,
+            zoom_reward_weight=g.zoom_reward_weight, count_weight=g.count_weight,
         )  # fmt: skip
 
     return reward

@@ -359,6 +359,10 @@ def test_trajectory_reward_of_demonstrations_and_penalties():
     # F1 = 2 * (2/4) * (2/10) / (2/4 + 2/10) = 2/7, minus 0.5 x 2/2
     trajs[2].answer = "The photo shows a medium green crab. On the tray are three tiny umbrellas."
     assert trajectory_reward(trajs[2], **kw) == pytest.approx(2 / 7 - 0.5)
+    # the count term: 1 of 1 count claims false, on top
+    assert trajectory_reward(trajs[2], **kw, count_weight=0.75) == pytest.approx(2 / 7 - 0.5 - 0.75)
+    trajs[2].answer = "The photo shows a medium green crab. On the tray are tiny umbrellas."  # no count claim
+    assert trajectory_reward(trajs[2], **kw, count_weight=0.75) == trajectory_reward(trajs[2], **kw)
 
 
 def test_zoom_on_target_judges_the_first_zoom_against_the_answer_box():
