@@ -33,7 +33,7 @@ in a dialogue is ``<user>`` ... ``</user>`` the same way.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ from mm.errors import UserError
 from mm.model.adapter import Sample, VLMAdapter
 from mm.model.adapter.batching import gather_logps
 from rl.agent.parse import TOOL_CLOSE
+from rl.agent.quote import QuoteProcessor, token_pieces
 
 OBS_OPEN = "\n<obs>"
 OBS_CLOSE = "</obs>\n"
@@ -214,13 +215,36 @@ class AgentBackend(ABC):
             batch["response_mask"] = response
         return self.adapter.to_device(batch)
 
+    def token_pieces(self) -> list[str]:
+        """Each token's text after a word (``rl.agent.quote``), computed once."""
+        if getattr(self, "_pieces", None) is None:
+            self._pieces = token_pieces(self.tokenizer)
+        return self._pieces
+
     @torch.no_grad()
-    def generate(self, rows: Sequence[Segment], *, max_new_tokens: int, sampling: Sampling) -> list[Turn]:
-        """One policy turn for every row (batched, left padded): ids, sampling-time log-probs, stop."""
-        from transformers import StoppingCriteriaList
+    def generate(
+        self,
+        rows: Sequence[Segment],
+        *,
+        max_new_tokens: int,
+        sampling: Sampling,
+        quote: Mapping[str, Sequence[str]] | None = None,
+        user_texts: Sequence[str] | None = None,
+    ) -> list[Turn]:
+        """One policy turn for every row (batched, left padded): ids, sampling-time log-probs, stop.
+
+        ``quote`` (tool -> argument names) with ``user_texts`` (one per row): those arguments' values are
+        words of the row's user text (:mod:`rl.agent.quote`); the log-probs stay the model's own."""
+        from transformers import LogitsProcessorList, StoppingCriteriaList
 
         inputs = self.model_inputs(rows)
         P = inputs["input_ids"].shape[1]
+        kwargs = self.generate_kwargs(P)
+        if quote:
+            if user_texts is None or len(user_texts) != len(rows):
+                raise ValueError("generate(quote=...) needs one user text per row")
+            quoting = QuoteProcessor(self.decode, self.token_pieces(), P, user_texts, quote)
+            kwargs["logits_processor"] = LogitsProcessorList([*kwargs.get("logits_processor", []), quoting])
         model = self.adapter.model
         extra = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
         was_training = model.training
@@ -237,7 +261,7 @@ class AgentBackend(ABC):
                 output_logits=True,
                 return_dict_in_generate=True,
                 **(extra if sampling.do_sample else {}),
-                **self.generate_kwargs(P),
+                **kwargs,
             )
         finally:
             model.train(was_training)

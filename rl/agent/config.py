@@ -178,6 +178,24 @@ class RolloutConfig:
 
 
 @dataclass(kw_only=True)
+class DecodeConfig:
+    """How the tool models write their turns, in GRPO's rollouts and every eval of a tool model (a late
+    section: changing it re-runs GRPO on the run's SFT models)."""
+
+    quote: dict[str, list[str]] = field(default_factory=dict)
+    """Tool -> arguments whose values are quotes of the user's words, constrained at decode time
+    (:mod:`rl.agent.quote`): ``{find: [object]}``. Empty (the default): free."""
+
+    def __post_init__(self) -> None:
+        bad = {k: v for k, v in self.quote.items() if not v or not all(isinstance(a, str) and a for a in v)}
+        if bad:
+            raise ValueError(
+                f"decode.quote maps a tool to the names of its quoted arguments, e.g. {{find: [object]}}; "
+                f"got {bad}"
+            )
+
+
+@dataclass(kw_only=True)
 class PerceptionConfig:
     """Single-turn reading of world images (``rl.agent.perception``) before both SFT stages, which start
     from its model: the no-tool baseline can read a zoom crop as well as the tool policy, it never gets
@@ -508,6 +526,8 @@ class AgentRunConfig:
     """The GRPO stage."""
     ppo: AgentPPOConfig = field(default_factory=AgentPPOConfig)
     """The PPO stage (off unless ppo.steps > 0)."""
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    """How the tool models write their turns (GRPO, PPO and the eval)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """The held-out eval."""
     lora: FilesLoraConfig = field(default_factory=FilesLoraConfig)

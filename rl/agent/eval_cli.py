@@ -79,6 +79,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--baseline", default=None, help="another model on the same tasks: paired gains of --model over it"
     )
     parser.add_argument("--baseline-no-tools", action="store_true", help="the baseline answers without tools")
+    parser.add_argument(
+        "--quote", action="append", default=[], metavar="TOOL.ARG",
+        help="a tool argument whose value quotes the user's words, constrained at decode time "
+        "(rl agent's decode.quote; repeat for more): --quote find.object",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,19 +94,23 @@ def run(args: argparse.Namespace) -> int:
     from mm.train.metrics import atomic_write_text
     from rl.agent.evaluate import paired_gains, summarise
     from rl.agent.loop import LoopConfig
+    from rl.agent.quote import check_quote, quote_of
     from rl.agent.task_file import read_task_file
+    from rl.agent.tools import TOOLS
 
     if args.n_boot < 10:
         raise UserError(f"--n-boot must be >= 10, got {args.n_boot}")
     device = resolve_device(args.device, key="--device")
     configure_tools(args)
+    quote = quote_of(args.quote)
+    check_quote(quote, TOOLS)
     tasks = read_task_file(
         args.tasks, image_folder=args.image_folder, max_side=args.max_side, image_cache=args.image_cache
     )
     try:
         loop = LoopConfig(
             max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, max_tokens=args.max_tokens,
-            max_length=args.max_length or None, batch_size=args.batch_size,
+            max_length=args.max_length or None, batch_size=args.batch_size, quote=quote,
         )  # fmt: skip
     except ValueError as e:
         raise UserError(str(e)) from None
@@ -182,7 +191,10 @@ def _rows(model: str, tools: bool, tasks, loop, limits, device, dtype) -> tuple[
     adapter = load_policy(model, list(limits), dtype=dtype)
     adapter.model.to(device)
     trajs = rollout(
-        backend_for(adapter), tasks, replace(loop, instructions=tools), registry=TOOLS if tools else NO_TOOLS
+        backend_for(adapter),
+        tasks,
+        replace(loop, instructions=tools, quote=loop.quote if tools else {}),
+        registry=TOOLS if tools else NO_TOOLS,
     )
     return [eval_row(t, seed=0) for t in trajs], trajs
 

@@ -50,6 +50,8 @@ class LoopConfig:
     """Greedy or sampled turns (temperature, top-p)."""
     instructions: bool = True
     """Put the tool instructions (:func:`instructions`) before each question."""
+    quote: dict[str, list[str]] = field(default_factory=dict)
+    """Tool -> arguments whose values quote the user's words (:mod:`rl.agent.quote`); empty: none."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_new_tokens", "max_tokens", "batch_size"):
@@ -99,8 +101,9 @@ def rollout(
     if policy is None:
 
         def policy(trajs: Sequence[Trajectory], max_new_tokens: int) -> list[Turn]:
+            quoting = {"quote": cfg.quote, "user_texts": [user_text(t) for t in trajs]} if cfg.quote else {}
             return backend.generate(
-                [t.segment for t in trajs], max_new_tokens=max_new_tokens, sampling=cfg.sampling
+                [t.segment for t in trajs], max_new_tokens=max_new_tokens, sampling=cfg.sampling, **quoting
             )
 
     trajs = [Trajectory.start(t, backend.prompt(t.sources, prompt_text(t, registry, cfg))) for t in tasks]
@@ -119,6 +122,11 @@ def rollout(
                 step(traj, _fit(turn, budget, backend), backend, registry, cfg, sims.get(id(traj)))
         active = [t for t in active if not t.done and not _out_of_context(t, cfg)]
     return trajs
+
+
+def user_text(traj: Trajectory) -> str:
+    """What the user has written in ``traj``: the task's question and every later user message."""
+    return "\n".join([traj.task.question, *(u.text for u in traj.user_turns if not u.done)])
 
 
 def _budget(traj: Trajectory, cfg: LoopConfig) -> int:

@@ -53,10 +53,11 @@ from rl.agent.note_model import run_note_model, starting_from_it
 from rl.agent.parallel import barrier, check_parallel, is_writer, join
 from rl.agent.perception_stage import run_perception
 from rl.agent.ppo import run_ppo
+from rl.agent.quote import check_quote
 from rl.agent.report import write_report
 from rl.agent.stages import build_backend, run_grpo, run_sft, save_weights, train_tasks
 from rl.agent.task_file import file_digest
-from rl.agent.tools import check_tool_options, configure_tool_modules, import_tool_modules
+from rl.agent.tools import TOOLS, check_tool_options, configure_tool_modules, import_tool_modules
 
 STAGES = (
     "note_model",
@@ -76,11 +77,11 @@ MODELS = {"notool_sft": ("sft_notool", False), "tool_sft": ("sft_tool", True), "
 
 
 TRAINING_SECTIONS = (
-    "policy", "note_model", "world", "data", "rollout", "perception", "sft", "grpo", "ppo", "seed",
+    "policy", "note_model", "world", "data", "rollout", "perception", "sft", "grpo", "ppo", "decode", "seed",
     "tool_modules", "tool_options", "lora",
 )  # fmt: skip
 """Config sections a resumed run must keep (the trained models depend on them)."""
-LATE_SECTIONS = {"ppo": ("ppo",), "grpo": ("grpo", "ppo")}
+LATE_SECTIONS = {"ppo": ("ppo",), "grpo": ("grpo", "ppo"), "decode": ("grpo", "ppo")}
 """Section -> the stages that read it (PPO takes GRPO's reward and sampling): the section may change until
 one of them has trained, so post-training can be re-tuned on the run's SFT models."""
 
@@ -92,6 +93,7 @@ def check_inputs(cfg: AgentRunConfig) -> None:
     check_parallel(cfg, launched_processes())
     import_tool_modules(cfg.tool_modules)
     check_tool_options(cfg.tool_options)
+    check_quote(cfg.decode.quote, TOOLS)
     resolve_device(cfg.policy.device, key="policy.device")
     if cfg.data.file is not None:
         train_tasks(cfg)
@@ -246,8 +248,11 @@ def _done(out: Path, stage: str, cfg: AgentRunConfig) -> bool:
 
 def row_settings(cfg: AgentRunConfig) -> dict[str, Any]:
     """The eval settings a model's rows (and transcripts) depend on: all but ``n_boot`` (the report's), and
-    the contents of ``eval.file`` (another file at the same path is other tasks)."""
+    the contents of ``eval.file`` (another file at the same path is other tasks), and ``decode`` when it
+    constrains anything."""
     settings = {k: v for k, v in to_dict(cfg.eval).items() if k != "n_boot"}
+    if cfg.decode.quote:  # the tool models' turns (absent when free: rows from before it stay valid)
+        settings["decode"] = to_dict(cfg.decode)
     if cfg.eval.file is not None:
         settings["file_sha256"] = file_digest(cfg.eval.file)
     return settings

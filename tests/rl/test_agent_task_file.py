@@ -520,3 +520,6 @@ def test_agent_eval_configures_tool_modules_as_rl_agent_does(own_tools, capsys):
             configure_tools(parser.parse_args([*base, "--tool-options", options]))
     assert main(["agent-eval", *base, "--tool-options", "{other: {}}"]) == 2
     assert "no --tool-module loads" in capsys.readouterr().err
+    for quote, message in [("find", "give TOOL.ARG"), ("nope.x", "tool 'nope', which no loaded module")]:
+        assert main(["agent-eval", *base, "--quote", quote]) == 2  # before a model or task file is read
+        assert message in capsys.readouterr().err
