@@ -36,6 +36,7 @@ def test_shipped_agent_configs_load(path):
     ):  # the note-model recipe: the world and demonstrations it was measured with
         assert cfg.world.detail.tray_spots == 3 and cfg.data.change_zoom == "compare"
         assert cfg.data.detail_zoom == cfg.data.caption_zoom == cfg.data.dialogue_zoom == "find"
+        assert cfg.decode.quote == {"find": ["object"]}  # the asked thing quoted from the question
 
 
 def test_cli_runs_end_to_end(tmp_path, capsys):
