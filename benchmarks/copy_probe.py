@@ -15,6 +15,9 @@ each task:
 A policy that copies scores ``copies`` on all three; one that names what it sees keeps ``copies`` low on
 *asked* and *absent* and ``seen`` high. ``--quote`` decodes with ``decode.quote={find: [object]}``
 (``rl.agent.quote``) whatever the run's config says; without it, as the run's config says.
+
+``--timing N``: the constraint's cost instead: the *asked* first turns decoded free and quoted, in turn, N
+times each in one process; median seconds of each and their ratio.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import argparse
 import importlib
 import json
 import re
+import statistics
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -88,7 +93,8 @@ def first_calls(
     return out
 
 
-def copy_probe(run: Path, stage: str, n: int, *, quote: bool = False, seed: int = 0) -> dict[str, Any]:
+def load_run(run: Path, stage: str, n: int) -> tuple[Any, Any, list]:
+    """A run's config, the policy of one stage, and its first ``n`` held-out detail tasks."""
     from mm.config import load_config
     from rl.agent.config import AgentRunConfig
     from rl.agent.stages import build_backend
@@ -98,8 +104,27 @@ def copy_probe(run: Path, stage: str, n: int, *, quote: bool = False, seed: int 
     for module in cfg.tool_modules:  # registered for the instructions; no call is run
         importlib.import_module(module)
     backend = build_backend(cfg, run / stage / "model.pt")
+    return cfg, backend, list(world_tasks(cfg.world, "detail", "test", n, start=cfg.eval.start))
+
+
+def timing(run: Path, stage: str, n: int, repeats: int) -> dict[str, Any]:
+    """Median seconds of the asked first turns, free and quoted (interleaved), and their ratio."""
+    cfg, backend, tasks = load_run(run, stage, n)
+    items = [(t.sources, t.question) for t in tasks]
+    seconds: dict[str, list[float]] = {"free": [], "quoted": []}
+    for _ in range(repeats):
+        for name, quote in (("free", {}), ("quoted", QUOTE)):
+            t0 = time.perf_counter()
+            first_calls(backend, cfg, items, quote)
+            seconds[name].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in seconds.items()}
+    return {"run": str(run), "stage": stage, "tasks": n, "repeats": repeats, "median_s": med,
+            "quoted_over_free": med["quoted"] / med["free"], "seconds": seconds}  # fmt: skip
+
+
+def copy_probe(run: Path, stage: str, n: int, *, quote: bool = False, seed: int = 0) -> dict[str, Any]:
+    cfg, backend, tasks = load_run(run, stage, n)
     used = QUOTE if quote else cfg.decode.quote
-    tasks = list(world_tasks(cfg.world, "detail", "test", n, start=cfg.eval.start))
     categories = sorted({o[0] for t in tasks for o in t.meta["tiny"]})
     rng = np.random.default_rng(seed)
     nxt = tasks[1:] + tasks[:1]
@@ -133,7 +158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stage", default="sft_tool", help="whose model.pt: sft_tool, grpo, ppo")
     parser.add_argument("--tasks", type=int, default=48, help="held-out detail tasks (default 48)")
     parser.add_argument("--quote", action="store_true", help="decode with decode.quote={find: [object]}")
+    parser.add_argument("--timing", type=int, default=0, metavar="N", help="time free vs quoted, N each")
     args = parser.parse_args(argv)
+    if args.timing:
+        print(json.dumps(timing(args.run, args.stage, args.tasks, args.timing), indent=1))
+        return 0
     print(json.dumps(copy_probe(args.run, args.stage, args.tasks, quote=args.quote), indent=1))
     return 0
 
