@@ -97,10 +97,13 @@ def load_run(run: Path, stage: str, n: int) -> tuple[Any, Any, list]:
     """A run's config, the policy of one stage, and its first ``n`` held-out detail tasks."""
     from mm.config import load_config
     from rl.agent.config import AgentRunConfig
+    from rl.agent.note_model import starting_from_it
     from rl.agent.stages import build_backend
     from rl.agent.world_tasks import world_tasks
 
     cfg = load_config(AgentRunConfig, run / "config.yaml")
+    if cfg.note_model.build:  # the run built its note model: the policy started from it
+        cfg = starting_from_it(cfg, run / "note_model")
     for module in cfg.tool_modules:  # registered for the instructions; no call is run
         importlib.import_module(module)
     backend = build_backend(cfg, run / stage / "model.pt")

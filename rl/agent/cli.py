@@ -36,6 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mm.train.devices import resolve_device
+    from mm.train.metrics import atomic_write_text
     from rl.agent.config import AgentRunConfig
     from rl.agent.parallel import barrier, is_writer, join
     from rl.agent.run import STAGES, check_inputs, check_training_config, run_agent
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     check_training_config(cfg, out)  # before OUT/config.yaml is rewritten
     barrier()
     if is_writer():
-        (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        atomic_write_text(out / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
     report = run_agent(cfg, out)
     if report is not None and is_writer():
         held = sum(bool(t["held"]) for t in report["targets"])
