@@ -44,6 +44,7 @@ from PIL import Image
 from mm.errors import UserError
 from mm.model.adapter import Sample, VLMAdapter
 from mm.model.adapter.batching import gather_logps
+from rl.agent.counts import CountProcessor, number_tokens
 from rl.agent.parse import TOOL_CLOSE
 from rl.agent.quote import QuoteProcessor, token_pieces
 
@@ -221,6 +222,12 @@ class AgentBackend(ABC):
             self._pieces = token_pieces(self.tokenizer)
         return self._pieces
 
+    def number_tokens(self) -> list[int]:
+        """Ids of the tokens that can end a number word (``rl.agent.counts``), computed once."""
+        if getattr(self, "_numbers", None) is None:
+            self._numbers = number_tokens(self.token_pieces())
+        return self._numbers
+
     @torch.no_grad()
     def generate(
         self,
@@ -230,11 +237,14 @@ class AgentBackend(ABC):
         sampling: Sampling,
         quote: Mapping[str, Sequence[str]] | None = None,
         user_texts: Sequence[str] | None = None,
+        tool_texts: Sequence[str] | None = None,
     ) -> list[Turn]:
         """One policy turn for every row (batched, left padded): ids, sampling-time log-probs, stop.
 
         ``quote`` (tool -> argument names) with ``user_texts`` (one per row): those arguments' values are
-        words of the row's user text (:mod:`rl.agent.quote`); the log-probs stay the model's own."""
+        words of the row's user text (:mod:`rl.agent.quote`); ``tool_texts`` (one per row, the row's tool
+        observations): the number words of an answer copy their counts (:mod:`rl.agent.counts`). The
+        log-probs stay the model's own."""
         from transformers import LogitsProcessorList, StoppingCriteriaList
 
         inputs = self.model_inputs(rows)
@@ -245,6 +255,11 @@ class AgentBackend(ABC):
                 raise ValueError("generate(quote=...) needs one user text per row")
             quoting = QuoteProcessor(self.decode, self.token_pieces(), P, user_texts, quote)
             kwargs["logits_processor"] = LogitsProcessorList([*kwargs.get("logits_processor", []), quoting])
+        if tool_texts is not None:
+            if len(tool_texts) != len(rows):
+                raise ValueError("generate(tool_texts=...) needs one tool text per row")
+            counting = CountProcessor(self.decode, self.token_pieces(), P, tool_texts, self.number_tokens())
+            kwargs["logits_processor"] = LogitsProcessorList([*kwargs.get("logits_processor", []), counting])
         model = self.adapter.model
         extra = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
         was_training = model.training

@@ -185,6 +185,9 @@ class DecodeConfig:
     quote: dict[str, list[str]] = field(default_factory=dict)
     """Tool -> arguments whose values are quotes of the user's words, constrained at decode time
     (:mod:`rl.agent.quote`): ``{find: [object]}``. Empty (the default): free."""
+    counts: bool = False
+    """Number words in answers copy a count phrase of the trajectory's tool observations, constrained at
+    decode time (:mod:`rl.agent.counts`; for tools that count, e.g. ``find`` with ``labels``)."""
 
     def __post_init__(self) -> None:
         bad = {k: v for k, v in self.quote.items() if not v or not all(isinstance(a, str) and a for a in v)}

@@ -84,6 +84,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="a tool argument whose value quotes the user's words, constrained at decode time "
         "(rl agent's decode.quote; repeat for more): --quote find.object",
     )  # fmt: skip
+    parser.add_argument(
+        "--counts", action="store_true",
+        help="number words in answers copy the tools' counts, constrained at decode time (decode.counts)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         loop = LoopConfig(
             max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, max_tokens=args.max_tokens,
             max_length=args.max_length or None, batch_size=args.batch_size, quote=quote,
+            counts=args.counts,
         )  # fmt: skip
     except ValueError as e:
         raise UserError(str(e)) from None
@@ -193,7 +198,7 @@ def _rows(model: str, tools: bool, tasks, loop, limits, device, dtype) -> tuple[
     trajs = rollout(
         backend_for(adapter),
         tasks,
-        replace(loop, instructions=tools, quote=loop.quote if tools else {}),
+        replace(loop, instructions=tools, quote=loop.quote if tools else {}, counts=loop.counts and tools),
         registry=TOOLS if tools else NO_TOOLS,
     )
     return [eval_row(t, seed=0) for t in trajs], trajs

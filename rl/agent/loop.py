@@ -52,6 +52,8 @@ class LoopConfig:
     """Put the tool instructions (:func:`instructions`) before each question."""
     quote: dict[str, list[str]] = field(default_factory=dict)
     """Tool -> arguments whose values quote the user's words (:mod:`rl.agent.quote`); empty: none."""
+    counts: bool = False
+    """Number words in answers copy the counts of the tools' observations (:mod:`rl.agent.counts`)."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_new_tokens", "max_tokens", "batch_size"):
@@ -102,6 +104,8 @@ def rollout(
 
         def policy(trajs: Sequence[Trajectory], max_new_tokens: int) -> list[Turn]:
             quoting = {"quote": cfg.quote, "user_texts": [user_text(t) for t in trajs]} if cfg.quote else {}
+            if cfg.counts:
+                quoting["tool_texts"] = [tool_text(t) for t in trajs]
             return backend.generate(
                 [t.segment for t in trajs], max_new_tokens=max_new_tokens, sampling=cfg.sampling, **quoting
             )
@@ -127,6 +131,11 @@ def rollout(
 def user_text(traj: Trajectory) -> str:
     """What the user has written in ``traj``: the task's question and every later user message."""
     return "\n".join([traj.task.question, *(u.text for u in traj.user_turns if not u.done)])
+
+
+def tool_text(traj: Trajectory) -> str:
+    """What the tools have said in ``traj``: every observation's text."""
+    return "\n".join(c.observation for c in traj.calls)
 
 
 def _budget(traj: Trajectory, cfg: LoopConfig) -> int:

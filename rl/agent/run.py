@@ -251,8 +251,9 @@ def row_settings(cfg: AgentRunConfig) -> dict[str, Any]:
     the contents of ``eval.file`` (another file at the same path is other tasks), and ``decode`` when it
     constrains anything."""
     settings = {k: v for k, v in to_dict(cfg.eval).items() if k != "n_boot"}
-    if cfg.decode.quote:  # the tool models' turns (absent when free: rows from before it stay valid)
-        settings["decode"] = to_dict(cfg.decode)
+    decode = {k: v for k, v in to_dict(cfg.decode).items() if v}  # what constrains the tool models' turns
+    if decode:  # absent when free, and each setting only when set: rows from before it stay valid
+        settings["decode"] = decode
     if cfg.eval.file is not None:
         settings["file_sha256"] = file_digest(cfg.eval.file)
     return settings

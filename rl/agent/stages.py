@@ -114,7 +114,7 @@ def loop_config(cfg: AgentRunConfig, *, tools: bool, sample: bool = False) -> Lo
     return LoopConfig(
         max_turns=r.max_turns, max_new_tokens=r.max_new_tokens, max_tokens=r.max_tokens,
         max_length=r.max_length, batch_size=r.batch_size, sampling=sampling, instructions=tools,
-        quote=cfg.decode.quote if tools else {},
+        quote=cfg.decode.quote if tools else {}, counts=cfg.decode.counts and tools,
     )  # fmt: skip
 
 

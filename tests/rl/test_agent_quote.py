@@ -195,8 +195,8 @@ def test_decode_is_a_late_section_and_part_of_the_eval_rows_settings(tmp_path):
     result_path(tmp_path, "grpo").write_text("{}")  # a finished GRPO of the free run
     check_training_config(quoted, tmp_path)  # GRPO never trained: taken, its result forgotten
     assert not result_path(tmp_path, "grpo").exists()
-    assert json.loads((tmp_path / "training_config.json").read_text())["decode"] == {
-        "quote": {"find": ["object"]}
+    assert json.loads((tmp_path / "training_config.json").read_text())["decode"]["quote"] == {
+        "find": ["object"]
     }
     (tmp_path / "grpo" / "metrics.jsonl").write_text("{}\n")  # now it has trained
     with pytest.raises(UserError, match="other decode settings"):

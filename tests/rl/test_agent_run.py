@@ -37,6 +37,7 @@ def test_shipped_agent_configs_load(path):
         assert cfg.world.detail.tray_spots == 3 and cfg.data.change_zoom == "compare"
         assert cfg.data.detail_zoom == cfg.data.caption_zoom == cfg.data.dialogue_zoom == "find"
         assert cfg.decode.quote == {"find": ["object"]}  # the asked thing quoted from the question
+        assert cfg.decode.counts and cfg.tool_options == {"rl.agent.find": {"labels": True, "group": True}}
 
 
 def test_cli_runs_end_to_end(tmp_path, capsys):
