@@ -12,7 +12,8 @@ those of ``--tool-module``), or, with ``--no-tools``, answered at once; prints `
 (default ``--model``), and its options ``--tool-options``, as ``rl agent`` gives them. ``--rows-out`` writes
 one JSON row per task, ``--transcripts-out`` the trajectories. ``--baseline DIR`` (``--baseline-no-tools``:
 answering at once) runs another model on the same tasks and adds the paired gains of ``--model`` over it,
-with paired bootstrap intervals (as ``rl agent``'s report).
+with paired bootstrap intervals (as ``rl agent``'s report). ``--quote TOOL.ARG`` and ``--counts`` apply
+``rl agent``'s ``decode`` constraints (:mod:`rl.agent.quote`, :mod:`rl.agent.counts`) to the tool model.
 ``--model`` is any folder the agent loop takes (NoteVLM, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Idefics3,
 SmolVLM); ``--limit max_images=N`` / ``max_length=N`` raise a NoteVLM's limits, as ``rl agent``'s
 ``policy.overrides``.

@@ -479,6 +479,8 @@ def test_agent_eval_scores_a_model_on_a_task_file_without_training(tmp_path, cap
     assert len(list((tmp_path / "cache").glob("*.npy"))) > 0
     assert main([*argv, "--no-tools", "--n-boot", "20"]) == 0
     assert "accuracy/qa" in capsys.readouterr().out
+    assert main([*argv, "--counts", "--n-boot", "20"]) == 0  # decode.counts: answers copy the tools' counts
+    assert "accuracy/qa" in capsys.readouterr().out
     # against a baseline: the same model with tools gains exactly nothing; the paired gain over the model
     # without tools is the difference of the two evals' accuracies
     assert main([*argv, "--baseline", argv[2], "--json", "--n-boot", "20"]) == 0
