@@ -176,3 +176,18 @@ def recorded_before(cfg, out, section: str) -> None:
     older = json.loads(path.read_text())
     del older[section]
     path.write_text(json.dumps(older))
+
+
+class Push:
+    """A logits processor that adds a large bias to the script's next token (others keep their logits, so a
+    constraint after it still has a choice)."""
+
+    def __init__(self, backend, text: str, prompt_length: int) -> None:
+        self.ids, self.P = backend.text_ids(text), prompt_length
+
+    def __call__(self, input_ids, scores):
+        t = input_ids.shape[1] - self.P
+        scores = scores.clone()
+        if t < len(self.ids):
+            scores[:, self.ids[t]] += 100.0
+        return scores

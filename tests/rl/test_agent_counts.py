@@ -9,7 +9,7 @@ import torch
 from rl.agent.backend import NoteVLMBackend, Sampling
 from rl.agent.counts import CountProcessor, allows, count_phrases, is_open, number_tokens
 from rl.agent.quote import token_pieces
-from tests.rl.agent_helpers import note_images, tiny_notevlm
+from tests.rl.agent_helpers import Push, note_images, tiny_notevlm
 
 TALLY = '4 matches for "tiny" in image 1 of 1 (a tiny mouse, two tiny pencils and a tiny keyboard): (+image)'
 QUESTION = "Describe this photo in detail."
@@ -79,21 +79,6 @@ def test_processor_masks_tokens_that_break_the_phrase_and_keeps_the_raw_scores()
         start[0, two] == raw[0, two] and start[0, three] == float("-inf") and start[0, tiny] == raw[0, tiny]
     )
     assert start[1, two] == float("-inf")  # no tool stated "two"
-
-
-class Push:
-    """Adds a large bias to the script's next token (others keep their logits, so the constraint after it
-    still has a choice)."""
-
-    def __init__(self, backend, text: str, prompt_length: int) -> None:
-        self.ids, self.P = backend.text_ids(text), prompt_length
-
-    def __call__(self, input_ids, scores):
-        t = input_ids.shape[1] - self.P
-        scores = scores.clone()
-        if t < len(self.ids):
-            scores[:, self.ids[t]] += 100.0
-        return scores
 
 
 def test_generate_copies_the_tools_count_where_the_model_would_write_another():

@@ -12,7 +12,7 @@ from mm.errors import UserError
 from rl.agent.backend import NoteVLMBackend, Sampling
 from rl.agent.quote import QuoteProcessor, QuoteTrie, check_quote, open_value, quote_of, quotes, token_pieces
 from rl.agent.tools import ToolRegistry
-from tests.rl.agent_helpers import note_images, tiny_notevlm
+from tests.rl.agent_helpers import Push, note_images, tiny_notevlm
 
 QUESTION = "How many tiny mice are on the tray in photo 2?"
 
@@ -107,21 +107,6 @@ def test_processor_masks_every_token_that_leaves_the_quotes_and_keeps_the_raw_sc
         assert torch.equal(out[b, kept], raw[b, kept])
     free = proc(torch.tensor([backend.text_ids("It is red")]), raw[:1].clone())  # not in a call
     assert torch.equal(free, raw[:1])
-
-
-class Push:
-    """A logits processor that adds a large bias to the script's next token (others keep their logits, so a
-    constraint after it still has a choice)."""
-
-    def __init__(self, backend, text: str, prompt_length: int) -> None:
-        self.ids, self.P = backend.text_ids(text), prompt_length
-
-    def __call__(self, input_ids, scores):
-        t = input_ids.shape[1] - self.P
-        scores = scores.clone()
-        if t < len(self.ids):
-            scores[:, self.ids[t]] += 100.0
-        return scores
 
 
 def test_generate_quotes_the_question_where_the_model_would_name_something_else():
