@@ -191,3 +191,14 @@ class Push:
         if t < len(self.ids):
             scores[:, self.ids[t]] += 100.0
         return scores
+
+
+def pushed_notevlm(text: str) -> NoteVLMBackend:
+    """A tiny NoteVLM backend whose every turn is pushed towards ``text`` (:class:`Push`)."""
+    from transformers import LogitsProcessorList
+
+    class Pushed(NoteVLMBackend):
+        def generate_kwargs(self, prompt_length):
+            return {"logits_processor": LogitsProcessorList([Push(self, text, prompt_length)])}
+
+    return Pushed(tiny_notevlm())

@@ -9,7 +9,7 @@ import torch
 from rl.agent.backend import NoteVLMBackend, Sampling
 from rl.agent.counts import CountProcessor, allows, count_phrases, is_open, number_tokens
 from rl.agent.quote import token_pieces
-from tests.rl.agent_helpers import Push, note_images, tiny_notevlm
+from tests.rl.agent_helpers import note_images, pushed_notevlm, tiny_notevlm
 
 TALLY = '4 matches for "tiny" in image 1 of 1 (a tiny mouse, two tiny pencils and a tiny keyboard): (+image)'
 QUESTION = "Describe this photo in detail."
@@ -84,19 +84,13 @@ def test_processor_masks_tokens_that_break_the_phrase_and_keeps_the_raw_scores()
 def test_generate_copies_the_tools_count_where_the_model_would_write_another():
     """A real tiny model pushed to write "two tiny notebooks"; with the observation's tally the phrase
     becomes the tally's, and the recorded log-probs are the unconstrained model's."""
-    from transformers import LogitsProcessorList
-
     from rl.agent.loop import trajectory_batch
     from rl.agent.task import AgentTask
     from rl.agent.trajectory import Trajectory
 
     answer = "On the tray are two tiny notebooks."
 
-    class Pushed(NoteVLMBackend):
-        def generate_kwargs(self, prompt_length):
-            return {"logits_processor": LogitsProcessorList([Push(self, answer, prompt_length)])}
-
-    backend = Pushed(tiny_notevlm())
+    backend = pushed_notevlm(answer)
     task = AgentTask("t0", "caption", note_images(1), QUESTION, "")
     row = backend.prompt(task.sources, QUESTION)
     free = backend.generate([row], max_new_tokens=12, sampling=Sampling())[0]

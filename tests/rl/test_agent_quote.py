@@ -12,7 +12,7 @@ from mm.errors import UserError
 from rl.agent.backend import NoteVLMBackend, Sampling
 from rl.agent.quote import QuoteProcessor, QuoteTrie, check_quote, open_value, quote_of, quotes, token_pieces
 from rl.agent.tools import ToolRegistry
-from tests.rl.agent_helpers import Push, note_images, tiny_notevlm
+from tests.rl.agent_helpers import note_images, pushed_notevlm, tiny_notevlm
 
 QUESTION = "How many tiny mice are on the tray in photo 2?"
 
@@ -112,19 +112,13 @@ def test_processor_masks_every_token_that_leaves_the_quotes_and_keeps_the_raw_sc
 def test_generate_quotes_the_question_where_the_model_would_name_something_else():
     """A real tiny model pushed to write a find call for "the tiny notebooks"; with the quote constraint the
     value becomes words of the question, and the recorded log-probs are the unconstrained model's."""
-    from transformers import LogitsProcessorList
-
     from rl.agent.loop import trajectory_batch
     from rl.agent.task import AgentTask
     from rl.agent.trajectory import Trajectory
 
     call = '<tool>{"name": "find", "image": 2, "object": "the tiny notebooks"}</tool>'
 
-    class Pushed(NoteVLMBackend):
-        def generate_kwargs(self, prompt_length):
-            return {"logits_processor": LogitsProcessorList([Push(self, call, prompt_length)])}
-
-    backend = Pushed(tiny_notevlm())
+    backend = pushed_notevlm(call)
     task = AgentTask("t0", "detail", note_images(2), QUESTION, "2")
     row = backend.prompt(task.sources, QUESTION)
     free = backend.generate([row], max_new_tokens=60, sampling=Sampling())[0]
