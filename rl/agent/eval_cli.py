@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from rl.agent.loop import LoopConfig
     from rl.agent.quote import check_quote, quote_of
     from rl.agent.task_file import read_task_file
-    from rl.agent.tools import TOOLS
+    from rl.agent.tools import TOOLS, prepare_tool_modules
 
     if args.n_boot < 10:
         raise UserError(f"--n-boot must be >= 10, got {args.n_boot}")
@@ -121,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+    if not args.no_tools or (args.baseline is not None and not args.baseline_no_tools):
+        prepare_tool_modules(args.tool_module, tasks)  # find's namer names every photo's regions ahead
 
     def evaluate(model: str, tools: bool) -> tuple[list[dict], list]:
         return _rows(model, tools, tasks, loop, args.limit, device, dtype)

@@ -31,7 +31,7 @@ from rl.agent.scoring import HALLUCINATION_KINDS, eval_row
 from rl.agent.stages import NO_TOOLS, loop_config
 from rl.agent.task import AgentTask
 from rl.agent.task_file import count_tasks, data_tasks
-from rl.agent.tools import TOOLS
+from rl.agent.tools import TOOLS, prepare_tool_modules
 from rl.agent.world_tasks import WorldTaskConfig, world_tasks
 
 
@@ -76,6 +76,8 @@ def eval_model(
             if seen.get(task.kind, 0) < transcripts:
                 seen[task.kind] = seen.get(task.kind, 0) + 1
                 wanted.add(k)
+        if tools:
+            prepare_tool_modules(cfg.tool_modules, tasks)
         mine = strided(list(range(len(tasks))))
         out = rollout(
             backend,

@@ -32,7 +32,8 @@ In ``rl agent`` the namer is the policy's starting model (``policy.init``, or th
 builds), frozen: the tool sees nothing the policy could not, and never the world's ground truth
 (:func:`configure`, called once the start is known). Elsewhere give it one with :func:`set_namer`
 (:func:`model_namer` for a model folder). Descriptions are cached by the cut-out's pixels, so a group of
-trajectories on one photo names each region once.
+trajectories on one photo names each region once; before a stage rolls out its tasks, :func:`prepare` names
+the regions of all their photos ahead, in full batches, shared out over data-parallel ranks.
 
 Importing this module registers the tool in :data:`rl.agent.tools.TOOLS` (``tool_modules``); without it
 every other run is unchanged.
@@ -105,39 +106,75 @@ def set_namer(namer: Namer | None) -> Namer | None:
     return before
 
 
-def model_namer(folder: str | Path, *, batch_size: int = 16, max_new_tokens: int = 24) -> Namer:
+class ModelNamer:
     """A namer from a model folder (a NoteVLM or a supported family, ``load_adapter``): the model's greedy
-    answer to :data:`PROMPT` on each cut-out. The model loads on the first call; answers are cached by
-    the cut-out's pixels."""
-    from rl.agent.backend import Sampling
+    answer to :data:`PROMPT` on each cut-out, ``batch_size`` cut-outs a ``generate``. The model loads on the
+    first call; answers are cached by the cut-out's pixels (``cache``: digest -> text), so a cut-out is
+    named once per process whatever asks for it (:func:`prepare` fills the cache ahead)."""
 
-    backend: Any = None
-    cache: dict[bytes, str] = {}
+    def __init__(self, folder: str | Path, *, batch_size: int = 128, max_new_tokens: int = 24) -> None:
+        self.folder, self.batch_size, self.max_new_tokens = str(folder), batch_size, max_new_tokens
+        self.cache: dict[bytes, str] = {}
+        self._backend: Any = None
 
-    def name(images: Sequence[np.ndarray]) -> list[str]:
-        nonlocal backend
-        keys = [
-            hashlib.sha1(np.ascontiguousarray(im).tobytes() + str(im.shape).encode()).digest()
-            for im in images
-        ]
-        todo = list(dict.fromkeys(k for k in keys if k not in cache))  # unique, in order
+    @staticmethod
+    def key(image: np.ndarray) -> bytes:
+        """The cache key of a cut-out: a digest of its pixels and shape."""
+        return hashlib.sha1(np.ascontiguousarray(image).tobytes() + str(image.shape).encode()).digest()
+
+    def __call__(self, images: Sequence[np.ndarray]) -> list[str]:
+        from rl.agent.backend import Sampling
+
+        keys = [self.key(im) for im in images]
+        todo = list(dict.fromkeys(k for k in keys if k not in self.cache))  # unique, in order
         if todo:
-            if backend is None:
-                from mm.model.adapter.load import load_adapter
-                from rl.agent.backend import backend_for
-
-                backend = backend_for(load_adapter(str(folder)))
-                backend.adapter.model.eval()
             first = {k: im for k, im in zip(keys, images)}
-            rows = [backend.prompt([first[k]], PROMPT) for k in todo]
-            for i in range(0, len(rows), batch_size):
-                turns = backend.generate(
-                    rows[i : i + batch_size], max_new_tokens=max_new_tokens, sampling=Sampling()
-                )
-                cache.update((k, t.text) for k, t in zip(todo[i : i + batch_size], turns))
-        return [cache[k] for k in keys]
+            backend = self._loaded()
+            for i in range(0, len(todo), self.batch_size):
+                batch = todo[i : i + self.batch_size]
+                rows = [backend.prompt([first[k]], PROMPT) for k in batch]  # a batch's inputs at a time
+                turns = backend.generate(rows, max_new_tokens=self.max_new_tokens, sampling=Sampling())
+                self.cache.update((k, t.text) for k, t in zip(batch, turns))
+        return [self.cache[k] for k in keys]
 
-    return name
+    def _loaded(self) -> Any:
+        if self._backend is None:
+            from mm.model.adapter.load import load_adapter
+            from rl.agent.backend import backend_for
+
+            self._backend = backend_for(load_adapter(self.folder))
+            self._backend.adapter.model.eval()
+        return self._backend
+
+
+def model_namer(folder: str | Path, *, batch_size: int = 128, max_new_tokens: int = 24) -> ModelNamer:
+    """A :class:`ModelNamer` of the model in ``folder``."""
+    return ModelNamer(folder, batch_size=batch_size, max_new_tokens=max_new_tokens)
+
+
+def prepare(tasks: Sequence[AgentTask]) -> None:
+    """``rl agent``'s hook before a stage rolls out ``tasks`` (:func:`rl.agent.tools.prepare_tool_modules`):
+    every region a call without a box considers, in every photo of the tasks, named ahead in the namer's
+    full batches, so find's calls then hit the cache (one call names a photo's few regions, a batch far
+    from full). Under data parallel each rank names every world-th task's regions and the names are
+    shared, so each region is named once over the ranks. A namer without a cache (a plain callable given
+    to :func:`set_namer`) names on demand, as before. Every rank calls it with the same tasks."""
+    from rl.agent.parallel import gathered, strided
+
+    namer = _namer
+    if not isinstance(namer, ModelNamer):
+        return
+    before = set(namer.cache)
+    crops = {}  # this rank's unnamed cut-outs, each once
+    for task in strided(tasks):
+        for j in range(1, len(task.sources) + 1):
+            for _, crop in regions(task, j):
+                key = namer.key(crop)
+                if key not in before:
+                    crops.setdefault(key, crop)
+    namer(list(crops.values()))
+    fresh = [(k, v) for k, v in namer.cache.items() if k not in before]
+    namer.cache.update(gathered(fresh))
 
 
 def configure(cfg: Any) -> None:

@@ -46,6 +46,7 @@ from rl.agent.stages import (
     build_backend,
     load_checkpoint,
     loop_config,
+    prepare_steps,
     reward_fn,
     rollout_summary,
     save_checkpoint,
@@ -359,6 +360,7 @@ def run_ppo(
     tasks = train_tasks(cfg)
     loop = loop_config(cfg, tools=True, sample=True)
     reward = reward_fn(cfg)
+    prepare_steps(cfg, tasks, range(start + 1, p.steps + 1), p.tasks_per_step)
     backend.adapter.model.train()
     for step in range(start + 1, p.steps + 1):
         trajs = step_rollout(

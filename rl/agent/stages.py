@@ -42,7 +42,7 @@ from rl.agent.policy_init import INDEX_WEIGHT, load_policy
 from rl.agent.scoring import trajectory_reward
 from rl.agent.task import AgentTask
 from rl.agent.task_file import data_tasks
-from rl.agent.tools import TOOLS, ToolRegistry
+from rl.agent.tools import TOOLS, ToolRegistry, prepare_tool_modules
 from rl.agent.train import AgentGRPOConfig
 from rl.agent.trajectory import Trajectory
 from rl.agent.weights import load_policy_state, policy_state
@@ -240,6 +240,8 @@ def run_sft(cfg: AgentRunConfig, stage_dir: Path, init: Path, *, tools: bool, st
     """SFT on replayed demonstrations (tool or no-tool); writes ``model.pt`` and ``metrics.jsonl``."""
     backend = build_backend(cfg, init)
     tasks = train_tasks(cfg)
+    if tools:
+        prepare_tool_modules(cfg.tool_modules, tasks)
     demos = demo_trajectories(backend, cfg, tasks, tools=tools)
     s = cfg.sft
     optimizer = optimizer_for(backend, s.lr, s.weight_decay)
@@ -308,10 +310,21 @@ def step_rollout(
     """The sampled trajectories of one RL step: the next ``tasks_per_step`` train tasks in order (cycling),
     each ``per_task`` times in a row, torch seeded from ``(seed, stage, step)``; dialogues with the user
     simulator. Under data parallel, this rank's share of the tasks, seeded with its rank added."""
-    first = (step - 1) * tasks_per_step
-    chosen = share([tasks[(first + i) % len(tasks)] for i in range(tasks_per_step)])
+    chosen = share(step_tasks(tasks, step, tasks_per_step))
     torch.manual_seed(step_seed(cfg, stage, step) + rank_world()[0])
     return rollout(backend, [t for t in chosen for _ in range(per_task)], loop, users=cfg.rollout.simulator())
+
+
+def step_tasks(tasks: Sequence[AgentTask], step: int, tasks_per_step: int) -> list[AgentTask]:
+    """The tasks of one RL step: the next ``tasks_per_step`` of ``tasks`` in order, cycling."""
+    first = (step - 1) * tasks_per_step
+    return [tasks[(first + i) % len(tasks)] for i in range(tasks_per_step)]
+
+
+def prepare_steps(cfg: AgentRunConfig, tasks: Sequence[AgentTask], steps: range, tasks_per_step: int) -> None:
+    """The tool modules prepared for the tasks ``steps`` of an RL stage roll out, each task once."""
+    chosen = {id(t): t for step in steps for t in step_tasks(tasks, step, tasks_per_step)}
+    prepare_tool_modules(cfg.tool_modules, list(chosen.values()))
 
 
 def rollout_summary(trajs: Sequence[Trajectory]) -> dict[str, float]:
@@ -343,6 +356,7 @@ def run_grpo(
     )  # fmt: skip
     loop = loop_config(cfg, tools=True, sample=True)
     reward = reward_fn(cfg)
+    prepare_steps(cfg, tasks, range(start + 1, g.steps + 1), g.tasks_per_step)
     backend.adapter.model.train()
     for step in range(start + 1, g.steps + 1):
         trajs = step_rollout(

@@ -25,7 +25,7 @@ note coordinates (``rl.agent.parse``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -426,3 +426,16 @@ def configure_tool_modules(names: list[str], cfg: Any) -> None:
         hook = getattr(importlib.import_module(name), "configure", None)
         if callable(hook):
             hook(cfg)
+
+
+def prepare_tool_modules(names: Sequence[str], tasks: Sequence[Any]) -> None:
+    """Call ``prepare(tasks)`` of each module of ``names`` that defines one, before rollouts of ``tasks`` (a
+    stage's demonstrations, its RL tasks, an eval's held-out tasks): a tool whose calls are costly does
+    their work ahead, in batches (``rl.agent.find`` names the regions of every photo). Under data parallel
+    every rank calls it with the same tasks, and a module may share the work out over the ranks."""
+    import importlib
+
+    for name in names:
+        hook = getattr(importlib.import_module(name), "prepare", None)
+        if callable(hook):
+            hook(tasks)

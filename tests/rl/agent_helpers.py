@@ -202,3 +202,29 @@ def pushed_notevlm(text: str) -> NoteVLMBackend:
             return {"logits_processor": LogitsProcessorList([Push(self, text, prompt_length)])}
 
     return Pushed(tiny_notevlm())
+
+
+def painted_namer(find_module, named: list | None = None):
+    """A ``find_module.ModelNamer`` (``find_module``: the fixture's fresh ``rl.agent.find``) whose model is a
+    stand-in: it names a cut-out "It is a tiny <r> <g> <b> thing." by its brightest pixel, and appends each
+    ``generate`` batch's size to ``named``; cache and batching are the real ones."""
+    from types import SimpleNamespace
+
+    class Backend:
+        def prompt(self, images, text):
+            return images[0]
+
+        def generate(self, rows, **kw):
+            if named is not None:
+                named.append(len(rows))
+            said = []
+            for im in rows:
+                r, g, b = im.reshape(-1, 3)[im.reshape(-1, 3).astype(int).sum(axis=1).argmax()]
+                said.append(SimpleNamespace(text=f"It is a tiny {r} {g} {b} thing."))
+            return said
+
+    class Painted(find_module.ModelNamer):
+        def _loaded(self):
+            return Backend()
+
+    return Painted("no model", batch_size=4)

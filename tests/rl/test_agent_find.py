@@ -5,6 +5,8 @@ world's find demonstrations, and a short ``rl agent`` run."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -16,7 +18,13 @@ from rl.agent.parse import parse_call
 from rl.agent.task import AgentTask
 from rl.agent.tools import TOOLS, Observation
 from rl.agent.world_tasks import WorldTaskConfig, world_tasks
-from tests.rl.agent_helpers import run_tool_module, tiny_notevlm, tool_module, tray_detail_tasks
+from tests.rl.agent_helpers import (
+    painted_namer,
+    run_tool_module,
+    tiny_notevlm,
+    tool_module,
+    tray_detail_tasks,
+)
 from tests.rl.test_agent_objects import TINY
 
 COLOURS = {"red": (220, 30, 30), "blue": (30, 30, 220), "green": (30, 200, 30)}
@@ -132,6 +140,10 @@ def test_model_namer_answers_each_crop_once(find_tool, tmp_path, monkeypatch):
     assert len(said) == 4 and said[0] == said[2] and all(isinstance(s, str) for s in said)
     assert rows == [2, 1]  # three distinct crops, two per batch
     assert namer([c, b]) == [said[3], said[1]] and rows == [2, 1]  # cached: no model call
+    # prepare names many cut-outs a batch: a batch's names are those asked one at a time
+    crops = [np.random.default_rng(i).integers(0, 256, (12, 12, 3), dtype=np.uint8) for i in range(6)]
+    one = find_tool.model_namer(tmp_path / "m", batch_size=1, max_new_tokens=4)(crops)
+    assert find_tool.model_namer(tmp_path / "m", batch_size=6, max_new_tokens=4)(crops) == one
 
 
 def test_rl_agent_takes_the_policy_start_as_namer(find_tool, tmp_path):
@@ -395,3 +407,50 @@ def test_a_run_trained_without_tool_options_refuses_to_resume_with_them(find_too
     )
     with pytest.raises(UserError, match="other tool_options settings"):
         check_training_config(labelled, tmp_path)
+
+
+def test_prepare_names_every_photo_region_ahead_in_full_batches(find_tool):
+    from rl.agent.tools import prepare_tool_modules
+
+    named: list[int] = []
+    find_tool.set_namer(painted_namer(find_tool, named))
+    tasks = [_scene(), *tray_detail_tasks(2)]
+    small = sum(len(find_tool.regions(t, j)) for t in tasks for j in range(1, len(t.sources) + 1))
+    prepare_tool_modules(["rl.agent.find"], tasks)
+    unique = len(find_tool._namer.cache)
+    assert 3 <= unique <= small and sum(named) == unique  # every small region of every photo, each once
+    assert named == [4] * (unique // 4) + ([unique % 4] if unique % 4 else [])  # full batches
+    # the find calls then hit the cache, and see what a namer asked on demand would have said
+    said = [find_tool.find(t, j, "tiny") for t in tasks for j in range(1, len(t.sources) + 1)]
+    assert sum(named) == unique
+    fresh = painted_namer(find_tool)
+    find_tool.set_namer(fresh)
+    again = [find_tool.find(t, j, "tiny") for t in tasks for j in range(1, len(t.sources) + 1)]
+    assert [getattr(o, "text", o) for o in said] == [getattr(o, "text", o) for o in again]
+    assert any(isinstance(o, Observation) for o in said)
+
+
+def test_prepare_leaves_a_plain_namer_to_name_on_demand(find_tool):
+    from rl.agent.tools import prepare_tool_modules
+
+    asked: list[int] = []
+    find_tool.set_namer(colour_namer(asked))
+    prepare_tool_modules(["rl.agent.find"], [_scene()])
+    assert asked == []  # no cache to fill: nothing named ahead
+    assert isinstance(find_tool.find(_scene(), 1, "red square"), Observation)
+    assert asked == [3]  # its 3 small regions, named on demand
+
+
+def test_prepare_shares_the_naming_out_over_two_processes(tmp_path):
+    from tests.rl.test_agent_dp import _launch
+
+    out = tmp_path / "names.json"
+    proc = _launch(str(out), module="tests.rl.agent_find_dp_worker")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    a, b = res["ranks"]
+    assert res["world"] == 2 and a["named"] > 0 and b["named"] > 0
+    assert a["named"] + b["named"] == res["alone"]  # each region of every photo named by one rank alone
+    assert a["cache"] == b["cache"] and len(a["cache"]) == res["alone"]  # and every rank holds every name
+    assert a["after_find"] == b["after_find"] == 0  # find's calls then hit the cache
+    assert a["said"] == b["said"] == res["truth"]  # what one process naming on demand shows
