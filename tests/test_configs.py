@@ -35,6 +35,7 @@ EXPECTED_KIND = {
     "rl/ppo": "ppo", "rl/ppo_tiny": "ppo",
     "recipes/align": "train", "recipes/sft_lora": "train", "recipes/dpo_files": "dpo_files",
     "rl/agent": "agent", "rl/agent_tiny": "agent", "rl/agent_world": "agent", "rl/agent_files": "agent",
+    "rl/agent_world_fast": "agent",
 }  # fmt: skip
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mm.config import ConfigError, load_config
+from mm.config import ConfigError, load_config, to_dict
 from rl.agent.config import AgentRunConfig
 from rl.agent.evaluate import summarise
 from rl.agent.scoring import eval_row, first_aim, trajectory_reward, zoom_on_target
@@ -31,13 +31,42 @@ def _cfg(*overrides: str) -> AgentRunConfig:
 def test_shipped_agent_configs_load(path):
     cfg = load_config(AgentRunConfig, path)
     assert cfg.sft.steps >= 1 and cfg.grpo.steps >= 1
-    if (
-        path.name == "agent_world.yaml"
-    ):  # the note-model recipe: the world and demonstrations it was measured with
+    if path.name in ("agent_world.yaml", "agent_world_fast.yaml"):
+        # the note-model recipe: the world and demonstrations it was measured with
         assert cfg.world.detail.tray_spots == 3 and cfg.data.change_zoom == "compare"
         assert cfg.data.detail_zoom == cfg.data.caption_zoom == cfg.data.dialogue_zoom == "find"
         assert cfg.decode.quote == {"find": ["object"]}  # the asked thing quoted from the question
         assert cfg.decode.counts and cfg.tool_options == {"rl.agent.find": {"labels": True, "group": True}}
+
+
+def test_fast_world_recipe_is_agent_world_with_fewer_steps():
+    """agent_world_fast.yaml differs from agent_world.yaml only in the settings its header lists."""
+    full = to_dict(load_config(AgentRunConfig, ROOT / "configs/rl/agent_world.yaml"))
+    fast = to_dict(load_config(AgentRunConfig, ROOT / "configs/rl/agent_world_fast.yaml"))
+    nm_full, nm_fast = full.pop("note_model"), fast.pop("note_model")
+    assert (nm_full["notes"], nm_fast["notes"]) == (8000, 5000)
+    for stage, steps in (("pretrain", (9000, 5000)), ("sft", (3000, 700)), ("tune", (1000, 300))):
+        a, b = nm_full[stage]["overrides"], nm_fast[stage]["overrides"]
+        assert [x for x in a if "train.steps=" not in x] == [x for x in b if "train.steps=" not in x]
+        assert (f"train.steps={steps[0]}" in a) and (f"train.steps={steps[1]}" in b)
+    sizes = {"data": ("train_tasks", "mix"), "sft": ("steps", "lead_steps"), "grpo": ("steps",)}
+    assert {k: [full[k][f] for f in fs] for k, fs in sizes.items()} == {
+        "data": [2048, [*["detail"] * 6, "change", "caption", "dialogue"]],
+        "sft": [800, 200],
+        "grpo": [40],
+    }
+    assert {k: [fast[k][f] for f in fs] for k, fs in sizes.items()} == {
+        "data": [1024, [*["detail"] * 5, "change", "change", "caption", "dialogue"]],
+        "sft": [400, 100],
+        "grpo": [24],
+    }
+    for k, fs in sizes.items():
+        for f in fs:
+            full[k].pop(f), fast[k].pop(f)
+    assert fast == full
+    assert {k: v for k, v in nm_fast.items() if k not in ("notes", "pretrain", "sft", "tune")} == {
+        k: v for k, v in nm_full.items() if k not in ("notes", "pretrain", "sft", "tune")
+    }
 
 
 def test_cli_runs_end_to_end(tmp_path, capsys):
