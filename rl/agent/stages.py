@@ -118,12 +118,27 @@ def loop_config(cfg: AgentRunConfig, *, tools: bool, sample: bool = False) -> Lo
     )  # fmt: skip
 
 
+_RENDERED: dict[str, tuple[AgentTask, ...]] = {}
+"""The last world task set :func:`train_tasks` rendered, by its settings: the SFT stages and GRPO of one run
+train on the same tasks, which take seconds per thousand to render (one set is kept, to bound memory)."""
+
+
 def train_tasks(cfg: AgentRunConfig) -> list[AgentTask]:
-    """The tasks of ``data.file`` (``rl.agent.task_file``), or ``data.train_tasks`` world tasks."""
+    """The tasks of ``data.file`` (``rl.agent.task_file``), or ``data.train_tasks`` world tasks (rendered
+    once per process for the same world and mix; the stages never change a task)."""
     d = cfg.data
     if d.file is not None:
         return data_tasks(d.file, d)
-    return list(mixed_tasks(cfg.world, "train", d.train_tasks, tuple(d.mix or d.kinds)))
+    kinds = tuple(d.mix or d.kinds)
+    key = repr((cfg.world, d.train_tasks, kinds))
+    if key not in _RENDERED:
+        _RENDERED.clear()
+        tasks = tuple(mixed_tasks(cfg.world, "train", d.train_tasks, kinds))
+        for task in tasks:  # shared by the stages: a tool drawing into a photo would change the next one
+            for image in task.sources:
+                image.flags.writeable = False
+        _RENDERED[key] = tasks
+    return list(_RENDERED[key])
 
 
 def recovers(task: AgentTask, share: float) -> bool:

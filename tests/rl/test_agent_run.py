@@ -8,6 +8,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -551,3 +552,20 @@ def test_data_mix_weights_the_training_kinds_not_the_eval():
     cfg = _cfg("data.mix=[detail,detail,change,caption,dialogue]", "data.train_tasks=10")
     assert [t.kind for t in train_tasks(cfg)] == ["detail", "detail", "change", "caption", "dialogue"] * 2
     assert Counter(t.kind for t in heldout_tasks(cfg, 0)) == Counter(_cfg().data.kinds)  # one of each
+
+
+def test_train_tasks_render_once_per_world_and_mix_read_only():
+    from rl.agent.stages import train_tasks
+    from rl.agent.world_tasks import mixed_tasks
+
+    cfg = _cfg("data.train_tasks=6")
+    first, again = train_tasks(cfg), train_tasks(cfg)
+    assert [id(t) for t in first] == [id(t) for t in again]  # the next stage's tasks: not rendered again
+    fresh = list(mixed_tasks(cfg.world, "train", 6, tuple(cfg.data.kinds)))
+    assert [t.task_id for t in first] == [t.task_id for t in fresh]
+    assert all(np.array_equal(a, b) for t, f in zip(first, fresh) for a, b in zip(t.sources, f.sources))
+    with pytest.raises(ValueError, match="read-only"):  # shared by the stages: nothing may draw into them
+        first[0].sources[0][0, 0] = 0
+    other = train_tasks(_cfg("data.train_tasks=6", "world.seed=1"))  # another world: rendered for it
+    assert other[0] is not first[0] and not np.array_equal(other[0].sources[0], first[0].sources[0])
+    assert train_tasks(cfg)[0] is not first[0]  # one set is kept: the first was let go
