@@ -2,7 +2,7 @@
 
     python benchmarks/colour_reading.py probe --model W0/sft/model --data W0/data/world [--notes 256]
     python benchmarks/colour_reading.py swap-pairs --data W0/data/world --out pairs.jsonl [--notes 1200]
-    python benchmarks/colour_reading.py confidence --model W0/sft/model --data W0/data/world [--notes 200]
+    python benchmarks/colour_reading.py confidence --model W0/sft/model --data W0/data/world [--contrast]
     python benchmarks/colour_reading.py paired --before SFT.json --after GRPO.json --data W0/data/world
 
 ``probe`` prints three figures on ``--notes`` held-out notes of a world folder:
@@ -24,7 +24,12 @@ of another object of the same photo (a binding error), else to a colour that cat
 sure of: it captions ``--notes`` held-out notes greedily, judges each colour claim (:mod:`mm.eval.claims`)
 and takes the probability the model gave the colour word it wrote; then the attribute rate of the most
 confident 25-90% of the claims, and of those at or above a probability. Post-training can only learn such
-a choice when the captions it starts from may leave a colour out (world ``colour_prob`` < 1).
+a choice when the captions it starts from may leave a colour out (world ``colour_prob`` < 1). With
+``--contrast`` the score of a colour is how much the note's own images raise its log-probability over
+another note's images (the next note of the batch; visual contrastive decoding's contrast): a colour the
+model reads rises with its image, one from the language prior does not, and no ground truth is needed
+to compute it. Both print ``auc``: the chance that a right colour scores above a wrong one (0.5: the
+score does not rank errors).
 
 ``paired`` compares two models on the same held-out notes from their ``mm eval claims --json`` outputs
 (whose ``per_caption`` rows keep the captions): attribute rate, colour coverage, colour claims per object
@@ -194,8 +199,23 @@ def selective_rates(confidence: Sequence[float], wrong: Sequence[bool]) -> dict[
     return out
 
 
-def colour_confidence(model_dir: str, data: str, n: int, batch: int = 32) -> dict[str, float]:
-    """:func:`selective_rates` of a model's greedy captions of ``n`` held-out notes."""
+def ranking_auc(score: Sequence[float], wrong: Sequence[bool]) -> float:
+    """The chance that a right claim scores above a wrong one (ties count half): the area under the ROC
+    curve of ``score`` as a detector of right claims; NaN without both kinds."""
+    s, bad = np.asarray(score, dtype=float), np.asarray(wrong, dtype=bool)
+    right, wrong_ = s[~bad], s[bad]
+    if not len(right) or not len(wrong_):
+        return float("nan")
+    above = (right[:, None] > wrong_[None, :]).sum() + 0.5 * (right[:, None] == wrong_[None, :]).sum()
+    return float(above / (len(right) * len(wrong_)))
+
+
+def colour_confidence(
+    model_dir: str, data: str, n: int, batch: int = 32, *, contrast: bool = False
+) -> dict[str, float]:
+    """:func:`selective_rates` and :func:`ranking_auc` of a model's greedy captions of ``n`` held-out notes,
+    scored by the colour word's probability or, with ``contrast``, by its log-probability with the note's
+    images minus that with the next note's (the last note's control is the first's)."""
     from PIL import Image
 
     from mm.data.prompts import CAPTION_PROMPT
@@ -220,16 +240,26 @@ def colour_confidence(model_dir: str, data: str, n: int, batch: int = 32) -> dic
         ids = [[int(t) for t in row] for row in gen.token_ids]
         with torch.no_grad():
             logps, mask = adapter.answer_logps(samples, ids)  # (B, T) each
+            if contrast:  # the same captions with the next note's images
+                other = [
+                    Sample(images=samples[(b + 1) % len(samples)].images, text=CAPTION_PROMPT)
+                    for b in range(len(samples))
+                ]
+                logps = logps - adapter.answer_logps(other, ids)[0]
         for b, note in enumerate(nb):
             pieces = [adapter.tokenizer.decode([t], skip_special_tokens=True) for t in ids[b]]
-            row = logps[b][mask[b].bool()].tolist()  # one log-prob per generated token
+            row = logps[b][mask[b].bool()].tolist()  # one log-prob (or its rise) per generated token
             truth = note_truth(note, extractor.vocabulary)
             for claim in extractor.extract("".join(pieces)):
                 verdict = judge(claim, truth) if claim.kind == "attribute" else None
                 if verdict is not None:
-                    confidence.append(math.exp(row[char_tokens(pieces, [claim.span[0]])[0]]))
+                    value = row[char_tokens(pieces, [claim.span[0]])[0]]
+                    confidence.append(value if contrast else math.exp(value))
                     wrong.append(verdict)
-    return selective_rates(confidence, wrong)
+    out = selective_rates(confidence, wrong)
+    if contrast:  # the thresholds are probabilities
+        out = {k: v for k, v in out.items() if "p >=" not in k}
+    return {**out, "auc": ranking_auc(confidence, wrong)}
 
 
 PAIRED_RATIOS: dict[str, tuple[str, str]] = {
@@ -310,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--model", required=True)
     c.add_argument("--data", required=True)
     c.add_argument("--notes", type=int, default=200)
+    c.add_argument("--contrast", action="store_true", help="score by the rise with the note's own images")
     d = sub.add_parser("paired", help="two models' claims on the same notes: changes with paired intervals")
     d.add_argument("--before", required=True, help="mm eval claims --json output of the model before")
     d.add_argument("--after", required=True, help="the same of the model after")
@@ -331,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{k:38s} {v:.3f}" if isinstance(v, float) else f"{k:38s} {v}")
         return 0
     if args.cmd == "confidence":
-        for k, v in colour_confidence(args.model, args.data, args.notes).items():
+        for k, v in colour_confidence(args.model, args.data, args.notes, contrast=args.contrast).items():
             print(f"{k:20s} {v:.3f}")
         return 0
     pairs = swap_pairs(read_notes(args.data, "train")[: args.notes], per_note=args.per_note, seed=args.seed)

@@ -82,11 +82,26 @@ def test_selective_rates_golden(cr):
         cr.selective_rates([0.5], [True, False])
 
 
-def test_colour_confidence_runs_on_a_saved_model(cr, tmp_path):
+def test_ranking_auc_golden(cr):
+    conf = [0.9, 0.2, 0.8, 0.6, 0.1, 0.7, 0.95, 0.3, 0.5, 0.4]
+    wrong = [False, True, False, True, True, False, False, True, False, True]
+    # right 0.9 0.8 0.7 0.95 beat all five wrong; right 0.5 beats 0.2 0.1 0.3 0.4, not 0.6: 24 of 25
+    assert cr.ranking_auc(conf, wrong) == pytest.approx(0.96)
+    assert cr.ranking_auc([-1.0, 2.0], [False, True]) == 0.0  # a score that ranks errors first
+    assert cr.ranking_auc([1.0, 1.0, 3.0], [False, True, True]) == 0.25  # a tie counts half
+    assert cr.ranking_auc([1.0], [False]) != cr.ranking_auc([1.0], [False])  # NaN: no wrong claim
+
+
+@pytest.mark.parametrize("contrast", [False, True])
+def test_colour_confidence_runs_on_a_saved_model(cr, tmp_path, contrast):
     from tests.helpers.eval_model import make_data_dir, make_model_dir
 
-    r = cr.colour_confidence(str(make_model_dir(tmp_path)), str(make_data_dir(tmp_path)), n=2)
+    r = cr.colour_confidence(
+        str(make_model_dir(tmp_path)), str(make_data_dir(tmp_path)), n=2, contrast=contrast
+    )
     assert r["claims"] == 0  # a random tiny model writes no colour claim; the path ran end to end
+    assert r["auc"] != r["auc"]  # NaN: nothing to rank
+    assert any("p >=" in k for k in r) is not contrast  # a contrast is no probability
 
 
 def test_paired_changes_of_true_and_colour_swapped_captions(cr, tmp_path):
