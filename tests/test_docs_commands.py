@@ -5,8 +5,9 @@ The commands are read from the ```` ```bash ```` and ```` ```console ```` blocks
 ``benchmarks/README.md``: each ``mm``, ``rl`` and ``imgdiff`` command (also under ``torchrun`` and
 ``accelerate launch``), each ``python -m`` of the project's modules and each ``python benchmarks/X.py``.
 Nothing runs: the command's own argument parser parses its words (``parse_args`` is stopped right after),
-then a command with ``--config FILE`` loads its config class from the file with the overrides (``rl
-pipeline`` resolves every stage's config, nested ``*.overrides`` included, as it does before it runs). A
+then a command that takes a config loads it with its ``--set`` overrides, from its ``--config`` file of
+``configs/`` or from the config class's defaults (``rl pipeline`` resolves every stage's config, nested
+``*.overrides`` included, as it does before it runs; a run folder's saved config is not checked). A
 shell variable takes the value the block assigns it (``W=0``, ``Q='...'``, ``for w in 0 1 2``), else 0;
 a command with a ``...`` word is a sketch and only its words before ``...`` are not checked.
 """
@@ -209,20 +210,20 @@ def parse(kind: str, name: str, argv: list[str]) -> argparse.Namespace:
 
 
 def check_config(name: str, ns: argparse.Namespace) -> None:
-    """Load the config a command names with ``--config``, with its ``--set`` overrides."""
+    """Load the config a command takes (its ``--config`` file, else the defaults) with its overrides."""
     from mm.config import load_config
     from mm.config_kinds import config_class
 
     kind = CONFIG_KINDS.get((name, getattr(ns, "command", None)))
     path = getattr(ns, "config", None)
-    if kind is None or not isinstance(path, str) or not path.startswith("configs/"):
+    if kind is None or (path is not None and not (isinstance(path, str) and path.startswith("configs/"))):
         return  # a run folder's config (OUT/config.yaml, a stage's saved YAML) is not in the repository
     if kind == "dpo" and getattr(ns, "pairs", None):
         kind = "dpo_files"
     if kind == "grpo" and getattr(ns, "prompts", None):
         kind = "grpo_files"
     overrides = list(getattr(ns, "overrides", None) or [])
-    cfg = load_config(config_class(kind), ROOT / path, overrides)
+    cfg = load_config(config_class(kind), None if path is None else ROOT / path, overrides)
     if kind == "pipeline":
         from rl.pipeline import resolve
 
