@@ -26,10 +26,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_docs_examples import blocks
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
              "benchmarks/README.md")  # fmt: skip
-_BLOCK = re.compile(r"^```(bash|console)[^\n]*\n(.*?)^```$", re.M | re.S)
 _HEREDOC = re.compile(r"<<-?\s*'?(\w+)'?[^\n]*\n.*?^\s*\1$", re.M | re.S)
 _VAR = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 _ASSIGN = re.compile(r"^([A-Za-z_]\w*)=(.*)$", re.S)
@@ -70,7 +71,9 @@ def segments(line: str) -> list[str]:
 def commands(text: str) -> list[list[str]]:
     """The words of every simple command in the shell blocks of a Markdown text, variables substituted."""
     found = []
-    for kind, body in _BLOCK.findall(text):
+    for kind, body in blocks(text):
+        if kind not in ("bash", "console"):
+            continue
         env: dict[str, str] = {}
         body = _HEREDOC.sub("", body).replace("\\\n", " ")
         for line in body.splitlines():
